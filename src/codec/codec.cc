@@ -1,0 +1,176 @@
+#include "src/codec/codec.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "src/codec/kernels.h"
+
+namespace squall::codec {
+namespace {
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bBytes && pb < pa + aBytes;
+}
+
+// Padding bytes are part of the wire format (zero), so encodings are
+// byte-for-byte reproducible.
+void zeroPadding(const Layout& l, uint8_t* payload) {
+  std::memset(payload + l.blocks * 4, 0, l.scalesBytes - l.blocks * 4);
+  std::memset(payload + l.dataOffset + l.dataBytes, 0,
+              l.payloadBytes - l.dataOffset - l.dataBytes);
+}
+
+Status decodeInto(const void* input, size_t bytes, float* output, size_t count,
+                  bool accumulate) {
+  SQUALL_REQUIRE(input != nullptr || bytes == 0, Status::kInvalidArgument, Subsys::kCodec,
+                 "the encoded input pointer is NULL");
+  SQUALL_REQUIRE(output != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
+                 "the %s pointer is NULL but count is %zu",
+                 accumulate ? "accumulator" : "output", count);
+  Spec spec;
+  size_t encodedCount = 0;
+  Layout layout;
+  SQUALL_TRY(readHeader(input, bytes, &spec, &encodedCount, &layout));
+  SQUALL_REQUIRE(encodedCount == count, Status::kInvalidUsage, Subsys::kCodec,
+                 "the encoded buffer holds %zu elements but the %s has %zu; decode each "
+                 "chunk into a buffer of its own size",
+                 encodedCount, accumulate ? "accumulator" : "output", count);
+  SQUALL_REQUIRE(count == 0 || !overlaps(input, bytes, output, count * sizeof(float)),
+                 Status::kInvalidUsage, Subsys::kCodec,
+                 "the encoded input and the decoded output overlap; decode into a separate "
+                 "buffer");
+  if (count == 0) return Status::kOk;
+  const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
+  DecodeJob job{static_cast<const uint8_t*>(input) + kHeaderBytes, count, spec, layout, output};
+  (accumulate ? k.accumulate : k.decode)(job);
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the residual output pointer is NULL");
+  size_t bytes = 0;
+  SQUALL_REQUIRE(!__builtin_mul_overflow(count, sizeof(float), &bytes) &&
+                     bytes <= SIZE_MAX / 2 - 64,
+                 Status::kInvalidArgument, Subsys::kCodec,
+                 "a residual of %zu elements would need more than SIZE_MAX bytes", count);
+  std::unique_ptr<Residual> r(new (std::nothrow) Residual(count));
+  SQUALL_REQUIRE(r != nullptr, Status::kOutOfMemory, Subsys::kCodec,
+                 "out of memory allocating a residual object");
+  const size_t padded = (bytes + 63) & ~size_t{63};
+  for (float*& buffer : r->buffers_) {
+    buffer = static_cast<float*>(std::aligned_alloc(64, padded == 0 ? 64 : padded));
+    SQUALL_REQUIRE(buffer != nullptr, Status::kOutOfMemory, Subsys::kCodec,
+                   "out of memory allocating a residual of %zu elements (2 x %zu bytes); "
+                   "free memory or compress smaller buffers",
+                   count, bytes);
+  }
+  r->reset();
+  *out = std::move(r);
+  return Status::kOk;
+}
+
+Residual::~Residual() {
+  std::free(buffers_[0]);
+  std::free(buffers_[1]);
+}
+
+void Residual::commit(bool finite) {
+  if (finite) current_ ^= 1;
+  else ++skipped_;
+}
+
+void Residual::reset() {
+  std::memset(buffers_[0], 0, count_ * sizeof(float));
+  std::memset(buffers_[1], 0, count_ * sizeof(float));
+  current_ = 0;
+  skipped_ = 0;
+}
+
+Status encodedSize(const Spec& spec, size_t count, size_t* bytes) {
+  SQUALL_REQUIRE(bytes != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the size output pointer is NULL");
+  Layout layout;
+  SQUALL_TRY(layoutFor(spec, count, &layout));
+  *bytes = layout.totalBytes;
+  return Status::kOk;
+}
+
+Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
+                 const float* residualIn, float* residualOut, void* output, size_t capacity,
+                 EncodeResult* result) {
+  SQUALL_REQUIRE(static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kBf16),
+                 Status::kInvalidArgument, Subsys::kCodec,
+                 "codecs take fp32, fp16 or bf16 input, not data type %u",
+                 static_cast<unsigned>(dtype));
+  SQUALL_REQUIRE(input != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
+                 "the input pointer is NULL but count is %zu", count);
+  SQUALL_REQUIRE(output != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the output pointer is NULL");
+  SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the result pointer is NULL");
+  SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
+                 Subsys::kCodec, "residual input and output must be both set or both NULL");
+  Layout layout;
+  SQUALL_TRY(layoutFor(spec, count, &layout));
+  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCodec,
+                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
+                 "size it with squallEncodedSize",
+                 capacity, count, codecName(spec.codec), layout.totalBytes);
+  const size_t inputBytes = count * dtypeSize(dtype);  // cannot overflow: layout fit
+  SQUALL_REQUIRE(count == 0 || !overlaps(input, inputBytes, output, layout.totalBytes),
+                 Status::kInvalidUsage, Subsys::kCodec,
+                 "the input and the encoded output overlap; encode into a separate buffer");
+  auto* out = static_cast<uint8_t*>(output);
+  writeHeader(spec, count, out);
+  zeroPadding(layout, out + kHeaderBytes);
+  EncodeResult r{layout.totalBytes, true};
+  if (count != 0) {
+    const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
+    r.finite = k.encode(EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut,
+                                  out + kHeaderBytes});
+  }
+  *result = r;
+  return Status::kOk;
+}
+
+Status encode(const Spec& spec, const void* input, DType dtype, size_t count,
+              Residual* residual, void* output, size_t capacity, EncodeResult* result) {
+  if (residual != nullptr) {
+    SQUALL_REQUIRE(residual->count() == count, Status::kInvalidUsage, Subsys::kCodec,
+                   "the residual was created for %zu elements but the input has %zu; use "
+                   "one residual per buffer, of the buffer's size",
+                   residual->count(), count);
+  }
+  SQUALL_TRY(encodeRaw(spec, input, dtype, count,
+                       residual != nullptr ? residual->current() : nullptr,
+                       residual != nullptr ? residual->next() : nullptr, output, capacity,
+                       result));
+  if (residual != nullptr) residual->commit(result->finite);
+  return Status::kOk;
+}
+
+Status decode(const void* input, size_t bytes, float* output, size_t count) {
+  return decodeInto(input, bytes, output, count, false);
+}
+
+Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, size_t count) {
+  return decodeInto(input, bytes, accumulator, count, true);
+}
+
+Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count) {
+  SQUALL_REQUIRE(input != nullptr && spec != nullptr && count != nullptr,
+                 Status::kInvalidArgument, Subsys::kCodec,
+                 "squallEncodedInspect needs non-NULL input, spec and count pointers");
+  Layout layout;
+  return readHeader(input, bytes, spec, count, &layout);
+}
+
+const char* implementationName() { return activeKernels().name; }
+
+}  // namespace squall::codec

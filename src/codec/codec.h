@@ -1,0 +1,71 @@
+// The codec layer's interface: encode (with optional error feedback), decode,
+// decode-accumulate, and the exact encoded size, for every codec in wire.h.
+//
+// The functions here validate everything once and then call the kernels of
+// the active implementation (scalar, AVX2 or AVX-512; see kernels.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "src/codec/wire.h"
+
+namespace squall::codec {
+
+// Error-feedback state of one buffer, double-buffered so that a call can be
+// abandoned (the non-finite rule) without a second pass: encode reads
+// current(), writes next(), and commit() flips them only when every block of
+// the call was finite.
+class Residual {
+ public:
+  static Status create(size_t count, std::unique_ptr<Residual>* out);
+  ~Residual();
+  Residual(const Residual&) = delete;
+  Residual& operator=(const Residual&) = delete;
+
+  size_t count() const { return count_; }
+  const float* current() const { return buffers_[current_]; }
+  float* current() { return buffers_[current_]; }
+  float* next() { return buffers_[current_ ^ 1]; }
+  // Makes next() current when `finite`; otherwise counts a skipped call.
+  void commit(bool finite);
+  void reset();
+  uint64_t skipped() const { return skipped_; }
+
+ private:
+  explicit Residual(size_t count) : count_(count) {}
+  size_t count_;
+  float* buffers_[2] = {nullptr, nullptr};
+  int current_ = 0;
+  uint64_t skipped_ = 0;
+};
+
+struct EncodeResult {
+  size_t bytes = 0;
+  bool finite = true;  // false: a block was non-finite; do not commit residuals
+};
+
+Status encodedSize(const Spec& spec, size_t count, size_t* bytes);
+
+// Low-level encode: reads residualIn (may be null), writes residualOut for
+// every element (may alias nothing else). Callers such as the collectives
+// encode sub-ranges with this and commit the residual once per call.
+Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
+                 const float* residualIn, float* residualOut, void* output, size_t capacity,
+                 EncodeResult* result);
+
+// Encode with an optional Residual object, committed when the call is finite.
+Status encode(const Spec& spec, const void* input, DType dtype, size_t count,
+              Residual* residual, void* output, size_t capacity, EncodeResult* result);
+
+Status decode(const void* input, size_t bytes, float* output, size_t count);
+Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, size_t count);
+
+// Reads the codec and element count recorded in an encoded buffer.
+Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count);
+
+// "scalar", "avx2" or "avx512".
+const char* implementationName();
+
+}  // namespace squall::codec

@@ -1,0 +1,61 @@
+// The per-implementation kernel table. Kernels see payloads only: the header
+// has been written or validated, sizes checked and pointers non-null by the
+// time they run (codec.cc does that once, for every implementation).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/codec/wire.h"
+
+namespace squall::codec {
+
+struct EncodeJob {
+  const void* input;         // `count` elements of `dtype`, any alignment
+  DType dtype;
+  size_t count;
+  Spec spec;
+  Layout layout;
+  const float* residualIn;   // nullptr: no error feedback
+  float* residualOut;        // written for every element when residualIn is set
+  uint8_t* payload;          // layout.payloadBytes, 8-byte aligned not required
+};
+
+struct DecodeJob {
+  const uint8_t* payload;
+  size_t count;
+  Spec spec;
+  Layout layout;
+  float* output;  // overwritten, or added to (accumulate)
+};
+
+// Returns true when every block was finite. When it returns false the caller
+// must not commit residualOut (the non-finite rule).
+using EncodeFn = bool (*)(const EncodeJob&);
+using DecodeFn = void (*)(const DecodeJob&);
+
+struct CodecKernels {
+  EncodeFn encode;
+  DecodeFn decode;
+  DecodeFn accumulate;
+};
+
+struct KernelTable {
+  const char* name;  // "scalar", "avx2", "avx512"
+  CodecKernels codecs[kNumCodecs];
+};
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const KernelTable& scalarKernels();
+// These exist only on x86-64 builds; the dispatcher asks the CPU first.
+const KernelTable& avx2Kernels();
+const KernelTable& avx512Kernels();
+
+// Whether `isa` can run here (CPU support and built in).
+bool isaAvailable(Isa isa);
+const KernelTable& kernelsFor(Isa isa);
+// The table in use: the best available, capped by SQUALL_CODEC_ISA.
+const KernelTable& activeKernels();
+
+}  // namespace squall::codec

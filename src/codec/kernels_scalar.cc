@@ -1,0 +1,218 @@
+// The scalar reference implementation: the test oracle for every other
+// implementation, written for clarity rather than speed. See wire.h for the
+// format and numeric.h for the canonical order of the scale reductions.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "src/codec/kernels.h"
+#include "src/codec/numeric.h"
+
+namespace squall::codec {
+namespace {
+
+constexpr uint32_t kNanBits = 0x7fc00000u;
+
+float loadElement(const void* input, DType dtype, size_t i) {
+  const auto* bytes = static_cast<const uint8_t*>(input);
+  switch (dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, bytes + 4 * i, 4);
+      return f;
+    }
+    case DType::kF16: {
+      uint16_t h;
+      std::memcpy(&h, bytes + 2 * i, 2);
+      return halfToFloat(h);
+    }
+    case DType::kBf16: {
+      uint16_t h;
+      std::memcpy(&h, bytes + 2 * i, 2);
+      return bf16ToFloat(h);
+    }
+  }
+  return 0.0f;
+}
+
+// z = x + e, the value the codec transmits (x alone without error feedback).
+float loadZ(const EncodeJob& job, size_t i) {
+  float x = loadElement(job.input, job.dtype, i);
+  return job.residualIn != nullptr ? x + job.residualIn[i] : x;
+}
+
+template <typename T>
+T loadAt(const uint8_t* base, size_t index) {
+  T v;
+  std::memcpy(&v, base + sizeof(T) * index, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void storeAt(uint8_t* base, size_t index, T v) {
+  std::memcpy(base + sizeof(T) * index, &v, sizeof(T));
+}
+
+// ---- onebit ------------------------------------------------------------
+
+float onebitScale(const EncodeJob& job, size_t start, size_t n) {
+  float lanes[kLanes] = {};
+  for (size_t i = 0; i < n; ++i) {
+    const float z = loadZ(job, start + i);
+    lanes[i % kLanes] += job.spec.scale == Scale::kRms ? z * z : absf(z);
+  }
+  const float sum = foldLanes(lanes);
+  const float mean = sum / static_cast<float>(n);
+  return job.spec.scale == Scale::kRms ? std::sqrt(mean) : mean;
+}
+
+bool onebitEncode(const EncodeJob& job) {
+  uint8_t* scales = job.payload;
+  uint8_t* words = job.payload + job.layout.dataOffset;
+  const size_t block = job.spec.block;
+  bool finite = true;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t n = std::min(block, job.count - start);
+    const float s = onebitScale(job, start, n);
+    storeAt<float>(scales, b, s);
+    finite = finite && isFinite(s);
+    for (size_t w = start / 64; w * 64 < start + n; ++w) {
+      uint64_t word = 0;
+      const size_t end = std::min(start + n, w * 64 + 64);
+      for (size_t i = w * 64; i < end; ++i) {
+        const float z = loadZ(job, i);
+        const bool bit = z >= 0.0f;
+        word |= static_cast<uint64_t>(bit) << (i % 64);
+        if (job.residualIn != nullptr) job.residualOut[i] = z - (bit ? s : -s);
+      }
+      storeAt<uint64_t>(words, w, word);
+    }
+  }
+  return finite;
+}
+
+// The decoded value of element i of a block with scale s.
+float onebitValue(float s, uint64_t word, size_t i) {
+  if (!isFinite(s)) return bitsFloat(kNanBits);
+  if (s == 0.0f) return 0.0f;
+  return ((word >> (i % 64)) & 1u) != 0 ? s : -s;
+}
+
+template <bool kAccumulate>
+void onebitDecode(const DecodeJob& job) {
+  const uint8_t* scales = job.payload;
+  const uint8_t* words = job.payload + job.layout.dataOffset;
+  for (size_t i = 0; i < job.count; ++i) {
+    const float s = loadAt<float>(scales, i / job.spec.block);
+    const float d = onebitValue(s, loadAt<uint64_t>(words, i / 64), i);
+    job.output[i] = kAccumulate ? job.output[i] + d : d;
+  }
+}
+
+// ---- int8 ---------------------------------------------------------------
+
+bool int8Encode(const EncodeJob& job) {
+  uint8_t* scales = job.payload;
+  auto* q = reinterpret_cast<int8_t*>(job.payload + job.layout.dataOffset);
+  const size_t block = job.spec.block;
+  bool finite = true;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t n = std::min(block, job.count - start);
+    float maxAbs = 0.0f;
+    bool blockFinite = true;
+    for (size_t i = start; i < start + n; ++i) {
+      const float z = loadZ(job, i);
+      blockFinite = blockFinite && isFinite(z);
+      maxAbs = std::max(maxAbs, absf(z));
+    }
+    const float s = blockFinite ? maxAbs / 127.0f : bitsFloat(kNanBits);
+    storeAt<float>(scales, b, s);
+    finite = finite && blockFinite;
+    for (size_t i = start; i < start + n; ++i) {
+      const float z = loadZ(job, i);
+      float r = 0.0f;
+      if (blockFinite && s != 0.0f) r = std::clamp(roundEven(z / s), -127.0f, 127.0f);
+      q[i] = static_cast<int8_t>(r);
+      if (job.residualIn != nullptr) job.residualOut[i] = z - r * s;
+    }
+  }
+  return finite;
+}
+
+template <bool kAccumulate>
+void int8Decode(const DecodeJob& job) {
+  const uint8_t* scales = job.payload;
+  const auto* q = reinterpret_cast<const int8_t*>(job.payload + job.layout.dataOffset);
+  for (size_t i = 0; i < job.count; ++i) {
+    const float s = loadAt<float>(scales, i / job.spec.block);
+    float d = 0.0f;
+    if (!isFinite(s)) d = bitsFloat(kNanBits);
+    else if (s != 0.0f) d = static_cast<float>(q[i]) * s;
+    job.output[i] = kAccumulate ? job.output[i] + d : d;
+  }
+}
+
+// ---- none / fp16 / bf16: element-wise ----------------------------------
+
+struct Fp32Format {
+  using Word = float;
+  static Word encode(float z) { return z; }
+  static float decode(Word w) { return w; }
+};
+struct Fp16Format {
+  using Word = uint16_t;
+  static Word encode(float z) { return floatToHalf(z); }
+  static float decode(Word w) { return halfToFloat(w); }
+};
+struct Bf16Format {
+  using Word = uint16_t;
+  static Word encode(float z) { return floatToBf16(z); }
+  static float decode(Word w) { return bf16ToFloat(w); }
+};
+
+template <typename Format>
+bool elementwiseEncode(const EncodeJob& job) {
+  bool finite = true;
+  for (size_t i = 0; i < job.count; ++i) {
+    const float z = loadZ(job, i);
+    const typename Format::Word w = Format::encode(z);
+    storeAt(job.payload, i, w);
+    const float d = Format::decode(w);
+    finite = finite && isFinite(d);
+    if (job.residualIn != nullptr) job.residualOut[i] = z - d;
+  }
+  return finite;
+}
+
+template <typename Format, bool kAccumulate>
+void elementwiseDecode(const DecodeJob& job) {
+  for (size_t i = 0; i < job.count; ++i) {
+    const float d = Format::decode(loadAt<typename Format::Word>(job.payload, i));
+    job.output[i] = kAccumulate ? job.output[i] + d : d;
+  }
+}
+
+template <typename Format>
+constexpr CodecKernels elementwiseKernels() {
+  return {elementwiseEncode<Format>, elementwiseDecode<Format, false>,
+          elementwiseDecode<Format, true>};
+}
+
+constexpr KernelTable kScalar = {
+    "scalar",
+    {
+        elementwiseKernels<Fp32Format>(),                                // none
+        {onebitEncode, onebitDecode<false>, onebitDecode<true>},         // onebit
+        elementwiseKernels<Fp16Format>(),                                // fp16
+        elementwiseKernels<Bf16Format>(),                                // bf16
+        {int8Encode, int8Decode<false>, int8Decode<true>},               // int8
+    },
+};
+
+}  // namespace
+
+const KernelTable& scalarKernels() { return kScalar; }
+
+}  // namespace squall::codec

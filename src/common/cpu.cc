@@ -1,0 +1,46 @@
+#include "src/common/cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <cstdint>
+
+namespace squall {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return f;
+  const bool osxsave = (c & (1u << 27)) != 0;
+  const bool fma = (c & (1u << 12)) != 0;
+  const bool f16c = (c & (1u << 29)) != 0;
+  const bool avx = (c & (1u << 28)) != 0;
+  if (!osxsave || !avx) return f;
+  unsigned xcr0Lo = 0, xcr0Hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0Lo), "=d"(xcr0Hi) : "c"(0));
+  const uint64_t xcr0 = (static_cast<uint64_t>(xcr0Hi) << 32) | xcr0Lo;
+  const bool ymm = (xcr0 & 0x6) == 0x6;     // SSE + AVX state
+  const bool zmm = (xcr0 & 0xe6) == 0xe6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return f;
+  const bool avx2 = (b & (1u << 5)) != 0;
+  const bool avx512f = (b & (1u << 16)) != 0;
+  const bool avx512dq = (b & (1u << 17)) != 0;
+  const bool avx512bw = (b & (1u << 30)) != 0;
+  const bool avx512vl = (b & (1u << 31)) != 0;
+  f.avx2 = ymm && avx2 && fma && f16c;
+  f.avx512 = f.avx2 && zmm && avx512f && avx512dq && avx512bw && avx512vl;
+#endif
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpuFeatures() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+}  // namespace squall

@@ -1,0 +1,13 @@
+// What the CPU (and the operating system's register saving) supports.
+#pragma once
+
+namespace squall {
+
+struct CpuFeatures {
+  bool avx2 = false;    // AVX2 + FMA + F16C, with YMM state enabled by the OS
+  bool avx512 = false;  // AVX-512 F/BW/VL/DQ, with ZMM state enabled by the OS
+};
+
+const CpuFeatures& cpuFeatures();
+
+}  // namespace squall
