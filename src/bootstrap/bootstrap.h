@@ -1,0 +1,56 @@
+// Rendezvous: turns "here are N ranks and a unique id" into a small, reliable
+// out-of-band channel among them, which transports use to exchange their
+// addresses and which the communicator uses for setup-time agreement.
+//
+// The unique id holds the root's address and a 128-bit random job secret.
+// Rank 0 listens there; every other rank connects and introduces itself with
+// a handshake (magic, protocol version, secret, rank, nranks). A connection
+// that fails any check is dropped and logged, and the job carries on waiting
+// for the real rank. Ranks that have not arrived within SQUALL_TIMEOUT_S make
+// init fail with an error naming them.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "src/common/status.h"
+
+namespace squall::bootstrap {
+
+constexpr size_t kUniqueIdBytes = 128;
+
+// Byte-compatible with the public squallUniqueId.
+struct UniqueId {
+  uint8_t bytes[kUniqueIdBytes];
+};
+
+// Picks the root address (SQUALL_SOCKET_IFNAME / the host's first
+// non-loopback IPv4 address, or 127.0.0.1) and a random secret, and starts
+// listening; the listener is handed to the rank-0 Bootstrap of this process.
+Status createUniqueId(UniqueId* id);
+
+// torchrun-style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET) or
+// SQUALL_PORT, RANK, WORLD_SIZE. The secret is derived from
+// SQUALL_JOB_SECRET when set (else a fixed value: such jobs rely on the
+// network being private).
+Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks);
+
+class Bootstrap {
+ public:
+  static Status create(const UniqueId& id, int nranks, int rank,
+                       std::chrono::milliseconds timeout, std::unique_ptr<Bootstrap>* out);
+  virtual ~Bootstrap() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Every rank contributes `bytes` bytes; `all` receives size() * bytes, in
+  // rank order. Collective: every rank calls it with the same `bytes`.
+  virtual Status allGather(const void* mine, size_t bytes, void* all) = 0;
+  virtual Status barrier() = 0;
+};
+
+}  // namespace squall::bootstrap
