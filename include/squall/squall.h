@@ -89,7 +89,8 @@ typedef struct {
 } squallCodecSpec_t;
 
 #define SQUALL_DEFAULT_BLOCK_SIZE 2048u
-#define SQUALL_CODEC_SPEC_ONEBIT {squallCodecOnebit, squallScaleMeanAbs, SQUALL_DEFAULT_BLOCK_SIZE}
+#define SQUALL_CODEC_SPEC_ONEBIT \
+  { squallCodecOnebit, squallScaleMeanAbs, SQUALL_DEFAULT_BLOCK_SIZE }
 
 /* Parses "onebit", "onebit:block=4096", "onebit:scale=rms", "int8:block=256",
  * "fp16", "bf16" or "none" (options separated by ':'). */
@@ -108,11 +109,10 @@ SQUALL_API squallResult_t squallResidualReset(squallResidual_t residual);
 /* Copies the current values out of / into the residual (checkpointing). */
 SQUALL_API squallResult_t squallResidualRead(squallResidual_t residual, float* values,
                                              size_t count);
-SQUALL_API squallResult_t squallResidualWrite(squallResidual_t residual,
-                                              const float* values, size_t count);
+SQUALL_API squallResult_t squallResidualWrite(squallResidual_t residual, const float* values,
+                                              size_t count);
 /* Calls that left the residual untouched because their input was not finite. */
-SQUALL_API squallResult_t squallResidualGetSkipped(squallResidual_t residual,
-                                                   uint64_t* calls);
+SQUALL_API squallResult_t squallResidualGetSkipped(squallResidual_t residual, uint64_t* calls);
 
 /* Exact size in bytes of `count` elements encoded with `spec` (header included). */
 SQUALL_API squallResult_t squallEncodedSize(const squallCodecSpec_t* spec, size_t count,
@@ -124,8 +124,8 @@ SQUALL_API squallResult_t squallEncodedSize(const squallCodecSpec_t* spec, size_
  * must hold squallEncodedSize bytes and must not overlap `input`. */
 SQUALL_API squallResult_t squallEncode(const squallCodecSpec_t* spec, const void* input,
                                        squallDataType_t dtype, size_t count,
-                                       squallResidual_t residual, void* output,
-                                       size_t capacity, size_t* written);
+                                       squallResidual_t residual, void* output, size_t capacity,
+                                       size_t* written);
 
 /* Decodes an encoded buffer of `bytes` bytes into `count` fp32 values; the
  * element count recorded in the buffer must equal `count`. */

@@ -40,8 +40,8 @@ Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks);
 
 class Bootstrap {
  public:
-  static Status create(const UniqueId& id, int nranks, int rank,
-                       std::chrono::milliseconds timeout, std::unique_ptr<Bootstrap>* out);
+  static Status create(const UniqueId& id, int nranks, int rank, std::chrono::milliseconds timeout,
+                       std::unique_ptr<Bootstrap>* out);
   virtual ~Bootstrap() = default;
 
   virtual int rank() const = 0;

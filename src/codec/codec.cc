@@ -19,17 +19,15 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 // byte-for-byte reproducible.
 void zeroPadding(const Layout& l, uint8_t* payload) {
   std::memset(payload + l.blocks * 4, 0, l.scalesBytes - l.blocks * 4);
-  std::memset(payload + l.dataOffset + l.dataBytes, 0,
-              l.payloadBytes - l.dataOffset - l.dataBytes);
+  std::memset(payload + l.dataOffset + l.dataBytes, 0, l.payloadBytes - l.dataOffset - l.dataBytes);
 }
 
-Status decodeInto(const void* input, size_t bytes, float* output, size_t count,
-                  bool accumulate) {
+Status decodeInto(const void* input, size_t bytes, float* output, size_t count, bool accumulate) {
   SQUALL_REQUIRE(input != nullptr || bytes == 0, Status::kInvalidArgument, Subsys::kCodec,
                  "the encoded input pointer is NULL");
   SQUALL_REQUIRE(output != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
-                 "the %s pointer is NULL but count is %zu",
-                 accumulate ? "accumulator" : "output", count);
+                 "the %s pointer is NULL but count is %zu", accumulate ? "accumulator" : "output",
+                 count);
   Spec spec;
   size_t encodedCount = 0;
   Layout layout;
@@ -55,10 +53,10 @@ Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the residual output pointer is NULL");
   size_t bytes = 0;
-  SQUALL_REQUIRE(!__builtin_mul_overflow(count, sizeof(float), &bytes) &&
-                     bytes <= SIZE_MAX / 2 - 64,
-                 Status::kInvalidArgument, Subsys::kCodec,
-                 "a residual of %zu elements would need more than SIZE_MAX bytes", count);
+  SQUALL_REQUIRE(
+      !__builtin_mul_overflow(count, sizeof(float), &bytes) && bytes <= SIZE_MAX / 2 - 64,
+      Status::kInvalidArgument, Subsys::kCodec,
+      "a residual of %zu elements would need more than SIZE_MAX bytes", count);
   std::unique_ptr<Residual> r(new (std::nothrow) Residual(count));
   SQUALL_REQUIRE(r != nullptr, Status::kOutOfMemory, Subsys::kCodec,
                  "out of memory allocating a residual object");
@@ -81,8 +79,10 @@ Residual::~Residual() {
 }
 
 void Residual::commit(bool finite) {
-  if (finite) current_ ^= 1;
-  else ++skipped_;
+  if (finite)
+    current_ ^= 1;
+  else
+    ++skipped_;
 }
 
 void Residual::reset() {
@@ -132,15 +132,15 @@ Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
-    r.finite = k.encode(EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut,
-                                  out + kHeaderBytes});
+    r.finite = k.encode(
+        EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut, out + kHeaderBytes});
   }
   *result = r;
   return Status::kOk;
 }
 
-Status encode(const Spec& spec, const void* input, DType dtype, size_t count,
-              Residual* residual, void* output, size_t capacity, EncodeResult* result) {
+Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Residual* residual,
+              void* output, size_t capacity, EncodeResult* result) {
   if (residual != nullptr) {
     SQUALL_REQUIRE(residual->count() == count, Status::kInvalidUsage, Subsys::kCodec,
                    "the residual was created for %zu elements but the input has %zu; use "
@@ -149,8 +149,7 @@ Status encode(const Spec& spec, const void* input, DType dtype, size_t count,
   }
   SQUALL_TRY(encodeRaw(spec, input, dtype, count,
                        residual != nullptr ? residual->current() : nullptr,
-                       residual != nullptr ? residual->next() : nullptr, output, capacity,
-                       result));
+                       residual != nullptr ? residual->next() : nullptr, output, capacity, result));
   if (residual != nullptr) residual->commit(result->finite);
   return Status::kOk;
 }
@@ -164,8 +163,8 @@ Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, siz
 }
 
 Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count) {
-  SQUALL_REQUIRE(input != nullptr && spec != nullptr && count != nullptr,
-                 Status::kInvalidArgument, Subsys::kCodec,
+  SQUALL_REQUIRE(input != nullptr && spec != nullptr && count != nullptr, Status::kInvalidArgument,
+                 Subsys::kCodec,
                  "squallEncodedInspect needs non-NULL input, spec and count pointers");
   Layout layout;
   return readHeader(input, bytes, spec, count, &layout);

@@ -56,8 +56,8 @@ Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
                  EncodeResult* result);
 
 // Encode with an optional Residual object, committed when the call is finite.
-Status encode(const Spec& spec, const void* input, DType dtype, size_t count,
-              Residual* residual, void* output, size_t capacity, EncodeResult* result);
+Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Residual* residual,
+              void* output, size_t capacity, EncodeResult* result);
 
 Status decode(const void* input, size_t bytes, float* output, size_t count);
 Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, size_t count);

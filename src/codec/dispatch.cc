@@ -25,8 +25,7 @@ Isa chooseIsa() {
     cap = Isa::kScalar;
   } else if (strcasecmp(wanted.c_str(), "avx2") == 0) {
     cap = Isa::kAvx2;
-  } else if (strcasecmp(wanted.c_str(), "avx512") != 0 &&
-             strcasecmp(wanted.c_str(), "auto") != 0) {
+  } else if (strcasecmp(wanted.c_str(), "avx512") != 0 && strcasecmp(wanted.c_str(), "auto") != 0) {
     SQUALL_WARN(Subsys::kEnv,
                 "SQUALL_CODEC_ISA=\"%s\" is not auto, scalar, avx2 or avx512; using auto",
                 wanted.c_str());

@@ -11,14 +11,14 @@
 namespace squall::codec {
 
 struct EncodeJob {
-  const void* input;         // `count` elements of `dtype`, any alignment
+  const void* input;  // `count` elements of `dtype`, any alignment
   DType dtype;
   size_t count;
   Spec spec;
   Layout layout;
-  const float* residualIn;   // nullptr: no error feedback
-  float* residualOut;        // written for every element when residualIn is set
-  uint8_t* payload;          // layout.payloadBytes, 8-byte aligned not required
+  const float* residualIn;  // nullptr: no error feedback
+  float* residualOut;       // written for every element when residualIn is set
+  uint8_t* payload;         // layout.payloadBytes, 8-byte aligned not required
 };
 
 struct DecodeJob {

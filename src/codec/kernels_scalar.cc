@@ -148,8 +148,10 @@ void int8Decode(const DecodeJob& job) {
   for (size_t i = 0; i < job.count; ++i) {
     const float s = loadAt<float>(scales, i / job.spec.block);
     float d = 0.0f;
-    if (!isFinite(s)) d = bitsFloat(kNanBits);
-    else if (s != 0.0f) d = static_cast<float>(q[i]) * s;
+    if (!isFinite(s))
+      d = bitsFloat(kNanBits);
+    else if (s != 0.0f)
+      d = static_cast<float>(q[i]) * s;
     job.output[i] = kAccumulate ? job.output[i] + d : d;
   }
 }
@@ -203,11 +205,11 @@ constexpr CodecKernels elementwiseKernels() {
 constexpr KernelTable kScalar = {
     "scalar",
     {
-        elementwiseKernels<Fp32Format>(),                                // none
-        {onebitEncode, onebitDecode<false>, onebitDecode<true>},         // onebit
-        elementwiseKernels<Fp16Format>(),                                // fp16
-        elementwiseKernels<Bf16Format>(),                                // bf16
-        {int8Encode, int8Decode<false>, int8Decode<true>},               // int8
+        elementwiseKernels<Fp32Format>(),                         // none
+        {onebitEncode, onebitDecode<false>, onebitDecode<true>},  // onebit
+        elementwiseKernels<Fp16Format>(),                         // fp16
+        elementwiseKernels<Bf16Format>(),                         // bf16
+        {int8Encode, int8Decode<false>, int8Decode<true>},        // int8
     },
 };
 

@@ -73,7 +73,8 @@ SQUALL_HD uint16_t floatToHalf(float f) {
   const uint32_t u = floatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t absBits = u & 0x7fffffffu;
-  if (absBits > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((absBits >> 13) & 0x3ffu));
+  if (absBits > 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7e00u | ((absBits >> 13) & 0x3ffu));
   if (absBits >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (absBits < 0x38800000u) {
     // Result is subnormal or zero: shift the full mantissa into place, RNE.

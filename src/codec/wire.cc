@@ -48,12 +48,12 @@ Status validateSpec(const Spec& spec) {
                    static_cast<unsigned>(spec.scale));
   }
   if (usesBlocks(spec.codec)) {
-    SQUALL_REQUIRE(spec.block >= kMinBlock && spec.block <= kMaxBlock &&
-                       std::has_single_bit(spec.block),
-                   Status::kInvalidArgument, Subsys::kCodec,
-                   "block size %u is invalid for %s: use a power of two from %u to %u "
-                   "(default %u)",
-                   spec.block, codecName(spec.codec), kMinBlock, kMaxBlock, kDefaultBlock);
+    SQUALL_REQUIRE(
+        spec.block >= kMinBlock && spec.block <= kMaxBlock && std::has_single_bit(spec.block),
+        Status::kInvalidArgument, Subsys::kCodec,
+        "block size %u is invalid for %s: use a power of two from %u to %u "
+        "(default %u)",
+        spec.block, codecName(spec.codec), kMinBlock, kMaxBlock, kDefaultBlock);
   }
   return Status::kOk;
 }
@@ -112,10 +112,10 @@ Status readHeader(const void* in, size_t bytes, Spec* spec, size_t* count, Layou
                  "encoded buffer has wire version %u but this library reads version %u; "
                  "run the same Squall version on every rank",
                  h.version, kVersion);
-  SQUALL_REQUIRE(h.codec < kNumCodecs && h.reserved0 == 0 && h.reserved1 == 0,
-                 Status::kCorruptData, Subsys::kCodec,
-                 "encoded buffer header is corrupt (codec id %u, reserved fields %u/%u)",
-                 h.codec, h.reserved0, h.reserved1);
+  SQUALL_REQUIRE(h.codec < kNumCodecs && h.reserved0 == 0 && h.reserved1 == 0, Status::kCorruptData,
+                 Subsys::kCodec,
+                 "encoded buffer header is corrupt (codec id %u, reserved fields %u/%u)", h.codec,
+                 h.reserved0, h.reserved1);
   Spec s;
   s.codec = static_cast<CodecId>(h.codec);
   s.scale = static_cast<Scale>(h.scale);
@@ -123,8 +123,8 @@ Status readHeader(const void* in, size_t bytes, Spec* spec, size_t* count, Layou
   const bool specOk = (s.codec == CodecId::kOnebit ? h.scale <= 1 : h.scale == 0) &&
                       (usesBlocks(s.codec) || h.block == 0);
   SQUALL_REQUIRE(specOk, Status::kCorruptData, Subsys::kCodec,
-                 "encoded buffer header is corrupt (scale kind %u, block size %u for %s)",
-                 h.scale, h.block, codecName(s.codec));
+                 "encoded buffer header is corrupt (scale kind %u, block size %u for %s)", h.scale,
+                 h.block, codecName(s.codec));
   if (usesBlocks(s.codec)) {
     SQUALL_REQUIRE(h.block >= kMinBlock && h.block <= kMaxBlock && std::has_single_bit(h.block),
                    Status::kCorruptData, Subsys::kCodec,
@@ -143,8 +143,7 @@ Status readHeader(const void* in, size_t bytes, Spec* spec, size_t* count, Layou
   SQUALL_REQUIRE(bytes == l.totalBytes, Status::kCorruptData, Subsys::kCodec,
                  "encoded buffer is %zu bytes but %llu %s elements take exactly %zu; it was "
                  "truncated or padded",
-                 bytes, static_cast<unsigned long long>(h.count), codecName(s.codec),
-                 l.totalBytes);
+                 bytes, static_cast<unsigned long long>(h.count), codecName(s.codec), l.totalBytes);
   *spec = s;
   *count = static_cast<size_t>(h.count);
   *layout = l;

@@ -74,7 +74,7 @@ struct Layout {
   size_t dataOffset = 0;   // bits, int8s, or the fp values
   size_t dataBytes = 0;    // unpadded
   size_t payloadBytes = 0;
-  size_t totalBytes = 0;   // header included
+  size_t totalBytes = 0;  // header included
 };
 
 // Checks a spec: known codec and scale, block a power of two in range.

@@ -22,8 +22,8 @@ CpuFeatures detect() {
   unsigned xcr0Lo = 0, xcr0Hi = 0;
   __asm__ volatile("xgetbv" : "=a"(xcr0Lo), "=d"(xcr0Hi) : "c"(0));
   const uint64_t xcr0 = (static_cast<uint64_t>(xcr0Hi) << 32) | xcr0Lo;
-  const bool ymm = (xcr0 & 0x6) == 0x6;     // SSE + AVX state
-  const bool zmm = (xcr0 & 0xe6) == 0xe6;   // + opmask, ZMM_Hi256, Hi16_ZMM
+  const bool ymm = (xcr0 & 0x6) == 0x6;    // SSE + AVX state
+  const bool zmm = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return f;
   const bool avx2 = (b & (1u << 5)) != 0;
   const bool avx512f = (b & (1u << 16)) != 0;

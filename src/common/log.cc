@@ -26,9 +26,15 @@ struct SubsysName {
   const char* name;
 };
 constexpr SubsysName kSubsysNames[] = {
-    {Subsys::kInit, "INIT"},   {Subsys::kCodec, "CODEC"}, {Subsys::kTransport, "TRANSPORT"},
-    {Subsys::kBootstrap, "BOOTSTRAP"}, {Subsys::kColl, "COLL"}, {Subsys::kOptim, "OPTIM"},
-    {Subsys::kApi, "API"},     {Subsys::kCuda, "CUDA"},   {Subsys::kEnv, "ENV"},
+    {Subsys::kInit, "INIT"},
+    {Subsys::kCodec, "CODEC"},
+    {Subsys::kTransport, "TRANSPORT"},
+    {Subsys::kBootstrap, "BOOTSTRAP"},
+    {Subsys::kColl, "COLL"},
+    {Subsys::kOptim, "OPTIM"},
+    {Subsys::kApi, "API"},
+    {Subsys::kCuda, "CUDA"},
+    {Subsys::kEnv, "ENV"},
     {Subsys::kAll, "ALL"},
 };
 
@@ -75,9 +81,12 @@ std::string expandPath(const std::string& pattern) {
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '%' && i + 1 < pattern.size()) {
       char c = pattern[++i];
-      if (c == 'h') out += gHost;
-      else if (c == 'p') out += std::to_string(getpid());
-      else out += c;
+      if (c == 'h')
+        out += gHost;
+      else if (c == 'p')
+        out += std::to_string(getpid());
+      else
+        out += c;
     } else {
       out += pattern[i];
     }
@@ -109,7 +118,9 @@ void configure() {
   gLevel.store(static_cast<int>(level), std::memory_order_release);
   FILE* out = gFile != nullptr ? gFile : stderr;
   if (!levelOk)
-    fprintf(out, "%s:%d [squall] WARN ENV SQUALL_DEBUG=\"%s\" is not NONE, WARN, INFO or TRACE; using WARN\n",
+    fprintf(out,
+            "%s:%d [squall] WARN ENV SQUALL_DEBUG=\"%s\" is not NONE, WARN, INFO or TRACE; using "
+            "WARN\n",
             gHost, getpid(), levelText.c_str());
   if (!unknown.empty())
     fprintf(out, "%s:%d [squall] WARN ENV SQUALL_DEBUG_SUBSYS names unknown subsystems: %s\n",
@@ -149,8 +160,8 @@ void write(LogLevel level, Subsys subsys, const char* file, int line, const char
   std::lock_guard<std::mutex> lock(gMutex);
   FILE* out = gFile != nullptr ? gFile : stderr;
   fprintf(out, "%s:%d:%ld [squall] %s %s %s:%d %s\n", gHost, getpid(),
-          static_cast<long>(syscall(SYS_gettid)), levelName(level), subsysName(subsys), base,
-          line, message);
+          static_cast<long>(syscall(SYS_gettid)), levelName(level), subsysName(subsys), base, line,
+          message);
   fflush(out);
 }
 

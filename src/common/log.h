@@ -40,8 +40,8 @@ inline bool enabled(LogLevel level, Subsys subsys) {
   return static_cast<int>(level) <= current &&
          (gMask.load(std::memory_order_relaxed) & static_cast<uint32_t>(subsys)) != 0;
 }
-[[gnu::format(printf, 5, 6)]] void write(LogLevel level, Subsys subsys, const char* file,
-                                         int line, const char* format, ...);
+[[gnu::format(printf, 5, 6)]] void write(LogLevel level, Subsys subsys, const char* file, int line,
+                                         const char* format, ...);
 }  // namespace log_detail
 
 const char* subsysName(Subsys subsys);
@@ -51,9 +51,9 @@ void reloadLogConfig();
 
 }  // namespace squall
 
-#define SQUALL_LOG_AT(level, subsys, ...)                                            \
-  do {                                                                             \
-    if (::squall::log_detail::enabled((level), (subsys)))                          \
+#define SQUALL_LOG_AT(level, subsys, ...)                                              \
+  do {                                                                                 \
+    if (::squall::log_detail::enabled((level), (subsys)))                              \
       ::squall::log_detail::write((level), (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 

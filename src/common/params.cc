@@ -33,8 +33,8 @@ void warnMalformed(const ParamInfo& info, const char* value) {
   static std::set<std::string> reported;
   std::lock_guard<std::mutex> lock(mutex);
   if (!reported.insert(info.name).second) return;
-  SQUALL_WARN(Subsys::kEnv, "%s=\"%s\" is not a valid %s; using the default \"%s\"",
-              info.name, value, typeName(info.type), info.defaultValue);
+  SQUALL_WARN(Subsys::kEnv, "%s=\"%s\" is not a valid %s; using the default \"%s\"", info.name,
+              value, typeName(info.type), info.defaultValue);
 }
 
 // The value from the environment, or nullptr when unset or empty.

@@ -32,8 +32,8 @@ const char* statusName(Status status);
 
 // Records `message` as this thread's last error, logs it at WARN under
 // `subsys` with the source location, and returns `status`.
-[[gnu::format(printf, 5, 6)]] Status fail(Status status, Subsys subsys, const char* file,
-                                          int line, const char* format, ...);
+[[gnu::format(printf, 5, 6)]] Status fail(Status status, Subsys subsys, const char* file, int line,
+                                          const char* format, ...);
 
 const std::string& lastError();
 void clearLastError();
@@ -44,20 +44,20 @@ void clearLastError();
   ::squall::fail((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
 
 // Returns a failure from the enclosing function when `cond` is false.
-#define SQUALL_REQUIRE(cond, status, subsys, ...)              \
-  do {                                                         \
-    if (__builtin_expect(!(cond), 0)) {                        \
-      return SQUALL_FAIL((status), (subsys), __VA_ARGS__);     \
-    }                                                          \
+#define SQUALL_REQUIRE(cond, status, subsys, ...)          \
+  do {                                                     \
+    if (__builtin_expect(!(cond), 0)) {                    \
+      return SQUALL_FAIL((status), (subsys), __VA_ARGS__); \
+    }                                                      \
   } while (0)
 
 // Propagates a failure from a call that has already described it.
-#define SQUALL_TRY(expr)                                                              \
-  do {                                                                                \
-    ::squall::Status squall_try_status_ = (expr);                                     \
-    if (__builtin_expect(squall_try_status_ != ::squall::Status::kOk, 0)) {           \
-      SQUALL_TRACE(::squall::Subsys::kAll, "propagating %s from %s",             \
-                 ::squall::statusName(squall_try_status_), #expr);                    \
-      return squall_try_status_;                                                      \
-    }                                                                                 \
+#define SQUALL_TRY(expr)                                                    \
+  do {                                                                      \
+    ::squall::Status squall_try_status_ = (expr);                           \
+    if (__builtin_expect(squall_try_status_ != ::squall::Status::kOk, 0)) { \
+      SQUALL_TRACE(::squall::Subsys::kAll, "propagating %s from %s",        \
+                   ::squall::statusName(squall_try_status_), #expr);        \
+      return squall_try_status_;                                            \
+    }                                                                       \
   } while (0)

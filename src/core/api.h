@@ -17,16 +17,15 @@ squallResult_t guard(const char* function, Body&& body) noexcept {
   try {
     return static_cast<squallResult_t>(body());
   } catch (const std::bad_alloc&) {
-    return static_cast<squallResult_t>(SQUALL_FAIL(
-        Status::kOutOfMemory, Subsys::kApi, "%s ran out of memory", function));
+    return static_cast<squallResult_t>(
+        SQUALL_FAIL(Status::kOutOfMemory, Subsys::kApi, "%s ran out of memory", function));
   } catch (const std::exception& e) {
-    return static_cast<squallResult_t>(SQUALL_FAIL(
-        Status::kInternal, Subsys::kApi, "%s failed unexpectedly: %s; please report this",
-        function, e.what()));
+    return static_cast<squallResult_t>(SQUALL_FAIL(Status::kInternal, Subsys::kApi,
+                                                   "%s failed unexpectedly: %s; please report this",
+                                                   function, e.what()));
   } catch (...) {
     return static_cast<squallResult_t>(SQUALL_FAIL(
-        Status::kInternal, Subsys::kApi, "%s failed unexpectedly; please report this",
-        function));
+        Status::kInternal, Subsys::kApi, "%s failed unexpectedly; please report this", function));
   }
 }
 

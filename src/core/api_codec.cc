@@ -29,8 +29,7 @@ Status toSpec(const squallCodecSpec_t* in, codec::Spec* out) {
   SQUALL_REQUIRE(in != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the codec spec pointer is NULL; pass e.g. SQUALL_CODEC_SPEC_ONEBIT");
   SQUALL_REQUIRE(static_cast<unsigned>(in->codec) < squallNumCodecs, Status::kInvalidArgument,
-                 Subsys::kApi,
-                 "unknown codec %d; use squallCodecNone, Onebit, Fp16, Bf16 or Int8",
+                 Subsys::kApi, "unknown codec %d; use squallCodecNone, Onebit, Fp16, Bf16 or Int8",
                  static_cast<int>(in->codec));
   SQUALL_REQUIRE(static_cast<unsigned>(in->scale) <= squallScaleRms, Status::kInvalidArgument,
                  Subsys::kApi, "unknown scale kind %d; use squallScaleMeanAbs or squallScaleRms",
@@ -66,8 +65,7 @@ Status checkResidual(squallResidual_t r) {
 }
 
 Status parseSpec(const char* text, codec::Spec* spec) {
-  SQUALL_REQUIRE(text != nullptr, Status::kInvalidArgument, Subsys::kApi,
-                 "the codec text is NULL");
+  SQUALL_REQUIRE(text != nullptr, Status::kInvalidArgument, Subsys::kApi, "the codec text is NULL");
   std::string s(text);
   size_t colon = s.find(':');
   std::string name = s.substr(0, colon);
@@ -90,8 +88,8 @@ Status parseSpec(const char* text, codec::Spec* spec) {
       unsigned long long v = std::strtoull(option.c_str() + 6, &end, 10);
       SQUALL_REQUIRE(*end == '\0' && end != option.c_str() + 6 && v <= UINT32_MAX,
                      Status::kInvalidArgument, Subsys::kApi,
-                     "\"%s\" in \"%s\" is not a block size; write block=2048",
-                     option.c_str(), text);
+                     "\"%s\" in \"%s\" is not a block size; write block=2048", option.c_str(),
+                     text);
       out.block = static_cast<uint32_t>(v);
     } else if (option == "scale=rms") {
       out.scale = codec::Scale::kRms;
@@ -188,8 +186,7 @@ squallResult_t squallResidualRead(squallResidual_t residual, float* values, size
   });
 }
 
-squallResult_t squallResidualWrite(squallResidual_t residual, const float* values,
-                                   size_t count) {
+squallResult_t squallResidualWrite(squallResidual_t residual, const float* values, size_t count) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkResidual(residual));
     SQUALL_REQUIRE(count == residual->impl->count(), Status::kInvalidUsage, Subsys::kApi,
@@ -232,8 +229,8 @@ squallResult_t squallEncode(const squallCodecSpec_t* spec, const void* input,
     if (residual != nullptr) SQUALL_TRY(checkResidual(residual));
     codec::EncodeResult result;
     SQUALL_TRY(codec::encode(s, input, d, count,
-                             residual != nullptr ? residual->impl.get() : nullptr, output,
-                             capacity, &result));
+                             residual != nullptr ? residual->impl.get() : nullptr, output, capacity,
+                             &result));
     *written = result.bytes;
     return Status::kOk;
   });

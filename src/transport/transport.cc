@@ -9,8 +9,8 @@ namespace squall::transport {
 std::string describe(const Tag& tag) {
   const Descriptor& d = tag.descriptor;
   char text[256];
-  int n = std::snprintf(text, sizeof(text), "#%llu %s", static_cast<unsigned long long>(tag.sequence),
-                        collKindName(d.kind));
+  int n = std::snprintf(text, sizeof(text), "#%llu %s",
+                        static_cast<unsigned long long>(tag.sequence), collKindName(d.kind));
   auto append = [&](const char* format, auto... args) {
     if (n >= 0 && static_cast<size_t>(n) < sizeof(text))
       n += std::snprintf(text + n, sizeof(text) - n, format, args...);

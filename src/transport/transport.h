@@ -95,8 +95,7 @@ class Transport {
   // Posting never blocks on the peer. A send to oneself is allowed.
   virtual Status send(int peer, const Tag& tag, const void* data, size_t bytes,
                       RequestPtr* request) = 0;
-  virtual Status recv(int peer, const Tag& tag, void* data, size_t bytes,
-                      RequestPtr* request) = 0;
+  virtual Status recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) = 0;
 
   // Advances outstanding requests without blocking for long. Backends with a
   // progress thread may do nothing here.

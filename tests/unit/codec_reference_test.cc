@@ -75,7 +75,7 @@ struct ResidualHandle {
 
 TEST(Onebit, SignTimesMeanAbsPerBlock) {
   std::vector<float> x(128);
-  for (size_t i = 0; i < 64; ++i) x[i] = (i % 2 == 0) ? 1.0f : -3.0f;  // mean |x| = 2
+  for (size_t i = 0; i < 64; ++i) x[i] = (i % 2 == 0) ? 1.0f : -3.0f;    // mean |x| = 2
   for (size_t i = 64; i < 128; ++i) x[i] = (i % 4 == 0) ? -8.0f : 0.0f;  // mean |x| = 2
   const std::vector<float> d = decode(encode(spec(squallCodecOnebit, 64), x), x.size());
   for (size_t i = 0; i < 64; ++i) EXPECT_EQ(d[i], i % 2 == 0 ? 2.0f : -2.0f) << i;
@@ -177,8 +177,8 @@ TEST(Codecs, AcceptHalfAndBfloatInput) {
 
 TEST(Codecs, DecodeAccumulateAdds) {
   const std::vector<float> x = randomVector(3000, 3);
-  for (squallCodec_t c : {squallCodecNone, squallCodecOnebit, squallCodecFp16, squallCodecBf16,
-                          squallCodecInt8}) {
+  for (squallCodec_t c :
+       {squallCodecNone, squallCodecOnebit, squallCodecFp16, squallCodecBf16, squallCodecInt8}) {
     const Bytes b = encode(spec(c, 256), x);
     const std::vector<float> d = decode(b, x.size());
     std::vector<float> acc(x.size(), 0.5f);
@@ -213,8 +213,7 @@ TEST_P(ErrorFeedback, TransmitsEverythingEventually) {
   }
   const std::vector<float> e = residualValues(res.r);
   double worst = 0;
-  for (size_t i = 0; i < n; ++i)
-    worst = std::max(worst, std::abs(sentSum[i] + e[i] - inputSum[i]));
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(sentSum[i] + e[i] - inputSum[i]));
   EXPECT_LT(worst, 1e-4) << "the residual lost part of the input";
 }
 
@@ -342,9 +341,9 @@ TEST(Decode, RejectsCorruptHeaders) {
     const char* expect;
   };
   const Corruption cases[] = {
-      {0, 'X', "magic"},       {4, 2, "version"},   {5, 9, "corrupt"},  {6, 5, "corrupt"},
-      {7, 1, "corrupt"},       {8, 65, "block"},    {12, 1, "corrupt"}, {16, 200, "truncated"},
-      {23, 0x80, "truncated"},
+      {0, 'X', "magic"},  {4, 2, "version"},      {5, 9, "corrupt"},
+      {6, 5, "corrupt"},  {7, 1, "corrupt"},      {8, 65, "block"},
+      {12, 1, "corrupt"}, {16, 200, "truncated"}, {23, 0x80, "truncated"},
   };
   for (const Corruption& c : cases) {
     Bytes b = good;
@@ -407,9 +406,8 @@ TEST(BadArguments, EachGetsItsOwnError) {
   Bytes out(4096);
   size_t written = 0;
   auto enc = [&](const squallCodecSpec_t* s, const void* in, squallDataType_t t, size_t n,
-                 squallResidual_t r, void* o, size_t cap, size_t* w) {
-    return squallEncode(s, in, t, n, r, o, cap, w);
-  };
+                 squallResidual_t r, void* o, size_t cap,
+                 size_t* w) { return squallEncode(s, in, t, n, r, o, cap, w); };
   expectError(enc(nullptr, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(), &written),
               {"null spec", squallInvalidArgument, "spec pointer is NULL"});
   expectError(enc(&good, nullptr, squallFloat32, 100, nullptr, out.data(), out.size(), &written),
@@ -422,8 +420,8 @@ TEST(BadArguments, EachGetsItsOwnError) {
               {"bad dtype", squallInvalidArgument, "not data type 3"});
   expectError(enc(&good, x.data(), squallFloat32, 100, nullptr, out.data(), 10, &written),
               {"small output", squallInvalidArgument, "size it with squallEncodedSize"});
-  expectError(enc(&good, x.data(), squallFloat32, 100, nullptr,
-                  const_cast<float*>(x.data()) + 10, 4096, &written),
+  expectError(enc(&good, x.data(), squallFloat32, 100, nullptr, const_cast<float*>(x.data()) + 10,
+                  4096, &written),
               {"overlap", squallInvalidUsage, "overlap"});
   for (uint32_t block : {0u, 32u, 63u, 96u, 1u << 31}) {
     squallCodecSpec_t s = spec(squallCodecOnebit, block);
@@ -431,13 +429,13 @@ TEST(BadArguments, EachGetsItsOwnError) {
                 {"bad block", squallInvalidArgument, "power of two"});
   }
   squallCodecSpec_t unknown = spec(static_cast<squallCodec_t>(7));
-  expectError(enc(&unknown, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(),
-                  &written),
-              {"unknown codec", squallInvalidArgument, "unknown codec 7"});
+  expectError(
+      enc(&unknown, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(), &written),
+      {"unknown codec", squallInvalidArgument, "unknown codec 7"});
   squallCodecSpec_t badScale = spec(squallCodecOnebit, 64, static_cast<squallScale_t>(3));
-  expectError(enc(&badScale, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(),
-                  &written),
-              {"unknown scale", squallInvalidArgument, "unknown scale kind 3"});
+  expectError(
+      enc(&badScale, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(), &written),
+      {"unknown scale", squallInvalidArgument, "unknown scale kind 3"});
   size_t bytes = 0;
   squallCodecSpec_t half = spec(squallCodecFp16);
   expectError(squallEncodedSize(&half, std::numeric_limits<size_t>::max() / 2, &bytes),
@@ -469,9 +467,9 @@ TEST(BadArguments, NothingWrittenOnFailure) {
   squallCodecSpec_t s = spec(squallCodecOnebit, 64);
   Bytes out(10, 0xAB);
   size_t written = 12345;
-  EXPECT_NE(squallEncode(&s, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(),
-                         &written),
-            squallSuccess);
+  EXPECT_NE(
+      squallEncode(&s, x.data(), squallFloat32, 100, nullptr, out.data(), out.size(), &written),
+      squallSuccess);
   EXPECT_EQ(written, 12345u);
   for (uint8_t b : out) EXPECT_EQ(b, 0xAB);
 }

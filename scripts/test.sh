@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what is missing, builds with
+# warnings as errors, runs every test, then rebuilds the unit tests with
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs them again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+jobs=$(nproc)
+
+echo "== build (release, warnings are errors)"
+[[ -f build/build.ninja ]] || meson setup build >/dev/null
+ninja -C build
+
+echo "== tests"
+meson test -C build --print-errorlogs --num-processes "$jobs" --no-suite gpu
+
+echo "== format"
+scripts/check_format.sh
+
+echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+[[ -f build-asan/build.ninja ]] ||
+  meson setup build-asan -Dbuildtype=debug -Db_sanitize=address,undefined \
+    -Db_lundef=false -Dperf=false -Dcuda=disabled >/dev/null
+ninja -C build-asan
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+  meson test -C build-asan --print-errorlogs --num-processes "$jobs" --suite unit \
+  --timeout-multiplier 3
+
+echo "== all tests passed"
