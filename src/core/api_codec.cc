@@ -25,17 +25,29 @@ static_assert(static_cast<int>(squallBfloat16) == static_cast<int>(codec::DType:
 
 namespace {
 
+// The numeric value of an enum the caller filled in. Read through memcpy: a C
+// caller may store any int in it, and loading an out-of-range value as the
+// C++ enum type would be undefined behaviour.
+template <typename Enum>
+int rawEnum(const Enum& e) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
 Status toSpec(const squallCodecSpec_t* in, codec::Spec* out) {
   SQUALL_REQUIRE(in != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the codec spec pointer is NULL; pass e.g. SQUALL_CODEC_SPEC_ONEBIT");
-  SQUALL_REQUIRE(static_cast<unsigned>(in->codec) < squallNumCodecs, Status::kInvalidArgument,
-                 Subsys::kApi, "unknown codec %d; use squallCodecNone, Onebit, Fp16, Bf16 or Int8",
-                 static_cast<int>(in->codec));
-  SQUALL_REQUIRE(static_cast<unsigned>(in->scale) <= squallScaleRms, Status::kInvalidArgument,
-                 Subsys::kApi, "unknown scale kind %d; use squallScaleMeanAbs or squallScaleRms",
-                 static_cast<int>(in->scale));
-  out->codec = static_cast<codec::CodecId>(in->codec);
-  out->scale = static_cast<codec::Scale>(in->scale);
+  const int codecId = rawEnum(in->codec);
+  const int scaleId = rawEnum(in->scale);
+  SQUALL_REQUIRE(codecId >= 0 && codecId < squallNumCodecs, Status::kInvalidArgument, Subsys::kApi,
+                 "unknown codec %d; use squallCodecNone, Onebit, Fp16, Bf16 or Int8", codecId);
+  SQUALL_REQUIRE(scaleId == squallScaleMeanAbs || scaleId == squallScaleRms,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "unknown scale kind %d; use squallScaleMeanAbs or squallScaleRms", scaleId);
+  out->codec = static_cast<codec::CodecId>(codecId);
+  out->scale = static_cast<codec::Scale>(scaleId);
   out->block = in->blockSize;
   return codec::validateSpec(*out);
 }
@@ -49,12 +61,13 @@ squallCodecSpec_t fromSpec(const codec::Spec& s) {
 }
 
 Status toDType(squallDataType_t dtype, codec::DType* out) {
-  SQUALL_REQUIRE(dtype == squallFloat32 || dtype == squallFloat16 || dtype == squallBfloat16,
+  const int id = rawEnum(dtype);
+  SQUALL_REQUIRE(id == squallFloat32 || id == squallFloat16 || id == squallBfloat16,
                  Status::kInvalidArgument, Subsys::kApi,
                  "codecs take squallFloat32, squallFloat16 or squallBfloat16 input, not data "
                  "type %d",
-                 static_cast<int>(dtype));
-  *out = static_cast<codec::DType>(dtype);
+                 id);
+  *out = static_cast<codec::DType>(id);
   return Status::kOk;
 }
 
