@@ -3,13 +3,32 @@
 // exception into squallInternalError, and converts Status to squallResult_t.
 #pragma once
 
+#include <cstring>
 #include <exception>
 #include <new>
 
 #include "squall/squall.h"
 #include "src/common/status.h"
 
+namespace squall::codec {
+struct Spec;
+}
+
 namespace squall::core {
+
+// The numeric value of an enum the caller filled in. Read through memcpy: a C
+// caller may store any int in it, and loading an out-of-range value as the
+// C++ enum type would be undefined behaviour.
+template <typename Enum>
+int rawEnum(const Enum& e) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+// Checks a caller's codec spec and converts it.
+Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out);
 
 template <typename Body>
 squallResult_t guard(const char* function, Body&& body) noexcept {

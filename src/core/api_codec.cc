@@ -23,20 +23,9 @@ static_assert(squallNumCodecs == codec::kNumCodecs);
 static_assert(static_cast<int>(squallFloat16) == static_cast<int>(codec::DType::kF16));
 static_assert(static_cast<int>(squallBfloat16) == static_cast<int>(codec::DType::kBf16));
 
-namespace {
+namespace squall::core {
 
-// The numeric value of an enum the caller filled in. Read through memcpy: a C
-// caller may store any int in it, and loading an out-of-range value as the
-// C++ enum type would be undefined behaviour.
-template <typename Enum>
-int rawEnum(const Enum& e) {
-  static_assert(sizeof(Enum) == sizeof(int));
-  int v;
-  std::memcpy(&v, &e, sizeof(v));
-  return v;
-}
-
-Status toSpec(const squallCodecSpec_t* in, codec::Spec* out) {
+Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out) {
   SQUALL_REQUIRE(in != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the codec spec pointer is NULL; pass e.g. SQUALL_CODEC_SPEC_ONEBIT");
   const int codecId = rawEnum(in->codec);
@@ -52,6 +41,10 @@ Status toSpec(const squallCodecSpec_t* in, codec::Spec* out) {
   return codec::validateSpec(*out);
 }
 
+}  // namespace squall::core
+
+namespace {
+
 squallCodecSpec_t fromSpec(const codec::Spec& s) {
   squallCodecSpec_t out;
   out.codec = static_cast<squallCodec_t>(s.codec);
@@ -61,7 +54,7 @@ squallCodecSpec_t fromSpec(const codec::Spec& s) {
 }
 
 Status toDType(squallDataType_t dtype, codec::DType* out) {
-  const int id = rawEnum(dtype);
+  const int id = squall::core::rawEnum(dtype);
   SQUALL_REQUIRE(id == squallFloat32 || id == squallFloat16 || id == squallBfloat16,
                  Status::kInvalidArgument, Subsys::kApi,
                  "codecs take squallFloat32, squallFloat16 or squallBfloat16 input, not data "
@@ -224,7 +217,7 @@ squallResult_t squallResidualGetSkipped(squallResidual_t residual, uint64_t* cal
 squallResult_t squallEncodedSize(const squallCodecSpec_t* spec, size_t count, size_t* bytes) {
   return SQUALL_API_GUARD({
     codec::Spec s;
-    SQUALL_TRY(toSpec(spec, &s));
+    SQUALL_TRY(squall::core::toCodecSpec(spec, &s));
     return codec::encodedSize(s, count, bytes);
   });
 }
@@ -234,7 +227,7 @@ squallResult_t squallEncode(const squallCodecSpec_t* spec, const void* input,
                             void* output, size_t capacity, size_t* written) {
   return SQUALL_API_GUARD({
     codec::Spec s;
-    SQUALL_TRY(toSpec(spec, &s));
+    SQUALL_TRY(squall::core::toCodecSpec(spec, &s));
     codec::DType d;
     SQUALL_TRY(toDType(dtype, &d));
     SQUALL_REQUIRE(written != nullptr, Status::kInvalidArgument, Subsys::kApi,
