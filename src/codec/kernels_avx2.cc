@@ -11,8 +11,7 @@
 //   * a 64-element bit word is eight movemasks (encode) or eight variable
 //     shifts that move each bit into a float's sign for blendv (decode);
 //   * the last, partial word of a buffer is staged through a padded copy;
-//   * fp16 / bf16 / none encode fp32 input with F16C and integer rounding;
-//     int8, and elementwise codecs on half inputs, use the scalar kernels.
+//   * the other codecs (none, fp16, bf16, int8) use the scalar kernels.
 // Everything here has internal linkage and avoids out-of-line helpers from
 // shared headers: this file is compiled with -mavx2, and a shared inline
 // function emitted here could be picked by the linker for scalar callers.
