@@ -9,7 +9,11 @@
 #if defined(__CUDACC__)
 #define SQUALL_HD __host__ __device__ __forceinline__
 #else
-#define SQUALL_HD inline
+// Internal linkage on the host: these headers are compiled into the scalar
+// code and into the -mavx2 / -mavx512f kernel files. With plain `inline`, the
+// linker keeps one out-of-line copy (debug builds do not inline), which could
+// be the AVX-512 one, called from scalar code on a CPU without AVX-512.
+#define SQUALL_HD static inline
 #endif
 
 namespace squall::codec {
