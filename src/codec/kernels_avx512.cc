@@ -165,7 +165,7 @@ bool onebitEncode(const EncodeJob& job) {
   for (size_t b = 0; b < job.layout.blocks; ++b) {
     const size_t start = b * block;
     const size_t n = minSize(block, job.count - start);
-    const float s = scaleFromSum<kScale>(blockSum<kScale>(src, start, n), n);
+    const float s = canonicalScale(scaleFromSum<kScale>(blockSum<kScale>(src, start, n), n));
     std::memcpy(scales + 4 * b, &s, 4);
     finite = finite && isFinite(s);
 
@@ -198,12 +198,9 @@ bool onebitEncodeFor(const EncodeJob& job) {
 
 bool onebitEncodeAny(const EncodeJob& job) {
   switch (job.dtype) {
-    case DType::kF32:
-      return onebitEncodeFor<DType::kF32>(job);
-    case DType::kF16:
-      return onebitEncodeFor<DType::kF16>(job);
-    case DType::kBf16:
-      return onebitEncodeFor<DType::kBf16>(job);
+    case DType::kF32: return onebitEncodeFor<DType::kF32>(job);
+    case DType::kF16: return onebitEncodeFor<DType::kF16>(job);
+    case DType::kBf16: return onebitEncodeFor<DType::kBf16>(job);
   }
   return false;
 }

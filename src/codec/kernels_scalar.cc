@@ -74,7 +74,7 @@ bool onebitEncode(const EncodeJob& job) {
   for (size_t b = 0; b < job.layout.blocks; ++b) {
     const size_t start = b * block;
     const size_t n = std::min(block, job.count - start);
-    const float s = onebitScale(job, start, n);
+    const float s = canonicalScale(onebitScale(job, start, n));
     storeAt<float>(scales, b, s);
     finite = finite && isFinite(s);
     for (size_t w = start / 64; w * 64 < start + n; ++w) {

@@ -44,6 +44,12 @@ SQUALL_HD float absf(float f) { return bitsFloat(floatBits(f) & 0x7fffffffu); }
 
 SQUALL_HD float bf16ToFloat(uint16_t h) { return bitsFloat(static_cast<uint32_t>(h) << 16); }
 
+// What a scale that is not finite is stored as: one quiet NaN, so the bytes of
+// a non-finite block do not depend on which NaN or infinity the lanes summed.
+constexpr uint32_t kCanonicalNanBits = 0x7fc00000u;
+
+SQUALL_HD float canonicalScale(float s) { return isFinite(s) ? s : bitsFloat(kCanonicalNanBits); }
+
 // Round to nearest even; a NaN stays a NaN (quietened, sign and top payload kept).
 SQUALL_HD uint16_t floatToBf16(float f) {
   uint32_t u = floatBits(f);
@@ -56,7 +62,9 @@ SQUALL_HD float halfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return bitsFloat(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0x1fu) {  // infinity, or a NaN, quietened as the F16C instructions do
+    return bitsFloat(sign | 0x7f800000u | (mant != 0 ? 0x400000u : 0u) | (mant << 13));
+  }
   if (exp == 0) {
     if (mant == 0) return bitsFloat(sign);
     // Subnormal half: renormalise.

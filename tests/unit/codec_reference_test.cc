@@ -303,6 +303,29 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::numeric_limits<float>::infinity(),
                                          -std::numeric_limits<float>::infinity())));
 
+TEST(Onebit, NonFiniteScaleIsStoredAsOneCanonicalNan) {
+  for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::quiet_NaN(), 3e38f}) {
+    std::vector<float> x(128, 1.0f);
+    x[64] = bad;
+    x[65] = bad;  // 3e38 twice overflows the block sum
+    const Bytes b = encode(spec(squallCodecOnebit, 64), x);
+    uint32_t scale1;
+    std::memcpy(&scale1, b.data() + 24 + 4, 4);
+    EXPECT_EQ(scale1, 0x7fc00000u) << bad;
+  }
+}
+
+TEST(Fp16, SignallingNanInputIsQuietened) {
+  const uint16_t snan = 0x7c01;
+  const squallCodecSpec_t s = spec(squallCodecNone);
+  Bytes out(32);
+  size_t written = 0;
+  ASSERT_EQ(squallEncode(&s, &snan, squallFloat16, 1, nullptr, out.data(), out.size(), &written),
+            squallSuccess);
+  EXPECT_EQ(bitsOf(decode(out, 1)[0]), 0x7fc02000u);  // as the F16C instructions convert it
+}
+
 TEST(Fp16, OverflowToInfinityCountsAsNonFinite) {
   const size_t n = 8;
   ResidualHandle res(n);

@@ -40,36 +40,27 @@ struct Case {
 
 const char* isaName(Isa isa) {
   switch (isa) {
-    case Isa::kScalar:
-      return "scalar";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kAvx512:
-      return "avx512";
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
   }
   return "?";
 }
 
 const char* dtypeName(DType d) {
   switch (d) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBf16:
-      return "bf16";
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBf16: return "bf16";
   }
   return "?";
 }
 
 const char* dataName(Data d) {
   switch (d) {
-    case Data::kPlain:
-      return "plain";
-    case Data::kEdge:
-      return "edge";
-    case Data::kNonFinite:
-      return "nonfinite";
+    case Data::kPlain: return "plain";
+    case Data::kEdge: return "edge";
+    case Data::kNonFinite: return "nonfinite";
   }
   return "?";
 }
