@@ -17,12 +17,16 @@
 
 #include "src/common/params.h"
 #include "tests/unit/bootstrap_doubles.h"
+#include "tests/unit/transport_exchange.h"
 
 namespace squall::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::exchangeAll;
 using testing::ForkBootstrap;
+using testing::rawTag;
+using testing::soon;
 using testing::ThreadBootstrap;
 using testing::ThreadBootstrapGroup;
 
@@ -30,19 +34,6 @@ std::unique_ptr<Transport> makeUcx(bootstrap::Bootstrap& bootstrap) {
   std::unique_ptr<Transport> transport;
   if (createUcxTransport(bootstrap, &transport) != Status::kOk) return nullptr;
   return transport;
-}
-
-Deadline soon(std::chrono::milliseconds after = 10s) { return Clock::now() + after; }
-
-Tag rawTag(uint64_t sequence, uint32_t step) {
-  Tag tag;
-  tag.sequence = sequence;
-  tag.step = step;
-  return tag;
-}
-
-uint8_t pattern(int from, int to, size_t index, uint32_t salt) {
-  return static_cast<uint8_t>(from * 31 + to * 7 + index * 13 + salt);
 }
 
 // Runs body(transport, bootstrap) on `size` threads, each with its own UCX
@@ -63,60 +54,6 @@ void runThreads(int size, const std::function<void(Transport&, bootstrap::Bootst
     });
   }
   for (std::thread& t : threads) t.join();
-}
-
-const size_t kSizes[] = {0, 1, 7, 64, 1000, size_t{1} << 20};
-
-// Every rank sends every size to every rank (itself included). Even ranks
-// post their receives first, odd ranks their sends, so both expected and
-// unexpected arrivals happen. Returns true when all data arrived intact.
-bool exchangeAll(Transport& t, uint64_t sequence) {
-  const int n = t.size(), me = t.rank();
-  std::vector<std::vector<uint8_t>> out, in;
-  std::vector<RequestPtr> requests;
-  auto postRecvs = [&] {
-    for (int p = 0; p < n; ++p)
-      for (size_t i = 0; i < std::size(kSizes); ++i) {
-        in.emplace_back(kSizes[i], 0);
-        requests.emplace_back();
-        EXPECT_EQ(t.recv(p, rawTag(sequence, i), in.back().data(), kSizes[i], &requests.back()),
-                  Status::kOk);
-      }
-  };
-  auto postSends = [&] {
-    for (int p = 0; p < n; ++p)
-      for (size_t i = 0; i < std::size(kSizes); ++i) {
-        out.emplace_back(kSizes[i]);
-        for (size_t k = 0; k < kSizes[i]; ++k) out.back()[k] = pattern(me, p, k, i);
-        requests.emplace_back();
-        EXPECT_EQ(t.send(p, rawTag(sequence, i), out.back().data(), kSizes[i], &requests.back()),
-                  Status::kOk);
-      }
-  };
-  in.reserve(n * std::size(kSizes));
-  out.reserve(n * std::size(kSizes));
-  if (me % 2 == 0) {
-    postRecvs();
-    postSends();
-  } else {
-    postSends();
-    postRecvs();
-  }
-  Status st = t.waitAll(requests, soon(30s));
-  EXPECT_EQ(st, Status::kOk) << lastError();
-  bool intact = st == Status::kOk;
-  for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < std::size(kSizes); ++i) {
-      const std::vector<uint8_t>& got = in[p * std::size(kSizes) + i];
-      for (size_t k = 0; k < got.size(); ++k)
-        if (got[k] != pattern(p, me, k, i)) {
-          ADD_FAILURE() << "rank " << me << ": byte " << k << " of size " << kSizes[i]
-                        << " from rank " << p << " is wrong";
-          intact = false;
-          break;
-        }
-    }
-  return intact;
 }
 
 class UcxThreads : public ::testing::TestWithParam<int> {};
@@ -316,7 +253,7 @@ TEST(UcxTransport, OutOfRangePeerIsInvalidArgument) {
 class UcxProcesses : public ::testing::TestWithParam<int> {};
 
 TEST_P(UcxProcesses, AllSizesToAllRanks) {
-  std::vector<int> statuses = testing::runForked(GetParam(), [](ForkBootstrap& b) {
+  std::vector<int> statuses = squall::testing::runForked(GetParam(), [](ForkBootstrap& b) {
     const int rank = b.rank();
     std::unique_ptr<Transport> t = makeUcx(b);
     CHILD_CHECK(t != nullptr);
@@ -344,7 +281,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, UcxProcesses, ::testing::Values(2, 3, 4));
 // Rank 2 dies mid-exchange; ranks 0 and 1 must fail with kRemoteError (or
 // kTimeout) naming it, within a few seconds.
 TEST(UcxProcessFailure, KilledPeerIsNamed) {
-  std::vector<int> statuses = testing::runForked(3, [](ForkBootstrap& b) {
+  std::vector<int> statuses = squall::testing::runForked(3, [](ForkBootstrap& b) {
     const int rank = b.rank();
     std::unique_ptr<Transport> t = makeUcx(b);
     CHILD_CHECK(t != nullptr);
