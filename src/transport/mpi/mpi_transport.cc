@@ -1,0 +1,325 @@
+// MPI backend.
+//
+// Our traffic runs on a duplicate of the caller's communicator, so it never
+// matches the application's own messages. The MPI tag holds the low bits of
+// (sequence, step), sized to the communicator's MPI_TAG_UB; MPI's
+// non-overtaking rule keeps same-tag messages between a pair in order, and
+// the 40-byte header (message_header.h) that precedes every payload carries
+// the full Tag and size so anything that still aliases is caught.
+//
+// Header and payload travel as one message through an hindexed datatype
+// over their absolute addresses (split into 1 GiB blocks, so sizes beyond
+// INT_MAX work). Receives wait in our queue, in post order; progress() looks
+// for their message with MPI_Improbe, which also tells the sender's length:
+// a message of the right size is received straight into [header, buffer]
+// with MPI_Imrecv, one of the wrong size whole into a bounce buffer, so the
+// mismatch is reported with both sides' descriptors instead of truncating.
+//
+// Progress is MPI_Test on each request in flight; waitForActivity yields, and
+// sleeps briefly once nothing has moved for a while, because MPI offers no
+// descriptor to block on.
+//
+// Cancellation: a waiting receive is simply dropped; a matched one is waited
+// for (its message exists, so it completes); a send is MPI_Cancel'ed and
+// waited for. MPI implementations may decline to cancel a send (Open MPI
+// does for sends already started), so destroying a large pending send can
+// block until the receiver takes it.
+//
+// Failures: the communicator gets MPI_ERRORS_RETURN and every failing call is
+// described with MPI's error string, but most MPI libraries abort the job
+// when a process dies, so a crashed peer usually ends the run rather than
+// producing kRemoteError.
+#include "src/transport/mpi/mpi_transport.h"
+
+#include <algorithm>
+#include <list>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "src/transport/message_header.h"
+
+namespace squall::transport {
+namespace {
+
+constexpr size_t kMaxBlock = size_t{1} << 30;
+constexpr auto kSpinBeforeSleep = std::chrono::milliseconds(1);
+constexpr auto kIdleSleep = std::chrono::microseconds(50);
+
+std::string mpiError(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// One committed datatype covering `pieces` at their absolute addresses, to be
+// used with MPI_BOTTOM and count 1.
+Status makeType(std::initializer_list<std::pair<void*, size_t>> pieces, MPI_Datatype* type) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> displacements;
+  for (auto [base, bytes] : pieces) {
+    for (size_t off = 0; off < bytes; off += kMaxBlock) {
+      MPI_Aint address;
+      MPI_Get_address(static_cast<char*>(base) + off, &address);
+      displacements.push_back(address);
+      lengths.push_back(static_cast<int>(std::min(kMaxBlock, bytes - off)));
+    }
+  }
+  int rc = MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(),
+                                    displacements.data(), MPI_BYTE, type);
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
+  SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kSystemError, Subsys::kTransport,
+                 "could not build an MPI datatype for a message: %s", mpiError(rc).c_str());
+  return Status::kOk;
+}
+
+class MpiTransport;
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MpiTransport* owner, bool isSend, int peer, const Tag& tag, void* data, size_t bytes)
+      : Request(peer, bytes), owner_(owner), isSend_(isSend), tag_(tag), data_(data) {}
+  ~MpiRequest() override;
+
+ private:
+  friend class MpiTransport;
+  MpiTransport* owner_;  // nullptr once the transport is gone
+  const bool isSend_;
+  const Tag tag_;
+  void* data_;
+  uint8_t header_[kMessageHeaderBytes];
+  std::vector<uint8_t> bounce_;  // a receive matched to a message of the wrong size
+  MPI_Count length_ = 0;         // a matched receive's message length
+  MPI_Request mpi_ = MPI_REQUEST_NULL;
+  bool waiting_ = false;  // a receive not yet matched to a message
+  std::list<MpiRequest*>::iterator livePos_;
+  std::list<MpiRequest*>::iterator waitPos_;
+};
+
+class MpiTransport final : public Transport {
+ public:
+  ~MpiTransport() override;
+
+  Status init(MPI_Comm comm);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+
+  Status send(int peer, const Tag& tag, const void* data, size_t bytes,
+              RequestPtr* request) override;
+  Status recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) override;
+  Status progress() override;
+  Status waitForActivity(Deadline until) override;
+
+  void cancel(MpiRequest* r);
+
+ private:
+  int mpiTag(const Tag& tag) const {
+    uint64_t step = tag.step & ((uint64_t{1} << stepBits_) - 1);
+    uint64_t sequence = tag.sequence & ((uint64_t{1} << (tagBits_ - stepBits_)) - 1);
+    return static_cast<int>((sequence << stepBits_) | step);
+  }
+  Status checkPeer(int peer, const char* what) const;
+  Status post(MpiRequest* r, MPI_Message message, MPI_Count length);
+  void finish(MpiRequest* r, Status status);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 0;
+  int tagBits_ = 15;
+  int stepBits_ = 7;
+  std::list<MpiRequest*> live_;     // every pending request
+  std::list<MpiRequest*> waiting_;  // receives without a message, in post order
+  Clock::time_point lastActivity_ = Clock::now();
+};
+
+MpiRequest::~MpiRequest() {
+  if (owner_ != nullptr && !done()) owner_->cancel(this);
+}
+
+Status MpiTransport::init(MPI_Comm comm) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  SQUALL_REQUIRE(initialized && !finalized, Status::kInvalidUsage, Subsys::kTransport,
+                 "the MPI transport needs MPI to be initialised (and not yet finalised); call "
+                 "MPI_Init_thread before creating it");
+  int level = MPI_THREAD_SINGLE, isMain = 0;
+  MPI_Query_thread(&level);
+  MPI_Is_thread_main(&isMain);
+  SQUALL_REQUIRE(level >= MPI_THREAD_SERIALIZED || isMain, Status::kUnsupported, Subsys::kTransport,
+                 "MPI was initialised below MPI_THREAD_SERIALIZED and this is not the thread "
+                 "that initialised it; initialise MPI with MPI_THREAD_SERIALIZED or use the "
+                 "transport from the main thread");
+  int rc = MPI_Comm_dup(comm, &comm_);
+  if (rc != MPI_SUCCESS) {
+    comm_ = MPI_COMM_NULL;
+    return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                       "could not duplicate the MPI communicator: %s", mpiError(rc).c_str());
+  }
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  void* attribute = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attribute, &found);
+  int64_t tagUb = found ? *static_cast<int*>(attribute) : 32767;  // the standard's minimum
+  tagBits_ = 0;
+  while (tagBits_ < 62 && (int64_t{1} << (tagBits_ + 1)) - 1 <= tagUb) ++tagBits_;
+  stepBits_ = std::min(tagBits_ / 2, 12);
+  SQUALL_INFO(Subsys::kTransport, "rank %d: MPI transport up with %d ranks (%d tag bits)", rank_,
+              size_, tagBits_);
+  return Status::kOk;
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  std::vector<MpiRequest*> pending(live_.begin(), live_.end());
+  for (MpiRequest* r : pending) {
+    if (!finalized) cancel(r);
+    r->owner_ = nullptr;
+    if (!r->done()) r->complete(Status::kInternal);
+  }
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+Status MpiTransport::checkPeer(int peer, const char* what) const {
+  SQUALL_REQUIRE(peer >= 0 && peer < size_, Status::kInvalidArgument, Subsys::kTransport,
+                 "%s rank %d is outside the group of %d ranks", what, peer, size_);
+  return Status::kOk;
+}
+
+Status MpiTransport::send(int peer, const Tag& tag, const void* data, size_t bytes,
+                          RequestPtr* request) {
+  SQUALL_TRY(checkPeer(peer, "send to"));
+  auto r = std::make_unique<MpiRequest>(this, true, peer, tag, const_cast<void*>(data), bytes);
+  encodeMessageHeader(tag, bytes, r->header_);
+  MPI_Datatype type;
+  SQUALL_TRY(makeType({{r->header_, kMessageHeaderBytes}, {r->data_, bytes}}, &type));
+  int rc = MPI_Isend(MPI_BOTTOM, 1, type, peer, mpiTag(tag), comm_, &r->mpi_);
+  MPI_Type_free(&type);  // pending operations keep their own reference
+  SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
+                 "rank %d could not send %s to rank %d: %s", rank_, describe(tag).c_str(), peer,
+                 mpiError(rc).c_str());
+  r->livePos_ = live_.insert(live_.end(), r.get());
+  *request = std::move(r);
+  return Status::kOk;
+}
+
+Status MpiTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
+  SQUALL_TRY(checkPeer(peer, "receive from"));
+  auto r = std::make_unique<MpiRequest>(this, false, peer, tag, data, bytes);
+  r->waiting_ = true;
+  r->livePos_ = live_.insert(live_.end(), r.get());
+  r->waitPos_ = waiting_.insert(waiting_.end(), r.get());
+  *request = std::move(r);
+  return Status::kOk;
+}
+
+Status MpiTransport::post(MpiRequest* r, MPI_Message message, MPI_Count length) {
+  r->length_ = length;
+  MPI_Datatype type;
+  if (static_cast<size_t>(length) == kMessageHeaderBytes + r->bytes()) {
+    SQUALL_TRY(makeType({{r->header_, kMessageHeaderBytes}, {r->data_, r->bytes()}}, &type));
+  } else {
+    r->bounce_.resize(std::max<size_t>(static_cast<size_t>(length), 1));
+    SQUALL_TRY(makeType({{r->bounce_.data(), static_cast<size_t>(length)}}, &type));
+  }
+  int rc = MPI_Imrecv(MPI_BOTTOM, 1, type, &message, &r->mpi_);
+  MPI_Type_free(&type);
+  SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
+                 "rank %d could not receive %s from rank %d: %s", rank_, describe(r->tag_).c_str(),
+                 r->peer(), mpiError(rc).c_str());
+  return Status::kOk;
+}
+
+void MpiTransport::finish(MpiRequest* r, Status status) {
+  live_.erase(r->livePos_);
+  lastActivity_ = Clock::now();
+  if (status == Status::kOk && !r->isSend_) {
+    const bool bounced = !r->bounce_.empty();
+    status = checkMessageHeader(
+        "MPI", rank_, r->peer(), r->tag_, r->bytes(), bounced ? r->bounce_.data() : r->header_,
+        bounced ? r->bounce_.size() : kMessageHeaderBytes, static_cast<size_t>(r->length_));
+    r->bounce_ = {};
+  }
+  r->complete(status);
+}
+
+Status MpiTransport::progress() {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    MpiRequest* r = *it;
+    int flag = 0;
+    MPI_Message message;
+    MPI_Status status;
+    int rc = MPI_Improbe(r->peer(), mpiTag(r->tag_), comm_, &flag, &message, &status);
+    SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
+                   "rank %d could not probe for a message from rank %d: %s", rank_, r->peer(),
+                   mpiError(rc).c_str());
+    if (!flag) {
+      ++it;
+      continue;
+    }
+    it = waiting_.erase(it);
+    r->waiting_ = false;
+    MPI_Count length = 0;
+    MPI_Get_elements_x(&status, MPI_BYTE, &length);
+    Status posted = post(r, message, length);
+    if (posted != Status::kOk) finish(r, posted);
+  }
+  std::vector<MpiRequest*> active;
+  for (MpiRequest* r : live_)
+    if (!r->waiting_) active.push_back(r);
+  for (MpiRequest* r : active) {
+    int flag = 0;
+    MPI_Status status;
+    int rc = MPI_Test(&r->mpi_, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      finish(r,
+             SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
+                         "rank %d's %s rank %d failed: %s", rank_,
+                         r->isSend_ ? "send to" : "receive from", r->peer(), mpiError(rc).c_str()));
+    } else if (flag) {
+      finish(r, Status::kOk);
+    }
+  }
+  return Status::kOk;
+}
+
+Status MpiTransport::waitForActivity(Deadline until) {
+  SQUALL_TRY(progress());
+  Clock::time_point now = Clock::now();
+  if (now >= until) return Status::kOk;
+  if (now - lastActivity_ < kSpinBeforeSleep) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::min<Clock::duration>(kIdleSleep, until - now));
+  }
+  return Status::kOk;
+}
+
+void MpiTransport::cancel(MpiRequest* r) {
+  if (r->waiting_) {
+    waiting_.erase(r->waitPos_);
+    r->waiting_ = false;
+  } else if (r->mpi_ != MPI_REQUEST_NULL) {
+    if (r->isSend_) MPI_Cancel(&r->mpi_);
+    MPI_Wait(&r->mpi_, MPI_STATUS_IGNORE);
+  }
+  live_.erase(r->livePos_);
+}
+
+}  // namespace
+
+Status createMpiTransport(MPI_Comm comm, std::unique_ptr<Transport>* out) {
+  auto transport = std::make_unique<MpiTransport>();
+  SQUALL_TRY(transport->init(comm));
+  *out = std::move(transport);
+  return Status::kOk;
+}
+
+}  // namespace squall::transport

@@ -1,0 +1,553 @@
+// UCX backend.
+//
+// Matching. A UCP tag is 64 bits: source rank (20) | step (20) | sequence
+// (24), always matched with a full mask. Every message is sent as a two-entry
+// iov, [40-byte header, payload], the header holding the full Tag and the
+// payload size (message_header.h). Receives are not posted to UCX directly:
+// they wait in our queue, in post order, and progress() probes UCX for a
+// message with their tag (ucp_tag_probe_nb, remove=1). Probing first tells us
+// the sender's length, so a message of the wrong size is received whole into
+// a bounce buffer and reported with both sides' descriptors instead of being
+// truncated; one of the right size lands straight in the caller's buffer.
+// UCX buffers unexpected messages itself. Tag bits wrap (2^24 operations,
+// 2^20 steps); messages between a pair with the same tag match in order, and
+// the header check catches anything that still aliases.
+//
+// Blocking. With UCP_FEATURE_WAKEUP, waitForActivity arms the worker and
+// polls its event fd, so a rank that waits sleeps instead of spinning on a
+// core it may share; the sleep is capped so a missed event costs at most
+// kMaxSleep, and wakeups that keep finding nothing to do turn into short
+// naps. Without wakeup support it yields.
+//
+// Failure. Endpoints use UCP_ERR_HANDLING_MODE_PEER unless
+// SQUALL_UCX_PEER_FAILURE=0 (UCX 1.13's shared-memory transports cannot
+// report peer failure, so with it UCX keeps intra-host traffic on TCP
+// loopback). The error callback marks the rank failed: UCX fails its in-flight requests, waiting
+// receives with no buffered message fail in progress(), and later sends and receives fail at once,
+// all with kRemoteError naming the rank.
+//
+// Cancellation. Destroying a pending request removes a waiting receive from
+// the queue; one in UCX's hands is cancelled with ucp_request_cancel and
+// waited for. If UCX cannot cancel it within kCancelGrace (a rendezvous send
+// whose receiver never comes), the endpoint to that peer is force-closed,
+// which completes everything on it: the pair's message stream is broken at
+// that point anyway, so later traffic with that peer fails. Without peer
+// error handling a forced close is undefined, so there it waits for the peer.
+#include "src/transport/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/common/params.h"
+#include "src/transport/message_header.h"
+
+namespace squall::transport {
+namespace {
+
+constexpr int kSequenceBits = 24;
+constexpr int kStepBits = 20;
+constexpr int kRankBits = 20;
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
+constexpr int kEmptyWakeupsBeforeNap = 4;
+constexpr auto kNap = std::chrono::microseconds(200);
+constexpr auto kCancelGrace = std::chrono::milliseconds(200);
+constexpr auto kCloseTimeout = std::chrono::seconds(3);
+
+ucp_tag_t ucxTag(const Tag& tag, int source) {
+  return (static_cast<uint64_t>(source) << (kSequenceBits + kStepBits)) |
+         (static_cast<uint64_t>(tag.step & ((1u << kStepBits) - 1)) << kSequenceBits) |
+         (tag.sequence & ((uint64_t{1} << kSequenceBits) - 1));
+}
+
+class UcxTransport;
+
+class UcxRequest final : public Request {
+ public:
+  UcxRequest(UcxTransport* owner, bool isSend, int peer, const Tag& tag, void* data, size_t bytes)
+      : Request(peer, bytes), owner_(owner), isSend_(isSend), tag_(tag), data_(data) {}
+  ~UcxRequest() override;
+
+ private:
+  friend class UcxTransport;
+  UcxTransport* owner_;  // nullptr once the transport is gone
+  const bool isSend_;
+  const Tag tag_;
+  void* data_;
+  uint8_t header_[kMessageHeaderBytes];
+  ucp_dt_iov_t iov_[2];
+  ucp_tag_recv_info_t info_{};
+  std::vector<uint8_t> bounce_;  // a receive matched to a message of the wrong size
+  void* handle_ = nullptr;       // the UCX request while UCX holds our buffers
+  bool waiting_ = false;         // a receive not yet matched to a message
+  bool cancelling_ = false;
+  std::list<UcxRequest*>::iterator livePos_;
+  std::list<UcxRequest*>::iterator waitPos_;
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(int rank, int size) : rank_(rank), size_(size), eps_(size, nullptr), failure_(size) {
+    slots_.reserve(size);
+    for (int i = 0; i < size; ++i) slots_.push_back(PeerSlot{this, i});
+  }
+  ~UcxTransport() override;
+
+  Status init(bootstrap::Bootstrap& bootstrap);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "ucx"; }
+
+  Status send(int peer, const Tag& tag, const void* data, size_t bytes,
+              RequestPtr* request) override;
+  Status recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) override;
+  Status progress() override;
+  Status waitForActivity(Deadline until) override;
+
+  void cancel(UcxRequest* r);
+
+ private:
+  struct PeerSlot {
+    UcxTransport* owner;
+    int rank;
+  };
+
+  static void onSend(void* handle, ucs_status_t status, void* user);
+  static void onRecv(void* handle, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                     void* user);
+  static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  Status openWorker(bool wakeup);
+  Status checkPeer(int peer, const char* what) const;
+  void post(UcxRequest* r, ucp_tag_message_h message, size_t length);
+  void matchReceives();
+  void finish(UcxRequest* r, ucs_status_t status, size_t length);
+  void markFailed(int peer, ucs_status_t status);
+  void closeEndpoint(int peer, bool force);
+
+  const int rank_;
+  const int size_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  std::vector<ucp_ep_h> eps_;
+  std::vector<PeerSlot> slots_;       // error-callback arguments; never reallocated
+  std::vector<std::string> failure_;  // why a peer is unusable; empty while healthy
+  std::list<UcxRequest*> live_;       // every pending request
+  std::list<UcxRequest*> waiting_;    // receives without a message, in post order
+  std::vector<void*> closing_;        // endpoint-close requests
+  uint64_t activity_ = 0;             // bumped whenever a request moves
+  int emptyWakeups_ = 0;              // wakeups in a row that moved nothing
+  bool shuttingDown_ = false;
+  const bool peerFailure_ = paramBool(Param::kUcxPeerFailure);
+};
+
+UcxRequest::~UcxRequest() {
+  if (owner_ != nullptr && !done()) owner_->cancel(this);
+}
+
+Status UcxTransport::openWorker(bool wakeup) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
+                 "could not read the UCX configuration: %s; check the UCX_* environment "
+                 "variables",
+                 ucs_status_string(st));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
+  params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
+  params.estimated_num_eps = static_cast<size_t>(size_);
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    context_ = nullptr;
+    return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                       "rank %d could not initialise UCX: %s; check UCX_TLS and "
+                       "UCX_NET_DEVICES, or choose another transport",
+                       rank_, ucs_status_string(st));
+  }
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
+  st = ucp_worker_create(context_, &wparams, &worker_);
+  if (st != UCS_OK) {
+    worker_ = nullptr;
+    return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                       "rank %d could not create a UCX worker: %s; check UCX_TLS and "
+                       "UCX_NET_DEVICES",
+                       rank_, ucs_status_string(st));
+  }
+  if (wakeup && ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
+  return Status::kOk;
+}
+
+Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
+  SQUALL_REQUIRE(size_ <= (1 << kRankBits), Status::kUnsupported, Subsys::kTransport,
+                 "the UCX transport supports at most %d ranks, not %d; use fewer ranks",
+                 1 << kRankBits, size_);
+  // Some transports cannot signal events; fall back to polling rather than
+  // refusing to run.
+  Status opened = openWorker(true);
+  if (opened != Status::kOk && context_ != nullptr) {
+    ucp_cleanup(context_);
+    context_ = nullptr;
+  }
+  if (opened != Status::kOk) {
+    SQUALL_INFO(Subsys::kTransport, "UCX without wakeup support; waits will poll");
+    opened = openWorker(false);
+  }
+  ucp_address_t* address = nullptr;
+  size_t addressBytes = 0;
+  if (opened == Status::kOk && ucp_worker_get_address(worker_, &address, &addressBytes) != UCS_OK) {
+    opened = SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                         "rank %d could not get its UCX worker address", rank_);
+  }
+  // Every rank takes part in both exchanges even when its own setup failed
+  // (length 0), so a local failure becomes a clear error everywhere instead
+  // of a bootstrap timeout.
+  uint64_t mine = opened == Status::kOk ? addressBytes : 0;
+  std::vector<uint64_t> lengths(size_);
+  Status gathered = bootstrap.allGather(&mine, sizeof(mine), lengths.data());
+  if (gathered != Status::kOk) {
+    if (address != nullptr) ucp_worker_release_address(worker_, address);
+    return gathered;
+  }
+  if (opened != Status::kOk) return opened;
+  for (int i = 0; i < size_; ++i) {
+    if (lengths[i] == 0) {
+      ucp_worker_release_address(worker_, address);
+      return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
+                         "rank %d could not start UCX (see its log); every rank must be able "
+                         "to use the UCX transport",
+                         i);
+    }
+  }
+  size_t width = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<uint8_t> padded(width, 0), all(width * size_);
+  std::memcpy(padded.data(), address, addressBytes);
+  ucp_worker_release_address(worker_, address);
+  SQUALL_TRY(bootstrap.allGather(padded.data(), width, all.data()));
+
+  for (int peer = 0; peer < size_; ++peer) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(all.data() + peer * width);
+    ep.err_mode = peerFailure_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.err_handler.cb = &UcxTransport::onPeerError;
+    ep.err_handler.arg = &slots_[peer];
+    ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[peer]);
+    if (st != UCS_OK) {
+      eps_[peer] = nullptr;
+      return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                         "rank %d could not create a UCX endpoint to rank %d: %s; the ranks "
+                         "may have no transport in common (check UCX_TLS and UCX_NET_DEVICES "
+                         "on both)",
+                         rank_, peer, ucs_status_string(st));
+    }
+  }
+  SQUALL_INFO(Subsys::kTransport, "rank %d: UCX transport up with %d ranks (%s waits)", rank_,
+              size_, efd_ >= 0 ? "blocking" : "polling");
+  return Status::kOk;
+}
+
+UcxTransport::~UcxTransport() {
+  shuttingDown_ = true;
+  if (worker_ != nullptr) {
+    // Requests still pending are a caller bug; cancel them so UCX lets go of
+    // their buffers before the worker disappears.
+    for (UcxRequest* r : waiting_) r->waiting_ = false;
+    waiting_.clear();
+    // Cancelling may complete a request on the spot, which unlinks it.
+    std::vector<UcxRequest*> pendingRequests(live_.begin(), live_.end());
+    for (UcxRequest* r : pendingRequests) {
+      r->cancelling_ = true;
+      if (r->handle_ != nullptr) ucp_request_cancel(worker_, r->handle_);
+    }
+    // A flush close lets queued eager data reach healthy peers; failed
+    // endpoints and ones with transfers left must be forced.
+    bool force = peerFailure_ && !live_.empty();
+    for (int peer = 0; peer < size_; ++peer)
+      if (eps_[peer] != nullptr) closeEndpoint(peer, force || !failure_[peer].empty());
+    Deadline deadline = Clock::now() + kCloseTimeout;
+    auto pending = [&] {
+      bool any = false;
+      for (void* c : closing_) any |= ucp_request_check_status(c) == UCS_INPROGRESS;
+      for (UcxRequest* r : live_) any |= r->handle_ != nullptr;
+      return any;
+    };
+    while (pending() && Clock::now() < deadline) ucp_worker_progress(worker_);
+    for (void* c : closing_) ucp_request_free(c);
+    for (UcxRequest* r : live_) {
+      r->owner_ = nullptr;
+      if (!r->done()) r->complete(Status::kRemoteError);
+    }
+    ucp_worker_destroy(worker_);
+  }
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+void UcxTransport::closeEndpoint(int peer, bool force) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t closing = ucp_ep_close_nbx(eps_[peer], &param);
+  eps_[peer] = nullptr;
+  if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
+}
+
+void UcxTransport::onPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* slot = static_cast<PeerSlot*>(arg);
+  slot->owner->markFailed(slot->rank, status);
+}
+
+void UcxTransport::markFailed(int peer, ucs_status_t status) {
+  if (shuttingDown_ || !failure_[peer].empty()) return;
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "rank %d's UCX endpoint failed: %s; it may have crashed or lost its network "
+                "connection",
+                peer, ucs_status_string(status));
+  failure_[peer] = text;
+  SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s (seen by rank %d)", text, rank_);
+}
+
+Status UcxTransport::checkPeer(int peer, const char* what) const {
+  SQUALL_REQUIRE(peer >= 0 && peer < size_, Status::kInvalidArgument, Subsys::kTransport,
+                 "%s rank %d is outside the group of %d ranks", what, peer, size_);
+  return Status::kOk;
+}
+
+Status UcxTransport::send(int peer, const Tag& tag, const void* data, size_t bytes,
+                          RequestPtr* request) {
+  SQUALL_TRY(checkPeer(peer, "send to"));
+  auto r = std::make_unique<UcxRequest>(this, true, peer, tag, const_cast<void*>(data), bytes);
+  if (!failure_[peer].empty()) {
+    SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", failure_[peer].c_str());
+    r->complete(Status::kRemoteError);
+    *request = std::move(r);
+    return Status::kOk;
+  }
+  encodeMessageHeader(tag, bytes, r->header_);
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  param.cb.send = &UcxTransport::onSend;
+  param.user_data = r.get();
+  void* buffer = r->header_;
+  size_t count = kMessageHeaderBytes;
+  param.datatype = ucp_dt_make_contig(1);
+  if (bytes > 0) {
+    r->iov_[0] = {r->header_, kMessageHeaderBytes};
+    r->iov_[1] = {r->data_, bytes};
+    buffer = r->iov_;
+    count = 2;
+    param.datatype = ucp_dt_make_iov();
+  }
+  r->livePos_ = live_.insert(live_.end(), r.get());
+  ucs_status_ptr_t sent = ucp_tag_send_nbx(eps_[peer], buffer, count, ucxTag(tag, rank_), &param);
+  if (UCS_PTR_IS_PTR(sent)) {
+    r->handle_ = sent;
+  } else {
+    finish(r.get(), UCS_PTR_STATUS(sent), 0);
+  }
+  *request = std::move(r);
+  return Status::kOk;
+}
+
+Status UcxTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
+  SQUALL_TRY(checkPeer(peer, "receive from"));
+  auto r = std::make_unique<UcxRequest>(this, false, peer, tag, data, bytes);
+  r->waiting_ = true;
+  r->livePos_ = live_.insert(live_.end(), r.get());
+  r->waitPos_ = waiting_.insert(waiting_.end(), r.get());
+  *request = std::move(r);
+  return Status::kOk;
+}
+
+void UcxTransport::post(UcxRequest* r, ucp_tag_message_h message, size_t length) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_RECV_INFO;
+  param.cb.recv = &UcxTransport::onRecv;
+  param.user_data = r;
+  param.recv_info.tag_info = &r->info_;
+  param.datatype = ucp_dt_make_contig(1);
+  void* buffer;
+  size_t count = length;
+  if (length != kMessageHeaderBytes + r->bytes()) {
+    r->bounce_.resize(std::max<size_t>(length, 1));
+    buffer = r->bounce_.data();
+  } else if (r->bytes() == 0) {
+    buffer = r->header_;
+  } else {
+    r->iov_[0] = {r->header_, kMessageHeaderBytes};
+    r->iov_[1] = {r->data_, r->bytes()};
+    buffer = r->iov_;
+    count = 2;
+    param.datatype = ucp_dt_make_iov();
+  }
+  ucs_status_ptr_t received = ucp_tag_msg_recv_nbx(worker_, buffer, count, message, &param);
+  if (UCS_PTR_IS_PTR(received)) {
+    r->handle_ = received;
+    ++activity_;
+  } else {
+    finish(r, UCS_PTR_STATUS(received), length);
+  }
+}
+
+void UcxTransport::matchReceives() {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    UcxRequest* r = *it;
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h message =
+        ucp_tag_probe_nb(worker_, ucxTag(r->tag_, r->peer()), kFullMask, 1, &info);
+    if (message != nullptr) {
+      it = waiting_.erase(it);
+      r->waiting_ = false;
+      post(r, message, info.length);
+    } else if (!failure_[r->peer()].empty()) {
+      // Nothing buffered from a failed peer: nothing ever will be. The
+      // failure was described when it was detected.
+      it = waiting_.erase(it);
+      r->waiting_ = false;
+      finish(r, UCS_ERR_CONNECTION_RESET, 0);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void UcxTransport::onSend(void* handle, ucs_status_t status, void* user) {
+  auto* r = static_cast<UcxRequest*>(user);
+  r->handle_ = nullptr;
+  ucp_request_free(handle);
+  r->owner_->finish(r, status, 0);
+}
+
+void UcxTransport::onRecv(void* handle, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                          void* user) {
+  auto* r = static_cast<UcxRequest*>(user);
+  r->handle_ = nullptr;
+  size_t length = status == UCS_OK ? info->length : 0;
+  ucp_request_free(handle);
+  r->owner_->finish(r, status, length);
+}
+
+void UcxTransport::finish(UcxRequest* r, ucs_status_t status, size_t length) {
+  live_.erase(r->livePos_);
+  ++activity_;
+  Status result = Status::kOk;
+  if (r->cancelling_) {
+    result = Status::kRemoteError;  // nobody will look: the request is being destroyed
+  } else if (status != UCS_OK) {
+    markFailed(r->peer(), status);
+    result = Status::kRemoteError;
+  } else if (!r->isSend_) {
+    const bool bounced = !r->bounce_.empty();
+    result = checkMessageHeader("UCX", rank_, r->peer(), r->tag_, r->bytes(),
+                                bounced ? r->bounce_.data() : r->header_,
+                                bounced ? r->bounce_.size() : kMessageHeaderBytes, length);
+    r->bounce_ = {};
+  }
+  r->complete(result);
+}
+
+void UcxTransport::cancel(UcxRequest* r) {
+  if (r->waiting_) {
+    waiting_.erase(r->waitPos_);
+    live_.erase(r->livePos_);
+    r->waiting_ = false;
+    return;
+  }
+  if (r->handle_ == nullptr) return;
+  r->cancelling_ = true;
+  ucp_request_cancel(worker_, r->handle_);
+  Deadline forceAt = Clock::now() + kCancelGrace;
+  bool warned = false;
+  while (r->handle_ != nullptr) {
+    ucp_worker_progress(worker_);
+    if (r->handle_ == nullptr || eps_[r->peer()] == nullptr || Clock::now() < forceAt) continue;
+    if (!peerFailure_) {
+      // Forcing a close is undefined without peer error handling: all we
+      // can do is wait for the peer to take the data.
+      if (!warned)
+        SQUALL_WARN(Subsys::kTransport,
+                    "rank %d is waiting for rank %d to take a cancelled %zu-byte transfer: "
+                    "UCX cannot abandon it with SQUALL_UCX_PEER_FAILURE=0",
+                    rank_, r->peer(), r->bytes());
+      warned = true;
+      continue;
+    }
+    if (failure_[r->peer()].empty()) {
+      char text[256];
+      std::snprintf(text, sizeof(text),
+                    "rank %d's UCX endpoint was closed because a transfer with it was "
+                    "abandoned mid-flight; the pair's message stream is broken",
+                    r->peer());
+      failure_[r->peer()] = text;
+      SQUALL_WARN(Subsys::kTransport, "%s", text);
+    }
+    closeEndpoint(r->peer(), true);
+  }
+}
+
+Status UcxTransport::progress() {
+  for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+  }
+  matchReceives();
+  return Status::kOk;
+}
+
+Status UcxTransport::waitForActivity(Deadline until) {
+  uint64_t before = activity_;
+  SQUALL_TRY(progress());
+  Deadline now = Clock::now();
+  if (activity_ != before) emptyWakeups_ = 0;
+  if (activity_ != before || now >= until) return Status::kOk;
+  if (efd_ < 0) {
+    std::this_thread::yield();
+    return Status::kOk;
+  }
+  ucs_status_t st = ucp_worker_arm(worker_);
+  if (st == UCS_ERR_BUSY) return Status::kOk;  // events arrived since the last progress
+  SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
+                 "rank %d could not arm its UCX worker for a blocking wait: %s", rank_,
+                 ucs_status_string(st));
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+  pollfd fd{efd_, POLLIN, 0};
+  int timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 1, kMaxSleep.count()));
+  int ready = poll(&fd, 1, timeout);
+  if (ready < 0 && errno != EINTR) {
+    return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                       "rank %d could not wait on its UCX event descriptor: %s", rank_,
+                       std::strerror(errno));
+  }
+  // The descriptor can stay readable without anything for us to do (a TCP
+  // connection whose peer is not progressing yet keeps signalling); after a
+  // few such empty wakeups, nap briefly so the wait does not turn into a spin.
+  if (ready == 0) emptyWakeups_ = 0;
+  if (ready > 0 && ++emptyWakeups_ > kEmptyWakeupsBeforeNap)
+    std::this_thread::sleep_for(std::min<Clock::duration>(kNap, until - Clock::now()));
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out) {
+  auto transport = std::make_unique<UcxTransport>(bootstrap.rank(), bootstrap.size());
+  SQUALL_TRY(transport->init(bootstrap));
+  *out = std::move(transport);
+  return Status::kOk;
+}
+
+}  // namespace squall::transport
