@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/transport/tcp/tcp_transport.h"
 
 namespace squall::bootstrap {
 namespace {
@@ -295,6 +297,104 @@ TEST_F(EnvTest, RootBindsTheNamedPort) {
     ASSERT_EQ(Bootstrap::create(id_, 3, rank, 10s, &boot), Status::kOk) << lastError();
     EXPECT_EQ(boot->barrier(), Status::kOk);
   });
+}
+
+// Ranks as processes: rank 0 is this process, the others are fork()ed
+// children that report through their exit status (0: all checks passed).
+// After a full exchange, rank `kVictim` _exit()s in the middle of the next
+// one; every survivor's pending requests must fail with kRemoteError naming
+// it, promptly.
+TEST_F(BootstrapTest, ProcessesAndAKilledPeer) {
+  constexpr int kRanks = 4;
+  constexpr int kVictim = 2;
+  UniqueId id;
+  ASSERT_EQ(createUniqueId(&id), Status::kOk);
+  // Returns the number of failed checks (0: pass).
+  auto body = [&](int rank) -> int {
+    int failures = 0;
+    auto check = [&](bool ok, const char* what) {
+      if (!ok) {
+        std::fprintf(stderr, "rank %d: check failed: %s (%s)\n", rank, what, lastError().c_str());
+        ++failures;
+      }
+    };
+    std::unique_ptr<Bootstrap> boot;
+    if (Bootstrap::create(id, kRanks, rank, 10s, &boot) != Status::kOk) return 100;
+    int pid = getpid();
+    std::vector<int> pids(kRanks);
+    check(boot->allGather(&pid, sizeof(pid), pids.data()) == Status::kOk, "allGather");
+    check(pids[static_cast<size_t>(rank)] == pid, "own pid");
+    std::unique_ptr<transport::Transport> net;
+    if (transport::createTcpTransport(*boot, &net) != Status::kOk) return 101;
+    using transport::RequestPtr;
+    using transport::Tag;
+    // Round 1: everyone with everyone.
+    std::vector<int> in(kRanks, -1);
+    std::vector<int> out(kRanks);
+    std::vector<RequestPtr> requests(2 * kRanks);
+    for (int p = 0; p < kRanks; ++p) {
+      out[static_cast<size_t>(p)] = rank * 100 + p;
+      net->recv(p, Tag{1, 0, {}}, &in[static_cast<size_t>(p)], sizeof(int), &requests[2 * p]);
+      net->send(p, Tag{1, 0, {}}, &out[static_cast<size_t>(p)], sizeof(int), &requests[2 * p + 1]);
+    }
+    check(net->waitAll(requests, transport::Clock::now() + 5s) == Status::kOk, "round 1");
+    for (int p = 0; p < kRanks; ++p) check(in[static_cast<size_t>(p)] == p * 100 + rank, "data");
+    requests.clear();
+    requests.resize(2 * kRanks);
+    // Round 2: the victim dies instead of sending.
+    std::vector<char> big(1 << 20, 'x');
+    std::vector<std::vector<char>> bigIn(kRanks, std::vector<char>(1 << 20));
+    if (rank == kVictim) {
+      net->recv(0, Tag{2, 0, {}}, bigIn[0].data(), big.size(), &requests[0]);
+      _exit(0);
+    }
+    for (int p = 0; p < kRanks; ++p) {
+      net->recv(p, Tag{2, 0, {}}, bigIn[static_cast<size_t>(p)].data(), big.size(),
+                &requests[2 * p]);
+      net->send(p, Tag{2, 0, {}}, big.data(), big.size(), &requests[2 * p + 1]);
+    }
+    auto start = transport::Clock::now();
+    Status status = net->waitAll(requests, start + 5s);
+    check(status == Status::kRemoteError, "round 2 fails with kRemoteError");
+    check(transport::Clock::now() - start < 3s, "promptly");
+    check(requests[2 * kVictim]->done() && requests[2 * kVictim]->status() == Status::kRemoteError,
+          "the receive from the victim failed");
+    for (int p = 0; p < kRanks; ++p) {
+      if (p == kVictim) continue;
+      // Requests with the survivors are unaffected.
+      while (!requests[2 * p]->done()) net->waitForActivity(transport::Clock::now() + 100ms);
+      check(requests[2 * p]->status() == Status::kOk, "receive from a survivor");
+    }
+    // Later requests with the victim fail at once.
+    RequestPtr late;
+    net->send(kVictim, Tag{3, 0, {}}, big.data(), 8, &late);
+    check(late->done() && late->status() == Status::kRemoteError, "a later send fails at once");
+    check(
+        lastError().find("rank 2 closed its connection (it may have crashed)") != std::string::npos,
+        "the error names the victim");
+    requests.clear();
+    late.reset();
+    net.reset();
+    return failures;
+  };
+  std::vector<pid_t> children;
+  for (int rank = 1; rank < kRanks; ++rank) {
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int failures = body(rank);
+      std::fflush(stderr);
+      _exit(failures);
+    }
+    children.push_back(child);
+  }
+  EXPECT_EQ(body(0), 0);
+  for (size_t i = 0; i < children.size(); ++i) {
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(children[i], &wstatus, 0), children[i]);
+    ASSERT_TRUE(WIFEXITED(wstatus)) << "rank " << i + 1 << " crashed";
+    EXPECT_EQ(WEXITSTATUS(wstatus), 0) << "rank " << i + 1 << " failed checks (see its output)";
+  }
 }
 
 }  // namespace
