@@ -270,6 +270,7 @@ Status SocketBootstrap::joinAsRoot(int listener) {
         Pending p{};
         p.fd = acceptOne(listener, &p.remote);
         if (p.fd < 0) break;
+        tuneStream(p.fd, 0);  // small request/reply frames: no Nagle delays
         pending.push_back(p);
       }
     }
@@ -307,6 +308,7 @@ Status SocketBootstrap::joinAsMember() {
                  "is running and that this host can reach it (SQUALL_SOCKET_IFNAME)",
                  rank_, seconds(timeout_), error.c_str());
   peers_[0] = fd;
+  tuneStream(fd, 0);
   local_ = SocketAddress();
   local_.length = sizeof(local_.storage);
   getsockname(fd, reinterpret_cast<sockaddr*>(&local_.storage), &local_.length);
