@@ -375,6 +375,16 @@ TEST_F(BootstrapTest, ProcessesAndAKilledPeer) {
     requests.clear();
     late.reset();
     net.reset();
+    // The bootstrap notices too: rank 0 names the victim, and the other
+    // survivors hear from rank 0 that the operation was abandoned.
+    check(boot->barrier() == Status::kRemoteError, "the barrier fails with kRemoteError");
+    if (rank == 0)
+      check(lastError().find("rank 2 closed its bootstrap connection during barrier") !=
+                std::string::npos,
+            "rank 0 names the victim");
+    else
+      check(lastError().find("rank 0 closed its bootstrap connection") != std::string::npos,
+            "the others name rank 0");
     return failures;
   };
   std::vector<pid_t> children;

@@ -8,6 +8,7 @@
 #include "src/transport/transport.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -409,6 +410,83 @@ TEST_P(TransportTest, CancellationLeavesTheTransportUsable) {
     }
   });
 }
+
+// TCP only: a peer whose bytes on the wire are not a valid frame header
+// (bad magic, absurd length) is cut off, naming it, and nothing overflows.
+// Rank 1 is played by hand: it follows the mesh setup (card exchange, accept
+// rank 0's connection and Hello, barrier) and then writes a bad header.
+class TcpMalformed : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpMalformed, HeaderFailsThePeer) {
+  setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
+  testing::internal::CaptureStderr();
+  std::thread fake([&] {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
+    bootstrap::SocketAddress bound;
+    std::string error;
+    int listener = bootstrap::openListener(boot->localAddress(), &bound, &error);
+    ASSERT_GE(listener, 0) << error;
+    bootstrap::WireAddress cards[2], mine = bootstrap::toWire(bound);
+    ASSERT_EQ(boot->allGather(&mine, sizeof(mine), cards), Status::kOk);
+    int fd = -1;
+    for (auto until = Clock::now() + 5s; fd < 0 && Clock::now() < until;) {
+      bootstrap::SocketAddress remote;
+      fd = bootstrap::acceptOne(listener, &remote);
+      if (fd < 0) std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_GE(fd, 0);
+    char hello[40];
+    int err = 0;
+    ASSERT_EQ(bootstrap::recvAll(fd, hello, sizeof(hello), Clock::now() + 5s, &err),
+              bootstrap::Io::kOk);
+    ASSERT_EQ(boot->barrier(), Status::kOk);  // the end of createTcpTransport
+    uint8_t header[40];
+    std::memset(header, 0xff, sizeof(header));  // GetParam() == 0: bad magic
+    if (GetParam() == 1) {                      // the right magic, but 2^41 bytes
+      uint32_t magic = 0x46545153;
+      uint64_t bytes = 1ull << 41;
+      std::memset(header, 0, sizeof(header));
+      std::memcpy(header, &magic, 4);
+      std::memcpy(header + 16, &bytes, 8);
+    }
+    ASSERT_EQ(bootstrap::sendAll(fd, header, sizeof(header), Clock::now() + 5s, &err),
+              bootstrap::Io::kOk);
+    EXPECT_EQ(boot->barrier(), Status::kOk);  // rank 0 has seen the failure
+    close(fd);
+    close(listener);
+  });
+  {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 0, 10s, &boot), Status::kOk);
+    std::unique_ptr<Transport> net;
+    ASSERT_EQ(createTcpTransport(*boot, &net), Status::kOk) << lastError();
+    std::vector<char> in(64, 0);
+    RequestPtr r;
+    ASSERT_EQ(net->recv(1, rawTag(1, 0), in.data(), in.size(), &r), Status::kOk);
+    EXPECT_EQ(net->waitAll({&r, 1}, soon()), Status::kRemoteError);
+    EXPECT_TRUE(std::all_of(in.begin(), in.end(), [](char c) { return c == 0; }));
+    // Later requests with rank 1 fail at once; rank 0's own traffic still works.
+    RequestPtr late, selfSend, selfRecv;
+    ASSERT_EQ(net->recv(1, rawTag(2, 0), in.data(), 8, &late), Status::kOk);
+    EXPECT_TRUE(late->done() && late->status() == Status::kRemoteError);
+    EXPECT_NE(lastError().find("rank 1 sent a malformed frame header"), std::string::npos)
+        << lastError();
+    ASSERT_EQ(net->send(0, rawTag(3, 0), in.data(), 8, &selfSend), Status::kOk);
+    ASSERT_EQ(net->recv(0, rawTag(3, 0), in.data() + 8, 8, &selfRecv), Status::kOk);
+    EXPECT_TRUE(selfRecv->done() && selfRecv->status() == Status::kOk);
+    EXPECT_EQ(boot->barrier(), Status::kOk);
+  }
+  fake.join();
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find(GetParam() == 0 ? "magic 0xffffffff" : "2199023255552 bytes"),
+            std::string::npos)
+      << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(tcp, TcpMalformed, ::testing::Values(0, 1));
 
 #define INSTANTIATE_BACKEND(name, factory)                                     \
   INSTANTIATE_TEST_SUITE_P(                                                    \
