@@ -488,6 +488,84 @@ TEST_P(TcpMalformed, HeaderFailsThePeer) {
 
 INSTANTIATE_TEST_SUITE_P(tcp, TcpMalformed, ::testing::Values(0, 1));
 
+// TCP only: connections to a rank's mesh listener that present the wrong
+// secret or a rank that does not fit are refused and logged, and the real
+// peer still gets through. Rank 0 is played by hand, which also checks the
+// frame layout of what rank 1 then sends it.
+TEST(TcpMesh, StraysAreRefused) {
+  setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
+  testing::internal::CaptureStderr();
+  std::thread real([&] {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
+    std::unique_ptr<Transport> net;
+    ASSERT_EQ(createTcpTransport(*boot, &net), Status::kOk) << lastError();
+    uint32_t payload = 0xfeedbeef;
+    RequestPtr s;
+    ASSERT_EQ(net->send(0, allReduceTag(7, 1), &payload, 4, &s), Status::kOk);
+    EXPECT_EQ(net->waitAll({&s, 1}, soon()), Status::kOk);
+    EXPECT_EQ(boot->barrier(), Status::kOk);
+  });
+  std::unique_ptr<bootstrap::Bootstrap> boot;
+  ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 0, 10s, &boot), Status::kOk);
+  bootstrap::WireAddress cards[2], mine{};
+  ASSERT_EQ(boot->allGather(&mine, sizeof(mine), cards), Status::kOk);
+  bootstrap::SocketAddress target;
+  ASSERT_TRUE(bootstrap::fromWire(cards[1], &target));
+  uint8_t secret[16];
+  boot->jobSecret(secret);
+  auto hello = [&](const uint8_t* key, int32_t from, int32_t to) {
+    std::string error;
+    int fd = bootstrap::connectWithRetry(target, Clock::now() + 5s, &error);
+    EXPECT_GE(fd, 0) << error;
+    uint8_t bytes[40] = {};
+    uint32_t words[2] = {0x48545153, 1};
+    int32_t ranks[3] = {from, to, 2};
+    std::memcpy(bytes, words, 8);
+    std::memcpy(bytes + 8, key, 16);
+    std::memcpy(bytes + 24, ranks, 12);
+    int err = 0;
+    EXPECT_EQ(bootstrap::sendAll(fd, bytes, sizeof(bytes), Clock::now() + 5s, &err),
+              bootstrap::Io::kOk);
+    return fd;
+  };
+  uint8_t wrong[16];
+  std::memset(wrong, 7, sizeof(wrong));
+  close(hello(wrong, 0, 1));
+  int misdirected = hello(secret, 0, 5);
+  int fd = hello(secret, 0, 1);
+  ASSERT_EQ(boot->barrier(), Status::kOk);  // the end of createTcpTransport
+  uint8_t frame[44];
+  int err = 0;
+  ASSERT_EQ(bootstrap::recvAll(fd, frame, sizeof(frame), Clock::now() + 5s, &err),
+            bootstrap::Io::kOk);
+  uint32_t magic, step, payload;
+  uint64_t sequence, bytes, count;
+  std::memcpy(&magic, frame, 4);
+  std::memcpy(&step, frame + 4, 4);
+  std::memcpy(&sequence, frame + 8, 8);
+  std::memcpy(&bytes, frame + 16, 8);
+  std::memcpy(&count, frame + 32, 8);
+  std::memcpy(&payload, frame + 40, 4);
+  EXPECT_EQ(magic, 0x46545153u);
+  EXPECT_EQ(sequence, 7u);
+  EXPECT_EQ(step, 0u);
+  EXPECT_EQ(bytes, 4u);
+  EXPECT_EQ(frame[24], static_cast<uint8_t>(CollKind::kAllReduce));
+  EXPECT_EQ(count, 1u);
+  EXPECT_EQ(payload, 0xfeedbeefu);
+  EXPECT_EQ(boot->barrier(), Status::kOk);
+  real.join();
+  close(fd);
+  close(misdirected);
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("refused a tcp connection from 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("wrong job secret"), std::string::npos) << log;
+  EXPECT_NE(log.find("does not fit this job"), std::string::npos) << log;
+}
+
 #define INSTANTIATE_BACKEND(name, factory)                                     \
   INSTANTIATE_TEST_SUITE_P(                                                    \
       name, TransportTest,                                                     \
