@@ -1,7 +1,6 @@
 #include "src/bootstrap/socket.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -135,11 +134,6 @@ bool chooseLocalAddress(SocketAddress* address, std::string* error) {
   }
   *address = SocketAddress::loopbackV4();
   return true;
-}
-
-void prepareFd(int fd) {
-  fcntl(fd, F_SETFD, fcntl(fd, F_GETFD) | FD_CLOEXEC);
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
 int openListener(const SocketAddress& address, SocketAddress* bound, std::string* error) {

@@ -51,9 +51,6 @@ bool fromWire(const WireAddress& wire, SocketAddress* address);
 // first non-loopback IPv4 interface, else 127.0.0.1. Port 0.
 bool chooseLocalAddress(SocketAddress* address, std::string* error);
 
-// Marks `fd` close-on-exec and non-blocking.
-void prepareFd(int fd);
-
 // Binds and listens on `address` (port 0: an ephemeral port); `bound`
 // receives the actual address. Returns the fd, or -1 with `error` set.
 int openListener(const SocketAddress& address, SocketAddress* bound, std::string* error);
