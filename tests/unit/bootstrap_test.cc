@@ -158,6 +158,94 @@ TEST_F(BootstrapTest, ImpostorsAreRefusedAndTheJobCarriesOn) {
   EXPECT_NE(log.find("refused a bootstrap connection from 127.0.0.1:"), std::string::npos) << log;
 }
 
+// A member that joined properly and then sends a malformed frame: rank 0
+// fails (bad magic: kCorruptData; wrong size: kInvalidUsage) without reading
+// past what it expected.
+TEST_F(BootstrapTest, MalformedFramesFromAMemberAreRejected) {
+  constexpr uint32_t kMagic = 0x48425153;
+  for (int variant = 0; variant < 2; ++variant) {
+    UniqueId id;
+    ASSERT_EQ(createUniqueId(&id), Status::kOk);
+    RawId raw = parseId(id);
+    std::thread fake([&] {
+      int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      ASSERT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&raw.root), sizeof(raw.root)), 0);
+      std::vector<uint8_t> hello = makeHello(kMagic, 1, raw.secret, 1, 2);
+      ASSERT_EQ(send(fd, hello.data(), hello.size(), MSG_NOSIGNAL), 56);
+      char ack[8];
+      ASSERT_EQ(recv(fd, ack, sizeof(ack), MSG_WAITALL), 8);
+      uint32_t header[4] = {variant == 0 ? 0xdeadbeefu : 0x46425153u, 1, 1u << 30, 0};
+      ASSERT_EQ(send(fd, header, sizeof(header), MSG_NOSIGNAL), 16);
+      char byte;
+      recv(fd, &byte, 1, 0);  // until rank 0 hangs up
+      close(fd);
+    });
+    std::unique_ptr<Bootstrap> boot;
+    ASSERT_EQ(Bootstrap::create(id, 2, 0, 5s, &boot), Status::kOk) << lastError();
+    uint64_t mine = 1, all[2] = {0, 0};
+    if (variant == 0) {
+      EXPECT_EQ(boot->allGather(&mine, 8, all), Status::kCorruptData);
+      EXPECT_NE(lastError().find("rank 1 sent a malformed bootstrap frame (bad magic 0xdeadbeef)"),
+                std::string::npos)
+          << lastError();
+    } else {
+      EXPECT_EQ(boot->allGather(&mine, 8, all), Status::kInvalidUsage);
+      EXPECT_NE(lastError().find("rank 1 called bootstrap allGather with 1073741824 bytes but "
+                                 "rank 0 called allGather with 8 bytes"),
+                std::string::npos)
+          << lastError();
+    }
+    EXPECT_EQ(all[1], 0u);
+    // The bootstrap refuses to go on after a failure.
+    EXPECT_EQ(boot->barrier(), Status::kRemoteError);
+    fake.join();
+  }
+}
+
+// A root that answers with an oversized reply: the member fails with
+// kCorruptData before reading any of it.
+TEST_F(BootstrapTest, MalformedReplyFromTheRootIsRejected) {
+  UniqueId id;
+  ASSERT_EQ(createUniqueId(&id), Status::kOk);  // only for a valid layout and secret
+  RawId raw = parseId(id);
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(address);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len);
+  uint16_t port = ntohs(address.sin_port);
+  std::memcpy(id.bytes + 10, &port, 2);  // point the id at the fake root
+  std::thread root([&] {
+    int fd = accept(listener, nullptr, nullptr);
+    ASSERT_GE(fd, 0);
+    char hello[56];
+    ASSERT_EQ(recv(fd, hello, sizeof(hello), MSG_WAITALL), 56);
+    EXPECT_EQ(std::memcmp(hello + 8, raw.secret, 16), 0);
+    uint32_t ack[2] = {0x41425153, 1};
+    ASSERT_EQ(send(fd, ack, sizeof(ack), MSG_NOSIGNAL), 8);
+    char frame[16 + 8];
+    ASSERT_EQ(recv(fd, frame, sizeof(frame), MSG_WAITALL), 24);
+    uint64_t reply[2] = {0x46425153ull | (1ull << 32), 1ull << 40};
+    ASSERT_EQ(send(fd, reply, sizeof(reply), MSG_NOSIGNAL), 16);
+    char byte;
+    recv(fd, &byte, 1, 0);
+    close(fd);
+  });
+  std::unique_ptr<Bootstrap> boot;
+  ASSERT_EQ(Bootstrap::create(id, 2, 1, 5s, &boot), Status::kOk) << lastError();
+  uint64_t mine = 1, all[2] = {0, 0};
+  EXPECT_EQ(boot->allGather(&mine, 8, all), Status::kCorruptData);
+  EXPECT_NE(lastError().find("1099511627776 bytes instead of 16"), std::string::npos)
+      << lastError();
+  EXPECT_EQ(all[0], 0u);
+  boot.reset();
+  root.join();
+  close(listener);
+}
+
 TEST_F(BootstrapTest, MissingRanksAreNamed) {
   UniqueId id;
   ASSERT_EQ(createUniqueId(&id), Status::kOk);
