@@ -573,8 +573,10 @@ class TcpTransport final : public Transport {
     TcpRequest* raw = r.get();
     *request = std::move(r);
     std::lock_guard<std::mutex> lock(core_->mutex);
+    uint64_t before = core_->generation;
     core_->postSend(raw);
-    core_->activity.notify_all();
+    // Flushing may have completed other threads' sends too.
+    if (core_->generation != before) core_->activity.notify_all();
     return Status::kOk;
   }
 
@@ -584,7 +586,9 @@ class TcpTransport final : public Transport {
     TcpRequest* raw = r.get();
     *request = std::move(r);
     std::lock_guard<std::mutex> lock(core_->mutex);
+    uint64_t before = core_->generation;
     core_->postRecv(raw);
+    if (core_->generation != before) core_->activity.notify_all();
     return Status::kOk;
   }
 
