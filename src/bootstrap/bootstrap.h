@@ -53,6 +53,9 @@ class Bootstrap {
   virtual Status allGather(const void* mine, size_t bytes, void* all) = 0;
   virtual Status barrier() = 0;
 
+  // Setup details for transports. The defaults (loopback, 300 s, a zero
+  // secret) only serve other implementations such as test doubles.
+  //
   // The address of the interface this rank reaches the root from; a
   // transport listens there so its peers reach it over the same network.
   virtual SocketAddress localAddress() const { return SocketAddress::loopbackV4(); }

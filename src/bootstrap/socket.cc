@@ -1,3 +1,4 @@
+// Socket plumbing for the bootstrap and the TCP transport (see socket.h).
 #include "src/bootstrap/socket.h"
 
 #include <arpa/inet.h>
