@@ -365,26 +365,63 @@ TEST_F(EnvTest, BuildsTheId) {
   EXPECT_NE(std::memcmp(first.bytes + 32, id_.bytes + 32, 16), 0);
 }
 
-// Rank 0 binds the port the id names when the id was not made in its process.
-TEST_F(EnvTest, RootBindsTheNamedPort) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in any{};
-  any.sin_family = AF_INET;
-  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
-  socklen_t len = sizeof(any);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&any), &len);
+// A loopback port nobody listens on: bind one, learn it, close it. 0 when
+// the address family is unavailable here.
+uint16_t unusedPort(int family) {
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_storage storage{};
+  socklen_t len;
+  if (family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(*in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_loopback;
+    len = sizeof(*in6);
+  }
+  uint16_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&storage), len) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&storage), &len) == 0)
+    port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&storage)->sin_port
+                                   : reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port);
   close(fd);
-  setenv("WORLD_SIZE", "3", 1);
-  setenv("RANK", "0", 1);
-  setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("SQUALL_PORT", std::to_string(ntohs(any.sin_port)).c_str(), 1);
-  ASSERT_EQ(read(), Status::kOk) << lastError();
-  onThreads(3, [&](int rank) {
-    std::unique_ptr<Bootstrap> boot;
-    ASSERT_EQ(Bootstrap::create(id_, 3, rank, 10s, &boot), Status::kOk) << lastError();
-    EXPECT_EQ(boot->barrier(), Status::kOk);
-  });
+  return port;
+}
+
+// Rank 0 binds the port the id names when the id was not made in its
+// process; over IPv4 and (where the host has it) IPv6 loopback, through to a
+// working TCP transport.
+TEST_F(EnvTest, RootBindsTheNamedPort) {
+  for (int family : {AF_INET, AF_INET6}) {
+    uint16_t port = unusedPort(family);
+    if (port == 0) {
+      ASSERT_EQ(family, AF_INET6) << "no IPv4 loopback";
+      continue;  // no IPv6 loopback on this host
+    }
+    setenv("WORLD_SIZE", "3", 1);
+    setenv("RANK", "0", 1);
+    setenv("MASTER_ADDR", family == AF_INET ? "127.0.0.1" : "::1", 1);
+    setenv("SQUALL_PORT", std::to_string(port).c_str(), 1);
+    ASSERT_EQ(read(), Status::kOk) << lastError();
+    onThreads(3, [&](int rank) {
+      std::unique_ptr<Bootstrap> boot;
+      ASSERT_EQ(Bootstrap::create(id_, 3, rank, 10s, &boot), Status::kOk) << lastError();
+      EXPECT_EQ(boot->localAddress().family(), family);
+      std::unique_ptr<transport::Transport> net;
+      ASSERT_EQ(transport::createTcpTransport(*boot, &net), Status::kOk) << lastError();
+      int next = (rank + 1) % 3, prev = (rank + 2) % 3, got = -1;
+      transport::RequestPtr requests[2];
+      net->recv(prev, transport::Tag{1, 0, {}}, &got, sizeof(got), &requests[0]);
+      net->send(next, transport::Tag{1, 0, {}}, &rank, sizeof(rank), &requests[1]);
+      EXPECT_EQ(net->waitAll(requests, transport::Clock::now() + 5s), Status::kOk);
+      EXPECT_EQ(got, prev);
+      EXPECT_EQ(boot->barrier(), Status::kOk);
+    });
+  }
 }
 
 // Ranks as processes: rank 0 is this process, the others are fork()ed
