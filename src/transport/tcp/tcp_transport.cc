@@ -415,8 +415,13 @@ void Core::cancel(TcpRequest* request) {
     for (auto it = peer.sends.begin(); it != peer.sends.end(); ++it) {
       if (it->request != request) continue;
       if (it->sent == 0) {
+        SQUALL_TRACE(Subsys::kTransport, "cancelled send %s to rank %d before it started",
+                     describe(request->tag_).c_str(), request->peer());
         peer.sends.erase(it);
       } else {
+        SQUALL_TRACE(Subsys::kTransport,
+                     "cancelled send %s to rank %d mid-frame; finishing it from a copy",
+                     describe(request->tag_).c_str(), request->peer());
         // Part of the frame is on the wire; finish it from a private copy so
         // the stream stays in step.
         size_t payloadSent = it->sent > kHeaderBytes ? it->sent - kHeaderBytes : 0;
@@ -437,12 +442,16 @@ void Core::cancel(TcpRequest* request) {
     }
   }
   if (peer.target == request) {
+    SQUALL_TRACE(Subsys::kTransport, "cancelled receive %s from rank %d mid-frame; discarding",
+                 describe(request->tag_).c_str(), request->peer());
     peer.target = nullptr;
     peer.sink = Sink::kDiscard;
     return;
   }
   if (Unexpected* u = request->waitingOn_) {
     // The frame is still arriving; it belonged to this receive, so drop it.
+    SQUALL_TRACE(Subsys::kTransport, "cancelled receive %s from rank %d while buffering",
+                 describe(request->tag_).c_str(), request->peer());
     if (peer.buffer == u) {
       peer.buffer = nullptr;
       peer.sink = Sink::kDiscard;
