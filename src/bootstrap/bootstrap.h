@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "src/bootstrap/socket.h"
 #include "src/common/status.h"
 
 namespace squall::bootstrap {
@@ -51,6 +52,23 @@ class Bootstrap {
   // rank order. Collective: every rank calls it with the same `bytes`.
   virtual Status allGather(const void* mine, size_t bytes, void* all) = 0;
   virtual Status barrier() = 0;
+
+  // Setup details for transports. The defaults (loopback, 300 s, a zero
+  // secret) only serve other implementations such as test doubles.
+  //
+  // The address of the interface this rank reaches the root from; a
+  // transport listens there so its peers reach it over the same network.
+  virtual SocketAddress localAddress() const { return SocketAddress::loopbackV4(); }
+  // The budget given to create(); transports use it for their own setup.
+  virtual std::chrono::milliseconds timeout() const { return std::chrono::seconds(300); }
+  // 128 random bits shared by the ranks of this job (from the unique id);
+  // transports present it in their own handshakes to reject strays.
+  virtual void jobSecret(uint8_t out[16]) const {
+    for (int i = 0; i < 16; ++i) out[i] = 0;
+  }
 };
+
+// SQUALL_TIMEOUT_S as a duration (at least one second).
+std::chrono::milliseconds defaultTimeout();
 
 }  // namespace squall::bootstrap

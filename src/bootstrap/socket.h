@@ -1,0 +1,79 @@
+// Small blocking-with-deadline socket helpers shared by the bootstrap and the
+// TCP transport: addresses, listeners, connecting with retries, and moving an
+// exact number of bytes before a deadline.
+//
+// Every descriptor created here is close-on-exec and non-blocking; waiting
+// happens in poll() so that a deadline is always honoured. Sends use
+// MSG_NOSIGNAL so a peer that went away yields EPIPE instead of SIGPIPE,
+// without touching the process's signal handlers.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace squall::bootstrap {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+struct SocketAddress {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+
+  bool valid() const { return length != 0; }
+  int family() const { return storage.ss_family; }
+  uint16_t port() const;
+  void setPort(uint16_t port);
+  // "127.0.0.1:5000", "[::1]:5000".
+  std::string toString() const;
+
+  static SocketAddress loopbackV4(uint16_t port = 0);
+};
+
+// A fixed-size, byte-order-defined encoding of an IPv4/IPv6 address and port,
+// as carried in the unique id and in handshakes.
+struct WireAddress {
+  uint16_t family = 0;  // 4 or 6 (not the host's AF_* value)
+  uint16_t port = 0;    // host order
+  uint32_t scope = 0;   // IPv6 scope id
+  uint8_t address[16] = {};
+};
+static_assert(sizeof(WireAddress) == 24);
+
+WireAddress toWire(const SocketAddress& address);
+// False when `wire` names no address family we know.
+bool fromWire(const WireAddress& wire, SocketAddress* address);
+
+// Resolves the interface to use: SQUALL_SOCKET_IFNAME when set, else the
+// first non-loopback IPv4 interface, else 127.0.0.1. Port 0.
+bool chooseLocalAddress(SocketAddress* address, std::string* error);
+
+// Binds and listens on `address` (port 0: an ephemeral port); `bound`
+// receives the actual address. Returns the fd, or -1 with `error` set.
+int openListener(const SocketAddress& address, SocketAddress* bound, std::string* error);
+
+// Connects to `address`, retrying refused/unreachable attempts until
+// `deadline` since the listener may not exist yet. Returns the fd, or -1
+// with `error` set.
+int connectWithRetry(const SocketAddress& address, Deadline deadline, std::string* error);
+
+// Accepts one pending connection on a non-blocking listener; -1 when none.
+int acceptOne(int listener, SocketAddress* remote);
+
+enum class Io { kOk, kTimeout, kClosed, kError };
+
+// Move exactly `bytes` bytes, waiting in poll() until `deadline`. kClosed:
+// the peer closed (EOF, reset or broken pipe); kError: errno in *err.
+Io sendAll(int fd, const void* data, size_t bytes, Deadline deadline, int* err);
+Io recvAll(int fd, void* data, size_t bytes, Deadline deadline, int* err);
+
+// "timed out", "closed by the peer", or strerror(err).
+std::string ioText(Io io, int err);
+
+// Best effort TCP_NODELAY and SO_SNDBUF/SO_RCVBUF.
+void tuneStream(int fd, int bufferBytes);
+
+}  // namespace squall::bootstrap
