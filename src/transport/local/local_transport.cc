@@ -140,6 +140,7 @@ class LocalTransport : public Transport {
     RecvRequest* r = box.mismatched.front();
     box.mismatched.pop_front();
     r->inList_ = nullptr;
+    ++box.generation;  // a request advanced: waitForActivity must not sleep
     lock.unlock();
     Status status =
         mismatchError(rank_, r->peer(), r->tag_, r->bytes(), r->theirTag_, r->theirBytes_);
