@@ -118,7 +118,18 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
                              const Options& options, const Body& body) {
   OpContext ctx{transport_, sequence, descriptor, transport::Clock::now() + options.timeout,
                 &options};
-  return body(ctx);
+  if (ctx.size() == 1) return body(ctx);
+  AbortWatch watch;
+  SQUALL_TRY(watchForAborts(ctx, &watch));
+  ctx.abort = &watch;
+  const Status status = body(ctx);
+  if (status != Status::kOk && !watch.received) {
+    const std::string what = transport::describe(ctx.tag(0));
+    std::string reason = "rank " + std::to_string(ctx.rank());
+    reason.append(" failed ").append(what).append(": ").append(lastError());
+    sendAbortNotices(ctx, reason);
+  }
+  return status;  // the watch's pending receives are cancelled here
 }
 
 void Communicator::drain() {

@@ -5,7 +5,10 @@
 // operation is tagged with that number, the message's step and the
 // operation's descriptor (kind, dtype, op, codec, block, count); the transport
 // compares descriptors and sizes, so a rank that called something different
-// makes the collective fail with an error that prints both sides.
+// makes the collective fail with an error that prints both sides. A rank
+// whose operation fails (mismatch, timeout, a dead peer) sends an abort
+// notice to every peer (see context.h), so the others stop at once with an
+// error naming it rather than at their deadline (SQUALL_TIMEOUT_S).
 //
 // Blocking and asynchronous forms. The asynchronous form (start*) queues the
 // operation to a per-communicator worker thread, started on first use, which

@@ -287,7 +287,6 @@ TEST(Collectives, AsyncOperationsRunInOrder) {
 
 TEST(Collectives, MismatchedCallsFailOnEveryRank) {
   coll::Options options = testing::testOptions();
-  options.timeout = std::chrono::seconds(2);
   for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
     options.allReduceAlgo = algo;
     Group group(4, options);
@@ -301,14 +300,13 @@ TEST(Collectives, MismatchedCallsFailOnEveryRank) {
                               r == 3 ? ReduceOp::kMax : ReduceOp::kSum);
       message[r] = lastError();
     });
-    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(10));
+    // The mismatch is seen by the ranks that exchange with the odd ones; they
+    // send abort notices, so nobody waits for the (30 s) deadline.
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(1)) << "a rank hung";
     for (int r = 0; r < 4; ++r) {
-      EXPECT_NE(status[r], Status::kOk) << "rank " << r;
-      EXPECT_FALSE(message[r].empty()) << "rank " << r;
-      // In one all-to-all round every rank hears from a mismatched one.
-      if (algo == AllReduceAlgo::kDirect) {
-        EXPECT_EQ(status[r], Status::kInvalidUsage) << message[r];
-      }
+      EXPECT_TRUE(status[r] == Status::kInvalidUsage || status[r] == Status::kRemoteError)
+          << "rank " << r << ": " << statusName(status[r]) << " " << message[r];
+      EXPECT_NE(message[r].find("#0 allreduce"), std::string::npos) << message[r];
     }
     // The group stays usable: the next operation has a fresh sequence number.
     group.run([&](Communicator& c, int r) {
@@ -316,6 +314,29 @@ TEST(Collectives, MismatchedCallsFailOnEveryRank) {
       EXPECT_EQ(c.allReduce(&x, &x, 1, DataType::kI64, ReduceOp::kSum), Status::kOk) << lastError();
       EXPECT_EQ(x, 6);
     });
+  }
+}
+
+TEST(Collectives, AbsentRankTimesOutEveryoneQuickly) {
+  coll::Options options = testing::testOptions();
+  options.timeout = std::chrono::milliseconds(300);
+  for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
+    options.allReduceAlgo = algo;
+    Group group(5, options);
+    std::vector<Status> status(5, Status::kOk);
+    std::vector<float> data(5 * 1000, 1.0f);
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](Communicator& c, int r) {
+      if (r == 3) return;  // never calls
+      status[r] = c.allReduce(data.data() + r * 1000, data.data() + r * 1000, 1000, DataType::kF32,
+                              ReduceOp::kSum);
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(2));
+    for (int r = 0; r < 5; ++r) {
+      if (r == 3) continue;
+      EXPECT_TRUE(status[r] == Status::kTimeout || status[r] == Status::kRemoteError)
+          << "rank " << r << ": " << statusName(status[r]);
+    }
   }
 }
 

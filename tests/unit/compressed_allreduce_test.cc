@@ -407,8 +407,9 @@ TEST(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
     });
     EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3)) << "a rank hung";
     for (int r = 0; r < kN; ++r) {
-      EXPECT_EQ(status[r], Status::kInvalidUsage) << "variant " << variant << " rank " << r;
-      EXPECT_NE(message[r].find("expected #0 compressed"), std::string::npos) << message[r];
+      EXPECT_TRUE(status[r] == Status::kInvalidUsage || status[r] == Status::kRemoteError)
+          << "variant " << variant << " rank " << r << ": " << message[r];
+      EXPECT_NE(message[r].find("#0 compressed"), std::string::npos) << message[r];
       EXPECT_EQ(states[r]->worker().skipped(), 0u);
     }
   }
