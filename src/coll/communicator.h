@@ -17,6 +17,8 @@
 // operation, then runs on the caller's thread; so the transport is only ever
 // used by one thread at a time, and operations run in call order on every
 // rank. Buffers of an asynchronous operation must stay valid until it is done.
+// A communicator is driven by one thread at a time (its own worker aside), and
+// a CompressedState must not be used by two operations in flight at once.
 #pragma once
 
 #include <chrono>

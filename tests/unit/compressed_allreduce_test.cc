@@ -5,8 +5,10 @@
 // non-finite rule.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -436,6 +438,74 @@ TEST(CompressedAllReduce, RejectsBadArguments) {
   std::unique_ptr<CompressedState> bad;
   EXPECT_NE(CompressedState::create(2, 100, specOf(codec::CodecId::kOnebit, 100), &bad),
             Status::kOk);
+}
+
+}  // namespace
+}  // namespace squall
+
+namespace squall {
+namespace {
+
+TEST(CompressedAllReduce, OptionsComeFromTheEnvironment) {
+  setenv("SQUALL_COMPRESSED_ALGO", "allgather", 1);
+  setenv("SQUALL_SEGMENT_BYTES", "4096", 1);
+  setenv("SQUALL_TIMEOUT_S", "7", 1);
+  setenv("SQUALL_ALLREDUCE_ALGO", "ring", 1);
+  const coll::Options options = coll::Options::fromEnvironment();
+  unsetenv("SQUALL_COMPRESSED_ALGO");
+  unsetenv("SQUALL_SEGMENT_BYTES");
+  unsetenv("SQUALL_TIMEOUT_S");
+  unsetenv("SQUALL_ALLREDUCE_ALGO");
+  EXPECT_EQ(options.compressedAlgo, CompressedAlgo::kAllGather);
+  EXPECT_EQ(options.segmentBytes, 4096u);
+  EXPECT_EQ(options.timeout, std::chrono::seconds(7));
+  EXPECT_EQ(options.allReduceAlgo, coll::AllReduceAlgo::kRing);
+  const coll::Options defaults = coll::Options::fromEnvironment();
+  EXPECT_EQ(defaults.compressedAlgo, CompressedAlgo::kAuto);
+  EXPECT_EQ(defaults.timeout, std::chrono::seconds(300));
+}
+
+// Timing on the local transport (memory copies, ranks sharing the cores):
+// run with --gtest_also_run_disabled_tests.
+TEST(CompressedAllReduce, DISABLED_Timing) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = size_t{1} << 24;
+  for (size_t segmentBytes : {size_t{0}, size_t{1} << 20}) {
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = CompressedAlgo::kTwoPhase;
+    options.segmentBytes = segmentBytes;
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (auto& s : states)
+      ASSERT_EQ(CompressedState::create(kN, kCount, specOf(codec::CodecId::kOnebit, 2048), &s),
+                Status::kOk);
+    std::vector<std::vector<float>> data(kN, std::vector<float>(kCount, 1.0f));
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto begin = std::chrono::steady_clock::now();
+      group.run([&](Communicator& comm, int r) {
+        EXPECT_EQ(comm.compressedAllReduce(data[r].data(), data[r].data(), DataType::kF32,
+                                           ReduceOp::kAvg, states[r].get()),
+                  Status::kOk);
+      });
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      std::printf("compressed twophase (%s codec) n=%d N=%zu segment=%zu: %.1f ms\n",
+                  codec::implementationName(), kN, kCount, segmentBytes, s * 1e3);
+    }
+  }
+  Group group(kN);
+  std::vector<std::vector<float>> data(kN, std::vector<float>(kCount, 1.0f));
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](Communicator& comm, int r) {
+      EXPECT_EQ(
+          comm.allReduce(data[r].data(), data[r].data(), kCount, DataType::kF32, ReduceOp::kAvg),
+          Status::kOk);
+    });
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::printf("fp32 ring allreduce n=%d N=%zu: %.1f ms\n", kN, kCount, s * 1e3);
+  }
 }
 
 }  // namespace
