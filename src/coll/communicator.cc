@@ -309,7 +309,7 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
     if (ctx.size() == 1 || count == 0) {
       // Nothing to exchange: the input is the result and the residuals stay.
       if (in != out && count != 0) std::memcpy(out, in, count * dataTypeSize(dtype));
-      state->stats_ = CompressedStats{};
+      state->recordStats(CompressedStats{});
       return Status::kOk;
     }
     CompressedAlgo algo = ctx.options->compressedAlgo;

@@ -58,10 +58,10 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   auto length = [&](size_t k) { return std::min(seg, count - k * seg); };
   size_t slot = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
-  state->recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
-  state->accumulator.resize(seg);
+  state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
+  state->scratch().accumulator.resize(seg);
   auto slotOf = [&](size_t j, size_t k) {
-    return state->recvBuffer.data() + (j * segments + k) * slot;
+    return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
 
   std::vector<transport::RequestPtr> received(nn * segments), sends;
@@ -94,7 +94,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       ++stats.messagesSent;
     }
   }
-  float* acc = state->accumulator.data();
+  float* acc = state->scratch().accumulator.data();
   for (size_t k = 0; k < segments; ++k) {
     SQUALL_TRY(ctx.waitAll(std::span<const transport::RequestPtr>(received.data() + k * nn, nn)));
     const size_t m = length(k);
@@ -116,7 +116,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   }
   SQUALL_TRY(ctx.waitAll(sends));
   worker.commit(finite);
-  state->stats_ = stats;
+  state->recordStats(stats);
   return Status::kOk;
 }
 

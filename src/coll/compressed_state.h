@@ -47,13 +47,20 @@ class CompressedState {
   // Zeroes both residuals.
   void reset();
 
+  // Called by the algorithms at the end of a successful call.
+  void recordStats(const CompressedStats& stats) { stats_ = stats; }
+
   // Scratch reused across calls (owned here so steady-state calls do not
   // allocate).
-  std::vector<uint8_t> sendBuffer, recvBuffer, serverBuffer, gatherBuffer;
-  std::vector<float> accumulator, decoded;
-  CompressedStats stats_;
+  struct Scratch {
+    std::vector<uint8_t> sendBuffer, recvBuffer, serverBuffer, gatherBuffer;
+    std::vector<float> accumulator, decoded;
+  };
+  Scratch& scratch() { return scratch_; }
 
  private:
+  Scratch scratch_;
+  CompressedStats stats_;
   CompressedState() = default;
   int nranks_ = 1;
   size_t count_ = 0;

@@ -62,22 +62,22 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   };
   size_t slot = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
-  state->sendBuffer.resize(nn * segments * slot);
-  state->recvBuffer.resize(nn * segments * slot);
-  state->gatherBuffer.resize(nn * segments * slot);
-  state->serverBuffer.resize(segments * slot);
-  state->accumulator.resize(seg);
-  if (dtype != DataType::kF32) state->decoded.resize(seg);
+  state->scratch().sendBuffer.resize(nn * segments * slot);
+  state->scratch().recvBuffer.resize(nn * segments * slot);
+  state->scratch().gatherBuffer.resize(nn * segments * slot);
+  state->scratch().serverBuffer.resize(segments * slot);
+  state->scratch().accumulator.resize(seg);
+  if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
   auto sendSlot = [&](size_t c, size_t k) {
-    return state->sendBuffer.data() + (c * segments + k) * slot;
+    return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
   };
   auto recvSlot = [&](size_t j, size_t k) {
-    return state->recvBuffer.data() + (j * segments + k) * slot;
+    return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
   auto gatherSlot = [&](size_t c, size_t k) {
-    return state->gatherBuffer.data() + (c * segments + k) * slot;
+    return state->scratch().gatherBuffer.data() + (c * segments + k) * slot;
   };
-  auto serverSlot = [&](size_t k) { return state->serverBuffer.data() + k * slot; };
+  auto serverSlot = [&](size_t k) { return state->scratch().serverBuffer.data() + k * slot; };
   std::vector<size_t> serverBytes(segments, 0);
   const auto gatherStep = static_cast<uint32_t>(segments);
 
@@ -118,7 +118,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     if (m == 0) return Status::kOk;
     size_t bytes = 0;
     SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
-    float* acc = state->accumulator.data();
+    float* acc = state->scratch().accumulator.data();
     for (size_t j = 0; j < nn; ++j) {
       const uint8_t* piece = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
       SQUALL_TRY(j == 0 ? codec::decode(piece, bytes, acc, m)
@@ -186,15 +186,15 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       if (dtype == DataType::kF32) {
         SQUALL_TRY(codec::decode(encoded, bytes, static_cast<float*>(out) + at, m));
       } else {
-        SQUALL_TRY(codec::decode(encoded, bytes, state->decoded.data(), m));
-        storeDecoded(dtype, state->decoded.data(), out, at, m);
+        SQUALL_TRY(codec::decode(encoded, bytes, state->scratch().decoded.data(), m));
+        storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
       }
     }
   }
   SQUALL_TRY(ctx.waitAll(sends));
   worker.commit(workerFinite);
   server.commit(serverFinite);
-  state->stats_ = stats;
+  state->recordStats(stats);
   return Status::kOk;
 }
 
