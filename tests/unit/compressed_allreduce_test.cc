@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "src/codec/numeric.h"
@@ -185,6 +186,33 @@ TEST(CompressedAllReduce, WireBytesMatchTheCostModel) {
   }
 }
 
+TEST(CompressedAllReduce, AllGatherWireBytes) {
+  // (n-1) copies of the whole encoded buffer, one per peer.
+  constexpr int kN = 4;
+  constexpr size_t kCount = 100000;
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
+  coll::Options options = testing::testOptions();
+  options.compressedAlgo = CompressedAlgo::kAllGather;
+  options.segmentBytes = 0;
+  Group group(kN, options);
+  std::vector<std::unique_ptr<CompressedState>> states(kN);
+  for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
+  auto inputs = randomInputs(kN, kCount, 4);
+  group.run([&](Communicator& comm, int r) {
+    EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), inputs[r].data(), DataType::kF32,
+                                       ReduceOp::kSum, states[r].get()),
+              Status::kOk);
+  });
+  size_t encoded = 0;
+  ASSERT_EQ(codec::encodedSize(spec, kCount, &encoded), Status::kOk);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_STREQ(states[r]->lastStats().algorithm, "allgather");
+    EXPECT_EQ(states[r]->lastStats().bytesSent, (kN - 1) * encoded);
+    EXPECT_EQ(states[r]->lastStats().bytesReceived, (kN - 1) * encoded);
+    EXPECT_EQ(states[r]->lastStats().messagesSent, kN - 1u);
+  }
+}
+
 TEST(CompressedAllReduce, OneRankReturnsInputAndKeepsResiduals) {
   Group group(1);
   std::unique_ptr<CompressedState> state;
@@ -317,9 +345,12 @@ TEST(CompressedAllReduce, HalfPrecisionInputIsWidened) {
   constexpr int kN = 3;
   constexpr size_t kCount = 3000;
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
-  for (DataType dtype : {DataType::kF16, DataType::kBf16}) {
+  for (auto [dtype, algo] : {std::pair{DataType::kF16, CompressedAlgo::kTwoPhase},
+                             std::pair{DataType::kBf16, CompressedAlgo::kTwoPhase},
+                             std::pair{DataType::kF16, CompressedAlgo::kAllGather},
+                             std::pair{DataType::kBf16, CompressedAlgo::kAllGather}}) {
     coll::Options options = testing::testOptions();
-    options.compressedAlgo = CompressedAlgo::kTwoPhase;
+    options.compressedAlgo = algo;
     options.segmentBytes = 1024;
     Group group(kN, options);
     std::vector<std::unique_ptr<CompressedState>> states(kN);
@@ -334,7 +365,9 @@ TEST(CompressedAllReduce, HalfPrecisionInputIsWidened) {
                                                : codec::bf16ToFloat(halves[r][i]);
       }
     CompressedReference reference(kN, kCount, spec);
-    const std::vector<float> expected = reference.twoPhase(inputs, false);
+    const std::vector<float> expected = algo == CompressedAlgo::kTwoPhase
+                                            ? reference.twoPhase(inputs, false)
+                                            : reference.allGather(inputs, false);
     group.run([&](Communicator& comm, int r) {
       EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), dtype, ReduceOp::kSum,
                                          states[r].get()),
