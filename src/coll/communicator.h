@@ -17,6 +17,11 @@
 // operation, then runs on the caller's thread; so the transport is only ever
 // used by one thread at a time, and operations run in call order on every
 // rank. Buffers of an asynchronous operation must stay valid until it is done.
+// Arguments are checked before an operation takes its sequence number; a rank
+// that passes invalid arguments gets the error at once, while ranks that
+// called correctly wait for it until their deadline (an argument error is a
+// bug on that rank, not a disagreement the others can detect).
+//
 // A communicator is driven by one thread at a time (its own worker aside), and
 // a CompressedState must not be used by two operations in flight at once.
 #pragma once
