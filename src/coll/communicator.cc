@@ -1,0 +1,339 @@
+#include "src/coll/communicator.h"
+
+#include <cstring>
+
+#include "src/coll/algorithms.h"
+#include "src/coll/reduce.h"
+#include "src/common/params.h"
+
+namespace squall::coll {
+namespace {
+
+using transport::Descriptor;
+
+Descriptor descriptorOf(CollKind kind, DataType dtype, ReduceOp op, size_t count) {
+  Descriptor d;
+  d.kind = kind;
+  d.dtype = dtype;
+  d.op = op;
+  d.count = count;
+  return d;
+}
+
+Status checkBuffers(const void* in, const void* out, size_t count, DataType dtype,
+                    const char* what) {
+  SQUALL_REQUIRE(isValidDataType(dtype), Status::kInvalidArgument, Subsys::kColl,
+                 "%s: data type %u is not one of float32, float16, bfloat16, float64, int32, "
+                 "int64",
+                 what, static_cast<unsigned>(dtype));
+  SQUALL_REQUIRE((in != nullptr && out != nullptr) || count == 0, Status::kInvalidArgument,
+                 Subsys::kColl, "%s: the %s buffer is NULL but count is %zu", what,
+                 in == nullptr ? "input" : "output", count);
+  return Status::kOk;
+}
+
+}  // namespace
+
+Options Options::fromEnvironment() {
+  Options o;
+  const int64_t seconds = paramInt(Param::kTimeoutS);
+  if (seconds > 0) {
+    o.timeout = std::chrono::milliseconds(seconds * 1000);
+  } else {
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_TIMEOUT_S must be a positive number of seconds, not "
+                "%lld; using 300",
+                static_cast<long long>(seconds));
+  }
+  const std::string algo = paramString(Param::kAllReduceAlgo);
+  if (algo == "ring")
+    o.allReduceAlgo = AllReduceAlgo::kRing;
+  else if (algo == "direct")
+    o.allReduceAlgo = AllReduceAlgo::kDirect;
+  else if (algo != "auto")
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_ALLREDUCE_ALGO is '%s'; expected auto, ring or direct; "
+                "using auto",
+                algo.c_str());
+  const int64_t small = paramInt(Param::kAllReduceSmallBytes);
+  if (small >= 0) o.allReduceSmallBytes = static_cast<size_t>(small);
+  const std::string compressed = paramString(Param::kCompressedAlgo);
+  if (compressed == "twophase")
+    o.compressedAlgo = CompressedAlgo::kTwoPhase;
+  else if (compressed == "allgather")
+    o.compressedAlgo = CompressedAlgo::kAllGather;
+  else if (compressed != "auto")
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_COMPRESSED_ALGO is '%s'; expected auto, twophase or "
+                "allgather; using auto",
+                compressed.c_str());
+  const int64_t segment = paramInt(Param::kSegmentBytes);
+  if (segment >= 0) o.segmentBytes = static_cast<size_t>(segment);
+  return o;
+}
+
+// ---- Operation -------------------------------------------------------------
+
+bool Operation::test() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return finished_;
+}
+
+Status Operation::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [&] { return finished_; });
+  return status_;
+}
+
+std::string Operation::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return message_;
+}
+
+void Operation::finish(Status status, std::string message) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = true;
+    status_ = status;
+    message_ = std::move(message);
+  }
+  done_.notify_all();
+}
+
+// ---- Communicator: execution -------------------------------------------------
+
+Communicator::Communicator(transport::Transport* transport, Options options)
+    : transport_(transport), options_(options) {}
+
+Communicator::~Communicator() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
+                             const Options& options, const Body& body) {
+  OpContext ctx{transport_, sequence, descriptor, transport::Clock::now() + options.timeout,
+                &options};
+  if (ctx.size() == 1) return body(ctx);
+  AbortWatch watch;
+  SQUALL_TRY(watchForAborts(ctx, &watch));
+  ctx.abort = &watch;
+  const Status status = body(ctx);
+  if (status != Status::kOk && !watch.received) {
+    const std::string what = transport::describe(ctx.tag(0));
+    std::string reason = "rank " + std::to_string(ctx.rank());
+    reason.append(" failed ").append(what).append(": ").append(lastError());
+    sendAbortNotices(ctx, reason);
+  }
+  return status;  // the watch's pending receives are cancelled here
+}
+
+void Communicator::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return running_ == 0; });
+}
+
+Status Communicator::runBlocking(const Descriptor& descriptor, Body body) {
+  drain();
+  return execute(sequence_++, descriptor, options_, body);
+}
+
+Status Communicator::enqueue(const Descriptor& descriptor, Body body, OperationPtr* operation) {
+  SQUALL_REQUIRE(operation != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the operation output pointer is NULL");
+  auto op = std::make_shared<Operation>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { workerLoop(); });
+    queue_.push_back(Queued{sequence_++, descriptor, options_, std::move(body), op});
+    ++running_;
+  }
+  changed_.notify_all();
+  *operation = std::move(op);
+  return Status::kOk;
+}
+
+void Communicator::workerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and nothing left to run
+    Queued item = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    clearLastError();
+    const Status status = execute(item.sequence, item.descriptor, item.options, item.body);
+    item.operation->finish(status, status == Status::kOk ? std::string() : lastError());
+    lock.lock();
+    --running_;
+    changed_.notify_all();
+  }
+}
+
+// ---- Communicator: collectives -----------------------------------------------
+
+Status Communicator::checkAllReduce(const void* in, void* out, size_t count, DataType dtype,
+                                    ReduceOp op) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allreduce"));
+  SQUALL_REQUIRE(isValidReduceOp(op), Status::kInvalidArgument, Subsys::kColl,
+                 "allreduce: reduction op %u is not one of sum, avg, min, max",
+                 static_cast<unsigned>(op));
+  return Status::kOk;
+}
+
+Communicator::Body Communicator::allReduceBody(const void* in, void* out, size_t count,
+                                               DataType dtype, ReduceOp op) {
+  return [=](const OpContext& ctx) {
+    AllReduceAlgo algo = ctx.options->allReduceAlgo;
+    if (algo == AllReduceAlgo::kAuto) {
+      algo = count * dataTypeSize(dtype) <= ctx.options->allReduceSmallBytes
+                 ? AllReduceAlgo::kDirect
+                 : AllReduceAlgo::kRing;
+    }
+    return algo == AllReduceAlgo::kDirect ? directAllReduce(ctx, in, out, count, dtype, op)
+                                          : ringAllReduce(ctx, in, out, count, dtype, op);
+  };
+}
+
+Status Communicator::allReduce(const void* in, void* out, size_t count, DataType dtype,
+                               ReduceOp op) {
+  SQUALL_TRY(checkAllReduce(in, out, count, dtype, op));
+  return runBlocking(descriptorOf(CollKind::kAllReduce, dtype, op, count),
+                     allReduceBody(in, out, count, dtype, op));
+}
+
+Status Communicator::startAllReduce(const void* in, void* out, size_t count, DataType dtype,
+                                    ReduceOp op, OperationPtr* operation) {
+  SQUALL_TRY(checkAllReduce(in, out, count, dtype, op));
+  return enqueue(descriptorOf(CollKind::kAllReduce, dtype, op, count),
+                 allReduceBody(in, out, count, dtype, op), operation);
+}
+
+Status Communicator::allGather(const void* in, void* out, size_t count, DataType dtype) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allgather"));
+  return runBlocking(
+      descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); });
+}
+
+Status Communicator::startAllGather(const void* in, void* out, size_t count, DataType dtype,
+                                    OperationPtr* operation) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allgather"));
+  return enqueue(
+      descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); }, operation);
+}
+
+Status Communicator::allToAll(const void* in, void* out, size_t count, DataType dtype) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
+  SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
+                 "alltoall cannot run in place; pass a separate output buffer");
+  return runBlocking(
+      descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); });
+}
+
+Status Communicator::startAllToAll(const void* in, void* out, size_t count, DataType dtype,
+                                   OperationPtr* operation) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
+  SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
+                 "alltoall cannot run in place; pass a separate output buffer");
+  return enqueue(
+      descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); },
+      operation);
+}
+
+Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root) {
+  SQUALL_TRY(checkBuffers(buffer, buffer, count, dtype, "broadcast"));
+  SQUALL_REQUIRE(root >= 0 && root < size(), Status::kInvalidArgument, Subsys::kColl,
+                 "broadcast: root %d is not a rank of this group of %d", root, size());
+  return runBlocking(
+      descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); });
+}
+
+Status Communicator::startBroadcast(void* buffer, size_t count, DataType dtype, int root,
+                                    OperationPtr* operation) {
+  SQUALL_TRY(checkBuffers(buffer, buffer, count, dtype, "broadcast"));
+  SQUALL_REQUIRE(root >= 0 && root < size(), Status::kInvalidArgument, Subsys::kColl,
+                 "broadcast: root %d is not a rank of this group of %d", root, size());
+  return enqueue(
+      descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
+      [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); },
+      operation);
+}
+
+Status Communicator::barrier() {
+  return runBlocking(descriptorOf(CollKind::kBarrier, DataType::kF32, ReduceOp::kSum, 0),
+                     [](const OpContext& ctx) { return disseminationBarrier(ctx); });
+}
+
+Status Communicator::startBarrier(OperationPtr* operation) {
+  return enqueue(
+      descriptorOf(CollKind::kBarrier, DataType::kF32, ReduceOp::kSum, 0),
+      [](const OpContext& ctx) { return disseminationBarrier(ctx); }, operation);
+}
+
+Status Communicator::checkCompressed(const void* in, void* out, DataType dtype, ReduceOp op,
+                                     const CompressedState* state, Descriptor* descriptor) {
+  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "compressed allreduce: the state is NULL; create one per buffer with "
+                 "CompressedState::create and keep it across calls");
+  SQUALL_REQUIRE(state->nranks() == size(), Status::kInvalidUsage, Subsys::kColl,
+                 "compressed allreduce: the state was created for %d ranks but the "
+                 "communicator has %d",
+                 state->nranks(), size());
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kColl,
+                 "compressed allreduce takes float32, float16 or bfloat16, not %s",
+                 isValidDataType(dtype) ? dataTypeName(dtype) : "an unknown type");
+  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
+                 Subsys::kColl, "compressed allreduce supports sum and avg, not %s",
+                 isValidReduceOp(op) ? reduceOpName(op) : "an unknown op");
+  SQUALL_TRY(checkBuffers(in, out, state->count(), dtype, "compressed allreduce"));
+  *descriptor = descriptorOf(CollKind::kCompressedAllReduce, dtype, op, state->count());
+  descriptor->codec = static_cast<uint8_t>(state->spec().codec);
+  descriptor->block = codec::usesBlocks(state->spec().codec) ? state->spec().block : 0;
+  return Status::kOk;
+}
+
+Communicator::Body Communicator::compressedBody(const void* in, void* out, DataType dtype,
+                                                ReduceOp op, CompressedState* state) {
+  return [=](const OpContext& ctx) {
+    const size_t count = state->count();
+    if (ctx.size() == 1 || count == 0) {
+      // Nothing to exchange: the input is the result and the residuals stay.
+      if (in != out && count != 0) std::memcpy(out, in, count * dataTypeSize(dtype));
+      state->recordStats(CompressedStats{});
+      return Status::kOk;
+    }
+    CompressedAlgo algo = ctx.options->compressedAlgo;
+    if (algo == CompressedAlgo::kAuto)
+      algo = chooseCompressedAlgo(ctx.size(), count, state->spec());
+    return algo == CompressedAlgo::kAllGather
+               ? allGatherCompressedAllReduce(ctx, in, out, dtype, op, state)
+               : twoPhaseCompressedAllReduce(ctx, in, out, dtype, op, state);
+  };
+}
+
+Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
+                                         CompressedState* state) {
+  Descriptor descriptor;
+  SQUALL_TRY(checkCompressed(in, out, dtype, op, state, &descriptor));
+  return runBlocking(descriptor, compressedBody(in, out, dtype, op, state));
+}
+
+Status Communicator::startCompressedAllReduce(const void* in, void* out, DataType dtype,
+                                              ReduceOp op, CompressedState* state,
+                                              OperationPtr* operation) {
+  Descriptor descriptor;
+  SQUALL_TRY(checkCompressed(in, out, dtype, op, state, &descriptor));
+  return enqueue(descriptor, compressedBody(in, out, dtype, op, state), operation);
+}
+
+}  // namespace squall::coll

@@ -1,0 +1,49 @@
+// Helpers shared by the two compressed allreduce algorithms.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "src/codec/codec.h"
+#include "src/codec/numeric.h"
+#include "src/coll/compressed_state.h"
+#include "src/coll/context.h"
+#include "src/common/types.h"
+
+namespace squall::coll {
+
+inline codec::DType codecDType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kF16:
+      return codec::DType::kF16;
+    case DataType::kBf16:
+      return codec::DType::kBf16;
+    default:
+      return codec::DType::kF32;
+  }
+}
+
+// The pipeline segment, in elements: SQUALL_SEGMENT_BYTES of fp32 rounded
+// down to whole codec units (at least one unit), or the whole span when
+// segmenting is off or the span is smaller. Segment boundaries are therefore
+// block boundaries, and the encoded blocks equal the unsegmented ones.
+inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
+  if (span == 0) return 1;
+  if (options.segmentBytes == 0) return span;
+  const size_t elements = std::max(options.segmentBytes / sizeof(float) / unit, size_t{1}) * unit;
+  return std::min(elements, span);
+}
+
+// Writes `count` decoded floats to element `offset` of `out` (of `dtype`),
+// rounding to nearest even for fp16/bf16.
+inline void storeDecoded(DataType dtype, const float* decoded, void* out, size_t offset,
+                         size_t count) {
+  auto* halves = static_cast<uint16_t*>(out) + offset;
+  for (size_t i = 0; i < count; ++i) {
+    halves[i] =
+        dtype == DataType::kF16 ? codec::floatToHalf(decoded[i]) : codec::floatToBf16(decoded[i]);
+  }
+}
+
+}  // namespace squall::coll

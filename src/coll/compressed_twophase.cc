@@ -1,0 +1,201 @@
+// Two-phase compressed allreduce with error feedback on both sides (the
+// 1-bit Adam / "compressed allreduce" scheme).
+//
+// The buffer of N elements is padded (conceptually) to N_pad, a multiple of
+// n * B (B = codec block), and cut into n chunks of C = N_pad / n; rank r is
+// the "server" of chunk r. Padding is never encoded or sent.
+//  1. Worker: encode every chunk of the input with the worker residual e_w
+//     (z = x + e_w, e_w' = z - decode(encode(z))).
+//  2. Exchange: send encoded chunk j to rank j (all-to-all).
+//  3. Server: decode the n encodings of chunk r in rank order 0..n-1 into an
+//     fp32 accumulator (decode, then decodeAccumulate), divide by n for avg
+//     (acc[i] / n), and encode that with the server residual e_s.
+//  4. All-gather the encoded server chunks; every rank decodes all of them.
+// Every rank decodes the same bytes, so outputs are bit-identical. Residuals
+// are committed once per call, each only if all of its encodes were finite;
+// a non-finite block decodes to NaN on every rank.
+//
+// Pipelining: each chunk is cut into K segments of S elements (S a multiple
+// of B, from SQUALL_SEGMENT_BYTES); segment k of every chunk travels as its
+// own message. All receives are posted first; the worker encodes and sends
+// segment k while earlier segments are in flight, serves (decode-sum-encode)
+// every segment whose n-1 pieces have arrived, and finally decodes the
+// all-gathered segments as they arrive. Output is written only after every
+// input segment has been encoded, so the operation may run in place.
+//
+// Cost per rank, with E = the encoded size of N elements (about
+// N (1/8 + 4/B) bytes for onebit): 2(n-1)K messages in 2 dependent rounds
+// (2(n-1) alpha when the network serialises them), 2(n-1)/n * E bytes sent
+// and the same received. Compute: the worker encodes N elements, the server
+// decodes n * N/n and encodes N/n, and every rank decodes N at the end.
+#include <vector>
+
+#include "src/coll/algorithms.h"
+#include "src/coll/compressed_common.h"
+
+namespace squall::coll {
+
+Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
+                                   ReduceOp op, CompressedState* state) {
+  const int n = ctx.size();
+  const int r = ctx.rank();
+  const auto nn = static_cast<size_t>(n);
+  const auto rr = static_cast<size_t>(r);
+  const size_t count = state->count();
+  const size_t chunk = state->chunk();
+  const codec::Spec spec = state->spec();
+  const size_t seg = segmentLength(*ctx.options, state->unit(), chunk);
+  const size_t segments = (chunk + seg - 1) / seg;
+  const size_t esize = dataTypeSize(dtype);
+  const codec::DType inType = codecDType(dtype);
+  codec::Residual& worker = state->worker();
+  codec::Residual& server = state->server();
+  CompressedStats stats;
+  stats.algorithm = "twophase";
+  stats.segments = segments;
+
+  // Elements of segment k of chunk c that lie below N.
+  auto realCount = [&](size_t c, size_t k) -> size_t {
+    const size_t begin = c * chunk + k * seg;
+    const size_t end = std::min(c * chunk + std::min((k + 1) * seg, chunk), count);
+    return begin < end ? end - begin : 0;
+  };
+  size_t slot = 0;
+  SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
+  state->scratch().sendBuffer.resize(nn * segments * slot);
+  state->scratch().recvBuffer.resize(nn * segments * slot);
+  state->scratch().gatherBuffer.resize(nn * segments * slot);
+  state->scratch().serverBuffer.resize(segments * slot);
+  state->scratch().accumulator.resize(seg);
+  if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
+  auto sendSlot = [&](size_t c, size_t k) {
+    return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
+  };
+  auto recvSlot = [&](size_t j, size_t k) {
+    return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
+  };
+  auto gatherSlot = [&](size_t c, size_t k) {
+    return state->scratch().gatherBuffer.data() + (c * segments + k) * slot;
+  };
+  auto serverSlot = [&](size_t k) { return state->scratch().serverBuffer.data() + k * slot; };
+  std::vector<size_t> serverBytes(segments, 0);
+  const auto gatherStep = static_cast<uint32_t>(segments);
+
+  // Post every receive up front: exchange pieces of chunk r, then the
+  // all-gathered server chunks.
+  std::vector<transport::RequestPtr> exchange(nn * segments), gather(nn * segments), sends;
+  sends.reserve(2 * nn * segments);
+  for (size_t k = 0; k < segments; ++k) {
+    for (size_t j = 0; j < nn; ++j) {
+      size_t bytes = 0;
+      if (j != rr && realCount(rr, k) != 0) {
+        SQUALL_TRY(codec::encodedSize(spec, realCount(rr, k), &bytes));
+        SQUALL_TRY(ctx.recv(static_cast<int>(j), static_cast<uint32_t>(k), recvSlot(j, k), bytes,
+                            &exchange[k * nn + j]));
+        stats.bytesReceived += bytes;
+      }
+      if (j != rr && realCount(j, k) != 0) {
+        SQUALL_TRY(codec::encodedSize(spec, realCount(j, k), &bytes));
+        SQUALL_TRY(ctx.recv(static_cast<int>(j), gatherStep + static_cast<uint32_t>(k),
+                            gatherSlot(j, k), bytes, &gather[k * nn + j]));
+        stats.bytesReceived += bytes;
+      }
+    }
+  }
+  auto post = [&](size_t to, uint32_t step, const void* data, size_t bytes) -> Status {
+    sends.emplace_back();
+    SQUALL_TRY(ctx.send(static_cast<int>(to), step, data, bytes, &sends.back()));
+    stats.bytesSent += bytes;
+    ++stats.messagesSent;
+    return Status::kOk;
+  };
+
+  bool workerFinite = true;
+  bool serverFinite = true;
+  // Server step for segment k: sum the n pieces in rank order, encode, send.
+  auto serve = [&](size_t k) -> Status {
+    const size_t m = realCount(rr, k);
+    if (m == 0) return Status::kOk;
+    size_t bytes = 0;
+    SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
+    float* acc = state->scratch().accumulator.data();
+    for (size_t j = 0; j < nn; ++j) {
+      const uint8_t* piece = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
+      SQUALL_TRY(j == 0 ? codec::decode(piece, bytes, acc, m)
+                        : codec::decodeAccumulate(piece, bytes, acc, m));
+    }
+    if (op == ReduceOp::kAvg) {
+      const auto divisor = static_cast<float>(n);
+      for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
+    }
+    codec::EncodeResult result;
+    SQUALL_TRY(codec::encodeRaw(spec, acc, codec::DType::kF32, m, server.current() + k * seg,
+                                server.next() + k * seg, serverSlot(k), slot, &result));
+    serverFinite = serverFinite && result.finite;
+    serverBytes[k] = result.bytes;
+    for (size_t j = 0; j < nn; ++j) {
+      if (j != rr)
+        SQUALL_TRY(post(j, gatherStep + static_cast<uint32_t>(k), serverSlot(k), result.bytes));
+    }
+    return Status::kOk;
+  };
+  auto pieces = [&](std::vector<transport::RequestPtr>& requests, size_t k) {
+    return std::span<const transport::RequestPtr>(requests.data() + k * nn, nn);
+  };
+  auto arrived = [&](size_t k) {
+    for (const transport::RequestPtr& request : pieces(exchange, k))
+      if (request != nullptr && !request->done()) return false;
+    return true;
+  };
+
+  const auto* input = static_cast<const uint8_t*>(in);
+  size_t served = 0;
+  for (size_t k = 0; k < segments; ++k) {
+    // Own chunk last, so it is encoded by the time segment k is served.
+    for (size_t i = 1; i <= nn; ++i) {
+      const size_t c = (rr + i) % nn;
+      const size_t m = realCount(c, k);
+      if (m == 0) continue;
+      const size_t at = c * chunk + k * seg;
+      codec::EncodeResult result;
+      SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, m, worker.current() + at,
+                                  worker.next() + at, sendSlot(c, k), slot, &result));
+      workerFinite = workerFinite && result.finite;
+      if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
+    }
+    SQUALL_TRY(ctx.transport->progress());
+    while (served <= k && arrived(served)) {
+      SQUALL_TRY(ctx.waitAll(pieces(exchange, served)));
+      SQUALL_TRY(serve(served++));
+    }
+  }
+  for (; served < segments; ++served) {
+    SQUALL_TRY(ctx.waitAll(pieces(exchange, served)));
+    SQUALL_TRY(serve(served));
+  }
+
+  for (size_t k = 0; k < segments; ++k) {
+    SQUALL_TRY(ctx.waitAll(pieces(gather, k)));
+    for (size_t c = 0; c < nn; ++c) {
+      const size_t m = realCount(c, k);
+      if (m == 0) continue;
+      size_t bytes = serverBytes[k];
+      if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
+      const uint8_t* encoded = c == rr ? serverSlot(k) : gatherSlot(c, k);
+      const size_t at = c * chunk + k * seg;
+      if (dtype == DataType::kF32) {
+        SQUALL_TRY(codec::decode(encoded, bytes, static_cast<float*>(out) + at, m));
+      } else {
+        SQUALL_TRY(codec::decode(encoded, bytes, state->scratch().decoded.data(), m));
+        storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
+      }
+    }
+  }
+  SQUALL_TRY(ctx.waitAll(sends));
+  worker.commit(workerFinite);
+  server.commit(serverFinite);
+  state->recordStats(stats);
+  return Status::kOk;
+}
+
+}  // namespace squall::coll

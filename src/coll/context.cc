@@ -1,0 +1,84 @@
+#include "src/coll/context.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace squall::coll {
+namespace {
+
+transport::Tag abortTag(uint64_t sequence) {
+  return transport::Tag{sequence, kAbortStep, transport::Descriptor{}};
+}
+
+}  // namespace
+
+Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const {
+  for (;;) {
+    bool all = true;
+    for (const transport::RequestPtr& r : requests) {
+      if (r == nullptr) continue;
+      if (!r->done()) {
+        all = false;
+      } else if (r->status() != Status::kOk) {
+        return r->status();
+      }
+    }
+    if (all) return Status::kOk;
+    if (abort != nullptr) {
+      for (size_t peer = 0; peer < abort->requests.size(); ++peer) {
+        const transport::RequestPtr& notice = abort->requests[peer];
+        if (notice == nullptr || !notice->done()) continue;
+        if (notice->status() != Status::kOk) return notice->status();
+        abort->received = true;
+        char* reason = abort->reasons[peer].data();
+        reason[kAbortBytes - 1] = '\0';
+        const std::string what = transport::describe(tag(0));
+        return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl,
+                           "rank %d stops %s because rank %zu gave up on it: %s", rank(),
+                           what.c_str(), peer, reason);
+      }
+    }
+    SQUALL_TRY(transport->progress());
+    // Past the deadline, the transport reports which peers are missing.
+    if (transport::Clock::now() >= deadline) return transport->waitAll(requests, deadline);
+    SQUALL_TRY(transport->waitForActivity(deadline));
+  }
+}
+
+Status watchForAborts(const OpContext& ctx, AbortWatch* watch) {
+  const auto n = static_cast<size_t>(ctx.size());
+  watch->reasons.resize(n);
+  watch->requests.resize(n);
+  for (size_t peer = 0; peer < n; ++peer) {
+    if (peer == static_cast<size_t>(ctx.rank())) continue;
+    SQUALL_TRY(ctx.transport->recv(static_cast<int>(peer), abortTag(ctx.sequence),
+                                   watch->reasons[peer].data(), kAbortBytes,
+                                   &watch->requests[peer]));
+  }
+  return Status::kOk;
+}
+
+void sendAbortNotices(const OpContext& ctx, const std::string& reason) {
+  std::array<char, kAbortBytes> text{};
+  std::memcpy(text.data(), reason.data(), std::min(reason.size(), kAbortBytes - 1));
+  std::vector<transport::RequestPtr> sends(static_cast<size_t>(ctx.size()));
+  for (int peer = 0; peer < ctx.size(); ++peer) {
+    if (peer == ctx.rank()) continue;
+    // Best effort: a peer that is gone cannot be told.
+    (void)ctx.transport->send(peer, abortTag(ctx.sequence), text.data(), kAbortBytes,
+                              &sends[static_cast<size_t>(peer)]);
+  }
+  // Destroying a pending send cancels it, so give the notices a moment.
+  const auto limit = transport::Clock::now() + std::chrono::seconds(1);
+  for (;;) {
+    bool all = true;
+    for (const transport::RequestPtr& s : sends) all = all && (s == nullptr || s->done());
+    if (all || transport::Clock::now() >= limit) return;
+    if (ctx.transport->progress() != Status::kOk) return;
+    if (ctx.transport->waitForActivity(std::min(
+            limit, transport::Clock::now() + std::chrono::milliseconds(10))) != Status::kOk)
+      return;
+  }
+}
+
+}  // namespace squall::coll

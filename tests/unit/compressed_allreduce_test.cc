@@ -1,0 +1,545 @@
+// The compressed allreduce over the local transport (ranks as threads),
+// checked bit for bit against the single-process reference simulation in
+// compressed_reference.h: across ranks, segment sizes, both algorithms, sum
+// and avg, several codecs; plus wire bytes, error feedback, n = 1 and the
+// non-finite rule.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "src/codec/numeric.h"
+#include "src/coll/algorithms.h"
+#include "tests/unit/coll_harness.h"
+#include "tests/unit/compressed_reference.h"
+
+namespace squall {
+namespace {
+
+using coll::Communicator;
+using coll::CompressedAlgo;
+using coll::CompressedState;
+using testing::CompressedReference;
+using testing::Group;
+
+codec::Spec specOf(codec::CodecId id, uint32_t block) {
+  codec::Spec spec;
+  spec.codec = id;
+  spec.block = block;
+  return spec;
+}
+
+std::vector<std::vector<float>> randomInputs(int n, size_t count, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<float>> inputs(n, std::vector<float>(count));
+  for (auto& v : inputs)
+    for (float& x : v) x = normal(rng);
+  return inputs;
+}
+
+bool sameBits(const float* a, const float* b, size_t count) {
+  return count == 0 || std::memcmp(a, b, count * sizeof(float)) == 0;
+}
+
+struct Case {
+  int n;
+  size_t count;
+  codec::Spec spec;
+  CompressedAlgo algo;
+  ReduceOp op;
+  size_t segmentBytes;
+  int calls;
+};
+
+std::string describeCase(const Case& c) {
+  char text[200];
+  std::snprintf(text, sizeof(text), "n=%d count=%zu %s/%u %s %s segment=%zu", c.n, c.count,
+                codec::codecName(c.spec.codec), c.spec.block,
+                c.algo == CompressedAlgo::kAllGather ? "allgather" : "twophase", reduceOpName(c.op),
+                c.segmentBytes);
+  return text;
+}
+
+// Runs `calls` calls (fresh inputs each) on a group and on the reference;
+// every rank's output must equal the reference bit for bit, and so must the
+// residuals.
+void checkAgainstReference(const Case& c) {
+  SCOPED_TRACE(describeCase(c));
+  coll::Options options = testing::testOptions();
+  options.compressedAlgo = c.algo;
+  options.segmentBytes = c.segmentBytes;
+  Group group(c.n, options);
+  std::vector<std::unique_ptr<CompressedState>> states(c.n);
+  for (auto& s : states) ASSERT_EQ(CompressedState::create(c.n, c.count, c.spec, &s), Status::kOk);
+  CompressedReference reference(c.n, c.count, c.spec);
+  for (int call = 0; call < c.calls; ++call) {
+    auto inputs = randomInputs(c.n, c.count, 1000u * static_cast<unsigned>(call) + 7u);
+    const bool average = c.op == ReduceOp::kAvg;
+    const std::vector<float> expected = c.algo == CompressedAlgo::kAllGather
+                                            ? reference.allGather(inputs, average)
+                                            : reference.twoPhase(inputs, average);
+    std::vector<std::vector<float>> outputs(c.n, std::vector<float>(c.count));
+    group.run([&](Communicator& comm, int r) {
+      // Every other call in place.
+      float* out = call % 2 == 0 ? outputs[r].data() : inputs[r].data();
+      EXPECT_EQ(
+          comm.compressedAllReduce(inputs[r].data(), out, DataType::kF32, c.op, states[r].get()),
+          Status::kOk)
+          << lastError();
+      if (call % 2 != 0) outputs[r] = inputs[r];
+    });
+    for (int r = 0; r < c.n; ++r) {
+      ASSERT_TRUE(sameBits(outputs[r].data(), expected.data(), c.count))
+          << "rank " << r << " call " << call << " differs from the reference";
+      ASSERT_TRUE(
+          sameBits(states[r]->worker().current(), reference.workerResidual(r).data(), c.count))
+          << "worker residual of rank " << r << " call " << call;
+      const size_t begin = std::min(c.count, static_cast<size_t>(r) * states[r]->chunk());
+      const size_t served = std::min(c.count - begin, states[r]->chunk());
+      ASSERT_TRUE(
+          sameBits(states[r]->server().current(), reference.serverResidual(r).data(), served))
+          << "server residual of rank " << r << " call " << call;
+    }
+  }
+}
+
+TEST(CompressedAllReduce, MatchesReferenceAcrossRanksSizesAndSegments) {
+  const codec::Spec onebit64 = specOf(codec::CodecId::kOnebit, 64);
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    const size_t ragged = static_cast<size_t>(n) * 64 * 3 + 17;  // not a multiple of n * B
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{1000}, ragged}) {
+      for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+          for (size_t segmentBytes : {size_t{0}, size_t{256}, size_t{1000}}) {
+            checkAgainstReference(Case{n, count, onebit64, algo, op, segmentBytes, 2});
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CompressedAllReduce, MatchesReferenceForEveryCodec) {
+  const codec::Spec specs[] = {
+      specOf(codec::CodecId::kOnebit, 2048), specOf(codec::CodecId::kInt8, 64),
+      specOf(codec::CodecId::kInt8, 256),    specOf(codec::CodecId::kFp16, 64),
+      specOf(codec::CodecId::kBf16, 64),     specOf(codec::CodecId::kNone, 64)};
+  for (const codec::Spec& spec : specs) {
+    for (int n : {3, 4}) {
+      for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+        for (size_t segmentBytes : {size_t{0}, size_t{1024}}) {
+          checkAgainstReference(Case{n, 20000 + 3, spec, algo, ReduceOp::kAvg, segmentBytes, 3});
+        }
+      }
+    }
+  }
+}
+
+TEST(CompressedAllReduce, LargeBuffersMatchReference) {
+  // 1 Mi elements, several segments per chunk.
+  checkAgainstReference(Case{4, 1 << 20, specOf(codec::CodecId::kOnebit, 2048),
+                             CompressedAlgo::kTwoPhase, ReduceOp::kAvg, 64 << 10, 2});
+  checkAgainstReference(Case{8, (1 << 20) + 5, specOf(codec::CodecId::kOnebit, 64),
+                             CompressedAlgo::kTwoPhase, ReduceOp::kSum, 100 << 10, 1});
+  checkAgainstReference(Case{3, 1 << 20, specOf(codec::CodecId::kOnebit, 2048),
+                             CompressedAlgo::kAllGather, ReduceOp::kSum, 256 << 10, 1});
+}
+
+TEST(CompressedAllReduce, WireBytesMatchTheCostModel) {
+  for (int n : {2, 4, 8}) {
+    const size_t count = 1 << 18;
+    const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = CompressedAlgo::kTwoPhase;
+    options.segmentBytes = 0;
+    Group group(n, options);
+    std::vector<std::unique_ptr<CompressedState>> states(n);
+    for (auto& s : states) ASSERT_EQ(CompressedState::create(n, count, spec, &s), Status::kOk);
+    auto inputs = randomInputs(n, count, 3);
+    group.run([&](Communicator& comm, int r) {
+      EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), inputs[r].data(), DataType::kF32,
+                                         ReduceOp::kAvg, states[r].get()),
+                Status::kOk);
+    });
+    // 2 (n-1) messages of one encoded chunk each.
+    size_t chunkBytes = 0;
+    ASSERT_EQ(codec::encodedSize(spec, count / n, &chunkBytes), Status::kOk);
+    const double model = 2.0 * (n - 1) / n * count * (1.0 / 8 + 4.0 / 2048);
+    for (int r = 0; r < n; ++r) {
+      const coll::CompressedStats& stats = states[r]->lastStats();
+      EXPECT_STREQ(stats.algorithm, "twophase");
+      EXPECT_EQ(stats.bytesSent, 2u * (n - 1) * chunkBytes);
+      EXPECT_EQ(stats.bytesReceived, 2u * (n - 1) * chunkBytes);
+      EXPECT_EQ(stats.messagesSent, 2u * (n - 1));
+      EXPECT_NEAR(static_cast<double>(stats.bytesSent) / model, 1.0, 0.01);
+    }
+    std::printf("n=%d N=%zu onebit/2048: %llu bytes sent per rank (model %.0f, fp32 ring %.0f)\n",
+                n, count, static_cast<unsigned long long>(states[0]->lastStats().bytesSent), model,
+                2.0 * (n - 1) / n * count * 4);
+  }
+}
+
+TEST(CompressedAllReduce, AllGatherWireBytes) {
+  // (n-1) copies of the whole encoded buffer, one per peer.
+  constexpr int kN = 4;
+  constexpr size_t kCount = 100000;
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
+  coll::Options options = testing::testOptions();
+  options.compressedAlgo = CompressedAlgo::kAllGather;
+  options.segmentBytes = 0;
+  Group group(kN, options);
+  std::vector<std::unique_ptr<CompressedState>> states(kN);
+  for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
+  auto inputs = randomInputs(kN, kCount, 4);
+  group.run([&](Communicator& comm, int r) {
+    EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), inputs[r].data(), DataType::kF32,
+                                       ReduceOp::kSum, states[r].get()),
+              Status::kOk);
+  });
+  size_t encoded = 0;
+  ASSERT_EQ(codec::encodedSize(spec, kCount, &encoded), Status::kOk);
+  for (int r = 0; r < kN; ++r) {
+    EXPECT_STREQ(states[r]->lastStats().algorithm, "allgather");
+    EXPECT_EQ(states[r]->lastStats().bytesSent, (kN - 1) * encoded);
+    EXPECT_EQ(states[r]->lastStats().bytesReceived, (kN - 1) * encoded);
+    EXPECT_EQ(states[r]->lastStats().messagesSent, kN - 1u);
+  }
+}
+
+TEST(CompressedAllReduce, OneRankReturnsInputAndKeepsResiduals) {
+  Group group(1);
+  std::unique_ptr<CompressedState> state;
+  ASSERT_EQ(CompressedState::create(1, 1000, specOf(codec::CodecId::kOnebit, 64), &state),
+            Status::kOk);
+  auto inputs = randomInputs(1, 1000, 5);
+  std::vector<float> out(1000);
+  EXPECT_EQ(group.comm(0).compressedAllReduce(inputs[0].data(), out.data(), DataType::kF32,
+                                              ReduceOp::kAvg, state.get()),
+            Status::kOk);
+  EXPECT_TRUE(sameBits(out.data(), inputs[0].data(), 1000));
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(state->worker().current()[i], 0.0f);
+  EXPECT_STREQ(state->lastStats().algorithm, "none");
+  EXPECT_EQ(state->lastStats().bytesSent, 0u);
+}
+
+TEST(CompressedAllReduce, ErrorFeedbackConverges) {
+  // Constant inputs g_r: the running mean of the outputs approaches
+  // mean_r(g_r) (the residuals carry what each call could not send).
+  constexpr int kN = 4;
+  constexpr size_t kCount = 1000;
+  constexpr int kCalls = 600;
+  for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = algo;
+    options.segmentBytes = 512;
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (auto& s : states)
+      ASSERT_EQ(CompressedState::create(kN, kCount, specOf(codec::CodecId::kOnebit, 64), &s),
+                Status::kOk);
+    const auto g = randomInputs(kN, kCount, 99);
+    std::vector<double> target(kCount, 0.0);
+    for (int r = 0; r < kN; ++r)
+      for (size_t i = 0; i < kCount; ++i) target[i] += g[r][i] / kN;
+    std::vector<std::vector<double>> sums(kN, std::vector<double>(kCount, 0.0));
+    double firstError = 0;
+    float maxResidual = 0, halfwayResidual = 0;
+    for (int call = 0; call < kCalls; ++call) {
+      group.run([&](Communicator& comm, int r) {
+        std::vector<float> out(kCount);
+        EXPECT_EQ(comm.compressedAllReduce(g[r].data(), out.data(), DataType::kF32, ReduceOp::kAvg,
+                                           states[r].get()),
+                  Status::kOk);
+        for (size_t i = 0; i < kCount; ++i) sums[r][i] += out[i];
+      });
+      if (call == 0) {
+        for (size_t i = 0; i < kCount; ++i)
+          firstError = std::max(firstError, std::abs(sums[0][i] - target[i]));
+      }
+      for (int r = 0; r < kN; ++r)
+        for (size_t i = 0; i < kCount; ++i)
+          maxResidual = std::max(maxResidual, std::abs(states[r]->worker().current()[i]));
+      for (int r = 0; r < kN; ++r)
+        for (size_t i = 0; i < states[r]->chunk(); ++i)
+          maxResidual = std::max(maxResidual, std::abs(states[r]->server().current()[i]));
+      if (call == kCalls / 2) halfwayResidual = maxResidual;
+    }
+    double error = 0;
+    for (size_t i = 0; i < kCount; ++i)
+      error = std::max(error, std::abs(sums[0][i] / kCalls - target[i]));
+    EXPECT_EQ(sums[0], sums[kN - 1]);
+    // The error of the running mean decays like (residual) / calls.
+    EXPECT_LT(error, 0.1) << "running mean far from the mean input";
+    EXPECT_LT(error, firstError / 10);
+    // Sign compression with a block scale lets the residual of large
+    // elements grow to an equilibrium (about 100 here), but no further.
+    EXPECT_LT(maxResidual, 1.05f * halfwayResidual) << "the residual keeps growing";
+    EXPECT_LT(maxResidual, 200.0f);
+    std::printf(
+        "%s: max |running mean - target| after 1 call %.3f, after %d calls %.4f; max "
+        "|residual| %.2f\n",
+        algo == CompressedAlgo::kTwoPhase ? "twophase" : "allgather", firstError, kCalls, error,
+        maxResidual);
+  }
+}
+
+TEST(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = 4 * 256 + 40;
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
+  for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = algo;
+    options.segmentBytes = 256;
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
+    CompressedReference reference(kN, kCount, spec);
+    for (int call = 0; call < 3; ++call) {
+      auto inputs = randomInputs(kN, kCount, 50u + static_cast<unsigned>(call));
+      if (call == 1) inputs[1][70] = std::nanf("");  // block 1 of chunk 0
+      std::vector<std::vector<float>> before(kN);
+      for (int r = 0; r < kN; ++r)
+        before[r].assign(states[r]->worker().current(), states[r]->worker().current() + kCount);
+      const std::vector<float> expected = algo == CompressedAlgo::kTwoPhase
+                                              ? reference.twoPhase(inputs, true)
+                                              : reference.allGather(inputs, true);
+      std::vector<std::vector<float>> out(kN, std::vector<float>(kCount));
+      group.run([&](Communicator& comm, int r) {
+        EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), out[r].data(), DataType::kF32,
+                                           ReduceOp::kAvg, states[r].get()),
+                  Status::kOk);
+      });
+      for (int r = 0; r < kN; ++r) {
+        for (size_t i = 0; i < kCount; ++i) {
+          const bool poisoned = call == 1 && i >= 64 && i < 128;
+          ASSERT_EQ(std::isnan(out[r][i]), poisoned) << "rank " << r << " element " << i;
+          ASSERT_EQ(std::isnan(expected[i]), poisoned);
+          if (!poisoned) {
+            ASSERT_EQ(out[r][i], expected[i]);
+          }
+        }
+        const bool committed = !(call == 1 && r == 1);
+        EXPECT_EQ(reference.workerCommitted[r], committed);
+        EXPECT_EQ(sameBits(before[r].data(), states[r]->worker().current(), kCount), !committed)
+            << "rank " << r << " call " << call;
+        EXPECT_TRUE(
+            sameBits(states[r]->worker().current(), reference.workerResidual(r).data(), kCount));
+        if (algo == CompressedAlgo::kTwoPhase) {
+          EXPECT_EQ(reference.serverCommitted[r], !(call == 1 && r == 0));
+          EXPECT_EQ(states[r]->server().skipped(), call >= 1 && r == 0 ? 1u : 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(CompressedAllReduce, HalfPrecisionInputIsWidened) {
+  constexpr int kN = 3;
+  constexpr size_t kCount = 3000;
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
+  for (auto [dtype, algo] : {std::pair{DataType::kF16, CompressedAlgo::kTwoPhase},
+                             std::pair{DataType::kBf16, CompressedAlgo::kTwoPhase},
+                             std::pair{DataType::kF16, CompressedAlgo::kAllGather},
+                             std::pair{DataType::kBf16, CompressedAlgo::kAllGather}}) {
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = algo;
+    options.segmentBytes = 1024;
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
+    auto inputs = randomInputs(kN, kCount, 8);
+    std::vector<std::vector<uint16_t>> halves(kN, std::vector<uint16_t>(kCount));
+    for (int r = 0; r < kN; ++r)
+      for (size_t i = 0; i < kCount; ++i) {
+        halves[r][i] = dtype == DataType::kF16 ? codec::floatToHalf(inputs[r][i])
+                                               : codec::floatToBf16(inputs[r][i]);
+        inputs[r][i] = dtype == DataType::kF16 ? codec::halfToFloat(halves[r][i])
+                                               : codec::bf16ToFloat(halves[r][i]);
+      }
+    CompressedReference reference(kN, kCount, spec);
+    const std::vector<float> expected = algo == CompressedAlgo::kTwoPhase
+                                            ? reference.twoPhase(inputs, false)
+                                            : reference.allGather(inputs, false);
+    group.run([&](Communicator& comm, int r) {
+      EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), dtype, ReduceOp::kSum,
+                                         states[r].get()),
+                Status::kOk);
+    });
+    for (int r = 0; r < kN; ++r)
+      for (size_t i = 0; i < kCount; ++i) {
+        const uint16_t want = dtype == DataType::kF16 ? codec::floatToHalf(expected[i])
+                                                      : codec::floatToBf16(expected[i]);
+        ASSERT_EQ(halves[r][i], want) << "rank " << r << " element " << i;
+      }
+  }
+}
+
+TEST(CompressedAllReduce, AsyncFormMatchesBlocking) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = 5000;
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
+  Group group(kN);
+  std::vector<std::unique_ptr<CompressedState>> states(kN);
+  for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
+  CompressedReference reference(kN, kCount, spec);
+  auto inputs = randomInputs(kN, kCount, 21);
+  const auto algo = coll::chooseCompressedAlgo(kN, kCount, spec);
+  const std::vector<float> expected = algo == CompressedAlgo::kAllGather
+                                          ? reference.allGather(inputs, true)
+                                          : reference.twoPhase(inputs, true);
+  std::vector<std::vector<float>> out(kN, std::vector<float>(kCount));
+  group.run([&](Communicator& comm, int r) {
+    coll::OperationPtr op;
+    EXPECT_EQ(comm.startCompressedAllReduce(inputs[r].data(), out[r].data(), DataType::kF32,
+                                            ReduceOp::kAvg, states[r].get(), &op),
+              Status::kOk);
+    EXPECT_EQ(op->wait(), Status::kOk) << op->error();
+  });
+  for (int r = 0; r < kN; ++r) EXPECT_TRUE(sameBits(out[r].data(), expected.data(), kCount));
+}
+
+TEST(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
+  EXPECT_EQ(coll::chooseCompressedAlgo(2, 1 << 26, spec), CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1000, spec), CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1 << 24, spec), CompressedAlgo::kTwoPhase);
+}
+
+TEST(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
+  coll::Options options = testing::testOptions();
+  options.timeout = std::chrono::seconds(5);
+  options.compressedAlgo = CompressedAlgo::kTwoPhase;
+  constexpr int kN = 4;
+  // Rank 2 differs in count, then op, then codec.
+  for (int variant = 0; variant < 3; ++variant) {
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (int r = 0; r < kN; ++r) {
+      const bool odd = r == 2;
+      const size_t count = odd && variant == 0 ? 4000 : 4096;
+      const codec::Spec spec =
+          specOf(odd && variant == 2 ? codec::CodecId::kInt8 : codec::CodecId::kOnebit, 64);
+      ASSERT_EQ(CompressedState::create(kN, count, spec, &states[r]), Status::kOk);
+    }
+    std::vector<Status> status(kN);
+    std::vector<std::string> message(kN);
+    auto inputs = randomInputs(kN, 4096, 1);
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](Communicator& comm, int r) {
+      clearLastError();
+      const ReduceOp op = r == 2 && variant == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
+      status[r] = comm.compressedAllReduce(inputs[r].data(), inputs[r].data(), DataType::kF32, op,
+                                           states[r].get());
+      message[r] = lastError();
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3)) << "a rank hung";
+    for (int r = 0; r < kN; ++r) {
+      EXPECT_TRUE(status[r] == Status::kInvalidUsage || status[r] == Status::kRemoteError)
+          << "variant " << variant << " rank " << r << ": " << message[r];
+      EXPECT_NE(message[r].find("#0 compressed"), std::string::npos) << message[r];
+      EXPECT_EQ(states[r]->worker().skipped(), 0u);
+    }
+  }
+}
+
+TEST(CompressedAllReduce, RejectsBadArguments) {
+  Group group(2);
+  std::unique_ptr<CompressedState> state, wrongSize;
+  ASSERT_EQ(CompressedState::create(2, 100, specOf(codec::CodecId::kOnebit, 64), &state),
+            Status::kOk);
+  ASSERT_EQ(CompressedState::create(3, 100, specOf(codec::CodecId::kOnebit, 64), &wrongSize),
+            Status::kOk);
+  std::vector<float> x(100);
+  Communicator& c = group.comm(0);
+  EXPECT_EQ(c.compressedAllReduce(x.data(), x.data(), DataType::kF32, ReduceOp::kMax, state.get()),
+            Status::kInvalidArgument);
+  EXPECT_EQ(c.compressedAllReduce(x.data(), x.data(), DataType::kI32, ReduceOp::kSum, state.get()),
+            Status::kInvalidArgument);
+  EXPECT_EQ(c.compressedAllReduce(x.data(), x.data(), DataType::kF32, ReduceOp::kSum, nullptr),
+            Status::kInvalidArgument);
+  EXPECT_EQ(
+      c.compressedAllReduce(x.data(), x.data(), DataType::kF32, ReduceOp::kSum, wrongSize.get()),
+      Status::kInvalidUsage);
+  std::unique_ptr<CompressedState> bad;
+  EXPECT_NE(CompressedState::create(2, 100, specOf(codec::CodecId::kOnebit, 100), &bad),
+            Status::kOk);
+}
+
+}  // namespace
+}  // namespace squall
+
+namespace squall {
+namespace {
+
+TEST(CompressedAllReduce, OptionsComeFromTheEnvironment) {
+  setenv("SQUALL_COMPRESSED_ALGO", "allgather", 1);
+  setenv("SQUALL_SEGMENT_BYTES", "4096", 1);
+  setenv("SQUALL_TIMEOUT_S", "7", 1);
+  setenv("SQUALL_ALLREDUCE_ALGO", "ring", 1);
+  const coll::Options options = coll::Options::fromEnvironment();
+  unsetenv("SQUALL_COMPRESSED_ALGO");
+  unsetenv("SQUALL_SEGMENT_BYTES");
+  unsetenv("SQUALL_TIMEOUT_S");
+  unsetenv("SQUALL_ALLREDUCE_ALGO");
+  EXPECT_EQ(options.compressedAlgo, CompressedAlgo::kAllGather);
+  EXPECT_EQ(options.segmentBytes, 4096u);
+  EXPECT_EQ(options.timeout, std::chrono::seconds(7));
+  EXPECT_EQ(options.allReduceAlgo, coll::AllReduceAlgo::kRing);
+  const coll::Options defaults = coll::Options::fromEnvironment();
+  EXPECT_EQ(defaults.compressedAlgo, CompressedAlgo::kAuto);
+  EXPECT_EQ(defaults.timeout, std::chrono::seconds(300));
+}
+
+// Timing on the local transport (memory copies, ranks sharing the cores):
+// run with --gtest_also_run_disabled_tests.
+TEST(CompressedAllReduce, DISABLED_Timing) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = size_t{1} << 24;
+  for (size_t segmentBytes : {size_t{0}, size_t{1} << 20}) {
+    coll::Options options = testing::testOptions();
+    options.compressedAlgo = CompressedAlgo::kTwoPhase;
+    options.segmentBytes = segmentBytes;
+    Group group(kN, options);
+    std::vector<std::unique_ptr<CompressedState>> states(kN);
+    for (auto& s : states)
+      ASSERT_EQ(CompressedState::create(kN, kCount, specOf(codec::CodecId::kOnebit, 2048), &s),
+                Status::kOk);
+    std::vector<std::vector<float>> data(kN, std::vector<float>(kCount, 1.0f));
+    for (int rep = 0; rep < 4; ++rep) {
+      const auto begin = std::chrono::steady_clock::now();
+      group.run([&](Communicator& comm, int r) {
+        EXPECT_EQ(comm.compressedAllReduce(data[r].data(), data[r].data(), DataType::kF32,
+                                           ReduceOp::kAvg, states[r].get()),
+                  Status::kOk);
+      });
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+      std::printf("compressed twophase (%s codec) n=%d N=%zu segment=%zu: %.1f ms\n",
+                  codec::implementationName(), kN, kCount, segmentBytes, s * 1e3);
+    }
+  }
+  Group group(kN);
+  std::vector<std::vector<float>> data(kN, std::vector<float>(kCount, 1.0f));
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](Communicator& comm, int r) {
+      EXPECT_EQ(
+          comm.allReduce(data[r].data(), data[r].data(), kCount, DataType::kF32, ReduceOp::kAvg),
+          Status::kOk);
+    });
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::printf("fp32 ring allreduce n=%d N=%zu: %.1f ms\n", kN, kCount, s * 1e3);
+  }
+}
+
+}  // namespace
+}  // namespace squall

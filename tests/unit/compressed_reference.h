@@ -1,0 +1,146 @@
+// A single-process reference simulation of the compressed allreduce (both
+// algorithms) for n virtual ranks, with the scalar codec kernels and no
+// transport. It follows the contract of src/coll/compressed_twophase.cc and
+// src/coll/compressed_allgather.cc step by step, unsegmented; the collectives
+// must match it bit for bit whatever the segment size and implementation.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "src/codec/kernels.h"
+#include "src/codec/wire.h"
+
+namespace squall::testing {
+
+class CompressedReference {
+ public:
+  // Residual state of one buffer for n virtual ranks.
+  CompressedReference(int n, size_t count, const codec::Spec& spec)
+      : n_(n), count_(count), spec_(spec) {
+    const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
+    const size_t group = unit * static_cast<size_t>(n);
+    chunk_ = (count + group - 1) / group;
+    chunk_ *= unit;
+    for (int r = 0; r < n; ++r) {
+      worker_.push_back(Residual(chunk_ * static_cast<size_t>(n)));
+      server_.push_back(Residual(chunk_));
+    }
+  }
+
+  // One two-phase call; inputs[r] holds count floats. Returns the output
+  // every rank must produce; workerCommitted/serverCommitted report which
+  // residuals advanced.
+  std::vector<float> twoPhase(const std::vector<std::vector<float>>& inputs, bool average) {
+    const size_t n = static_cast<size_t>(n_);
+    if (n == 1 || count_ == 0) return inputs[0];
+    std::vector<std::vector<std::vector<uint8_t>>> encoded(n);  // [rank][chunk]
+    workerCommitted.assign(n, false);
+    serverCommitted.assign(n, false);
+    for (size_t j = 0; j < n; ++j) {
+      bool finite = true;
+      for (size_t c = 0; c < n; ++c) {
+        const size_t at = c * chunk_;
+        encoded[j].push_back(encode(inputs[j].data() + std::min(at, count_), realCount(c),
+                                    worker_[j].current.data() + at, worker_[j].next.data() + at,
+                                    &finite));
+      }
+      worker_[j].commit(finite);
+      workerCommitted[j] = finite;
+    }
+    std::vector<std::vector<uint8_t>> serverEncoded(n);
+    for (size_t r = 0; r < n; ++r) {
+      const size_t m = realCount(r);
+      std::vector<float> acc(m);
+      for (size_t j = 0; j < n; ++j) decode(encoded[j][r], acc.data(), m, j != 0);
+      if (average)
+        for (float& v : acc) v = v / static_cast<float>(n);
+      bool finite = true;
+      serverEncoded[r] =
+          encode(acc.data(), m, server_[r].current.data(), server_[r].next.data(), &finite);
+      server_[r].commit(finite);
+      serverCommitted[r] = finite;
+    }
+    std::vector<float> out(count_);
+    for (size_t c = 0; c < n; ++c)
+      decode(serverEncoded[c], out.data() + std::min(c * chunk_, count_), realCount(c), false);
+    return out;
+  }
+
+  // One all-gather call (no server residual).
+  std::vector<float> allGather(const std::vector<std::vector<float>>& inputs, bool average) {
+    const size_t n = static_cast<size_t>(n_);
+    if (n == 1 || count_ == 0) return inputs[0];
+    workerCommitted.assign(n, false);
+    serverCommitted.assign(n, false);
+    std::vector<std::vector<uint8_t>> encoded(n);
+    for (size_t j = 0; j < n; ++j) {
+      bool finite = true;
+      encoded[j] = encode(inputs[j].data(), count_, worker_[j].current.data(),
+                          worker_[j].next.data(), &finite);
+      worker_[j].commit(finite);
+      workerCommitted[j] = finite;
+    }
+    std::vector<float> out(count_);
+    for (size_t j = 0; j < n; ++j) decode(encoded[j], out.data(), count_, j != 0);
+    if (average)
+      for (float& v : out) v = v / static_cast<float>(n);
+    return out;
+  }
+
+  const std::vector<float>& workerResidual(int r) const { return worker_[r].current; }
+  const std::vector<float>& serverResidual(int r) const { return server_[r].current; }
+  size_t chunk() const { return chunk_; }
+
+  std::vector<bool> workerCommitted, serverCommitted;
+
+ private:
+  struct Residual {
+    explicit Residual(size_t size) : current(size, 0.0f), next(size, 0.0f) {}
+    void commit(bool finite) {
+      if (finite) std::swap(current, next);
+    }
+    std::vector<float> current, next;
+  };
+
+  size_t realCount(size_t c) const {
+    const size_t begin = c * chunk_;
+    const size_t end = std::min(begin + chunk_, count_);
+    return begin < end ? end - begin : 0;
+  }
+
+  std::vector<uint8_t> encode(const float* x, size_t m, const float* residualIn, float* residualOut,
+                              bool* finite) const {
+    codec::Layout layout;
+    if (codec::layoutFor(spec_, m, &layout) != Status::kOk) std::abort();
+    std::vector<uint8_t> bytes(layout.totalBytes, 0);
+    codec::writeHeader(spec_, m, bytes.data());
+    if (m != 0) {
+      const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec_.codec)];
+      *finite = k.encode(codec::EncodeJob{x, codec::DType::kF32, m, spec_, layout, residualIn,
+                                          residualOut, bytes.data() + codec::kHeaderBytes}) &&
+                *finite;
+    }
+    return bytes;
+  }
+
+  void decode(const std::vector<uint8_t>& bytes, float* out, size_t m, bool accumulate) const {
+    if (m == 0) return;
+    codec::Layout layout;
+    if (codec::layoutFor(spec_, m, &layout) != Status::kOk) std::abort();
+    const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec_.codec)];
+    codec::DecodeJob job{bytes.data() + codec::kHeaderBytes, m, spec_, layout, out};
+    (accumulate ? k.accumulate : k.decode)(job);
+  }
+
+  int n_;
+  size_t count_;
+  codec::Spec spec_;
+  size_t chunk_ = 0;
+  std::vector<Residual> worker_, server_;
+};
+
+}  // namespace squall::testing
