@@ -144,6 +144,123 @@ SQUALL_API squallResult_t squallEncodedInspect(const void* input, size_t bytes,
  * selects a lower one. */
 SQUALL_API const char* squallCodecImplementation(void);
 
+/* ---- Communicators ------------------------------------------------------ */
+
+typedef enum {
+  squallSum = 0,
+  squallAvg = 1, /* sum / nranks (integers: truncating division) */
+  squallMin = 2,
+  squallMax = 3,
+  squallNumRedOps = 4
+} squallRedOp_t;
+
+typedef enum {
+  squallTransportDefault = 0, /* SQUALL_TRANSPORT, else ucx when built in, else tcp */
+  squallTransportUcx = 1,
+  squallTransportTcp = 2,
+  squallTransportMpi = 3 /* only through squallCommInitFromMpi */
+} squallTransport_t;
+
+/* Rendezvous information: the root's address and a random job secret. Create
+ * it on one rank, send it to the others (e.g. with a broadcast of your
+ * launcher), and pass it to squallCommInitRank everywhere. */
+#define SQUALL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[SQUALL_UNIQUE_ID_BYTES];
+} squallUniqueId;
+
+typedef struct {
+  size_t size;                 /* sizeof(squallConfig_t) */
+  squallTransport_t transport; /* data plane */
+  int timeoutSeconds;          /* 0: SQUALL_TIMEOUT_S */
+} squallConfig_t;
+#define SQUALL_CONFIG_INIT \
+  { sizeof(squallConfig_t), squallTransportDefault, 0 }
+
+typedef struct squallComm* squallComm_t;
+
+SQUALL_API squallResult_t squallGetUniqueId(squallUniqueId* id);
+/* Collective over the nranks ranks; config may be NULL. */
+SQUALL_API squallResult_t squallCommInitRank(squallComm_t* comm, int nranks, squallUniqueId id,
+                                             int rank, const squallConfig_t* config);
+/* torchrun / launcher style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET) or
+ * SQUALL_PORT, RANK, WORLD_SIZE. */
+SQUALL_API squallResult_t squallCommInitFromEnv(squallComm_t* comm, const squallConfig_t* config);
+/* Runs over an existing MPI communicator: `mpiComm` points to an MPI_Comm.
+ * squallUnsupported when Squall was built without MPI. */
+SQUALL_API squallResult_t squallCommInitFromMpi(squallComm_t* comm, const void* mpiComm,
+                                                const squallConfig_t* config);
+/* Ranks with the same color form a new communicator, ordered by (key, rank).
+ * color SQUALL_SPLIT_NOCOLOR (negative) takes part but gets *newcomm = NULL. */
+#define SQUALL_SPLIT_NOCOLOR (-1)
+SQUALL_API squallResult_t squallCommSplit(squallComm_t comm, int color, int key,
+                                          squallComm_t* newcomm);
+SQUALL_API squallResult_t squallCommDestroy(squallComm_t comm);
+SQUALL_API squallResult_t squallCommRank(squallComm_t comm, int* rank);
+SQUALL_API squallResult_t squallCommSize(squallComm_t comm, int* size);
+/* "ucx", "tcp", "mpi", ... */
+SQUALL_API squallResult_t squallCommTransport(squallComm_t comm, const char** name);
+
+/* Full-precision collectives on host buffers. sendbuf may equal recvbuf for
+ * allreduce; every rank must call the same collectives in the same order. */
+SQUALL_API squallResult_t squallAllReduce(const void* sendbuf, void* recvbuf, size_t count,
+                                          squallDataType_t dtype, squallRedOp_t op,
+                                          squallComm_t comm);
+/* recvbuf holds nranks * sendcount elements, in rank order. */
+SQUALL_API squallResult_t squallAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                          squallDataType_t dtype, squallComm_t comm);
+/* Block j (count elements) of sendbuf goes to rank j. */
+SQUALL_API squallResult_t squallAllToAll(const void* sendbuf, void* recvbuf, size_t count,
+                                         squallDataType_t dtype, squallComm_t comm);
+SQUALL_API squallResult_t squallBroadcast(void* buffer, size_t count, squallDataType_t dtype,
+                                          int root, squallComm_t comm);
+SQUALL_API squallResult_t squallBarrier(squallComm_t comm);
+
+/* The error-compensated compressed allreduce of one buffer. A compressor holds
+ * the buffer's error-feedback residuals between calls: create one per buffer
+ * (per parameter group), on every rank, with the same count and codec. */
+typedef struct squallCompressor* squallCompressor_t;
+
+typedef struct {
+  uint64_t calls;         /* compressed allreduces run */
+  uint64_t skippedCalls;  /* calls whose residuals were kept: non-finite input */
+  uint64_t bytesSent;     /* by this rank, last call, headers included */
+  uint64_t bytesReceived; /* by this rank, last call */
+} squallCompressorStats_t;
+
+SQUALL_API squallResult_t squallCompressorCreate(squallComm_t comm, size_t count,
+                                                 const squallCodecSpec_t* spec,
+                                                 squallCompressor_t* compressor);
+SQUALL_API squallResult_t squallCompressorDestroy(squallCompressor_t compressor);
+/* Zeroes the residuals (e.g. after loading parameters from elsewhere). */
+SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);
+SQUALL_API squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
+                                                   squallCompressorStats_t* stats);
+
+/* dtype: fp32, fp16 or bf16 (for both buffers); op: squallSum or squallAvg.
+ * Every rank ends with bit-identical output. */
+SQUALL_API squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf,
+                                                    squallDataType_t dtype, squallRedOp_t op,
+                                                    squallCompressor_t compressor,
+                                                    squallComm_t comm);
+
+/* Asynchronous forms: the operation runs in the background, in call order
+ * with the other operations of the communicator; buffers must stay valid
+ * until it has completed. squallTest polls; squallWait blocks, returns the
+ * operation's result and frees the request. */
+typedef struct squallRequest* squallRequest_t;
+
+SQUALL_API squallResult_t squallAllReduceAsync(const void* sendbuf, void* recvbuf, size_t count,
+                                               squallDataType_t dtype, squallRedOp_t op,
+                                               squallComm_t comm, squallRequest_t* request);
+SQUALL_API squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, void* recvbuf,
+                                                         squallDataType_t dtype, squallRedOp_t op,
+                                                         squallCompressor_t compressor,
+                                                         squallComm_t comm,
+                                                         squallRequest_t* request);
+SQUALL_API squallResult_t squallTest(squallRequest_t request, int* done);
+SQUALL_API squallResult_t squallWait(squallRequest_t request);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

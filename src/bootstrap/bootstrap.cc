@@ -80,10 +80,8 @@ struct FrameHeader {
 
 const char* kindName(uint32_t kind) {
   switch (static_cast<Kind>(kind)) {
-    case Kind::kAllGather:
-      return "allGather";
-    case Kind::kBarrier:
-      return "barrier";
+    case Kind::kAllGather: return "allGather";
+    case Kind::kBarrier: return "barrier";
   }
   return "an unknown operation";
 }

@@ -264,14 +264,10 @@ Io recvAll(int fd, void* data, size_t bytes, Deadline deadline, int* err) {
 
 std::string ioText(Io io, int err) {
   switch (io) {
-    case Io::kOk:
-      return "ok";
-    case Io::kTimeout:
-      return "timed out";
-    case Io::kClosed:
-      return "the connection was closed by the peer";
-    case Io::kError:
-      return std::strerror(err);
+    case Io::kOk: return "ok";
+    case Io::kTimeout: return "timed out";
+    case Io::kClosed: return "the connection was closed by the peer";
+    case Io::kError: return std::strerror(err);
   }
   return "?";
 }

@@ -15,12 +15,9 @@ namespace squall::coll {
 
 inline codec::DType codecDType(DataType dtype) {
   switch (dtype) {
-    case DataType::kF16:
-      return codec::DType::kF16;
-    case DataType::kBf16:
-      return codec::DType::kBf16;
-    default:
-      return codec::DType::kF32;
+    case DataType::kF16: return codec::DType::kF16;
+    case DataType::kBf16: return codec::DType::kBf16;
+    default: return codec::DType::kF32;
   }
 }
 

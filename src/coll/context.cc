@@ -20,7 +20,7 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
       if (!r->done()) {
         all = false;
       } else if (r->status() != Status::kOk) {
-        return r->status();
+        return transport::failureOf(*r);
       }
     }
     if (all) return Status::kOk;
@@ -28,7 +28,7 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
       for (size_t peer = 0; peer < abort->requests.size(); ++peer) {
         const transport::RequestPtr& notice = abort->requests[peer];
         if (notice == nullptr || !notice->done()) continue;
-        if (notice->status() != Status::kOk) return notice->status();
+        if (notice->status() != Status::kOk) return transport::failureOf(*notice);
         abort->received = true;
         char* reason = abort->reasons[peer].data();
         reason[kAbortBytes - 1] = '\0';

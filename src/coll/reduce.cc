@@ -43,12 +43,8 @@ void reduceTyped(ReduceOp op, void* accVoid, const void* inVoid, size_t count) {
     const C y = F::widen(b);
     C r;
     switch (op) {
-      case ReduceOp::kMin:
-        r = y < x ? y : x;
-        break;
-      case ReduceOp::kMax:
-        r = x < y ? y : x;
-        break;
+      case ReduceOp::kMin: r = y < x ? y : x; break;
+      case ReduceOp::kMax: r = x < y ? y : x; break;
       default:
         if constexpr (std::is_integral_v<C>) {  // wraps instead of overflowing
           using U = std::make_unsigned_t<C>;
@@ -80,35 +76,23 @@ void averageTyped(void* bufferVoid, size_t count, int n) {
 
 void reduceInto(DataType dtype, ReduceOp op, void* acc, const void* in, size_t count) {
   switch (dtype) {
-    case DataType::kF32:
-      return reduceTyped<Plain<float>>(op, acc, in, count);
-    case DataType::kF64:
-      return reduceTyped<Plain<double>>(op, acc, in, count);
-    case DataType::kF16:
-      return reduceTyped<F16>(op, acc, in, count);
-    case DataType::kBf16:
-      return reduceTyped<Bf16>(op, acc, in, count);
-    case DataType::kI32:
-      return reduceTyped<Plain<int32_t>>(op, acc, in, count);
-    case DataType::kI64:
-      return reduceTyped<Plain<int64_t>>(op, acc, in, count);
+    case DataType::kF32: return reduceTyped<Plain<float>>(op, acc, in, count);
+    case DataType::kF64: return reduceTyped<Plain<double>>(op, acc, in, count);
+    case DataType::kF16: return reduceTyped<F16>(op, acc, in, count);
+    case DataType::kBf16: return reduceTyped<Bf16>(op, acc, in, count);
+    case DataType::kI32: return reduceTyped<Plain<int32_t>>(op, acc, in, count);
+    case DataType::kI64: return reduceTyped<Plain<int64_t>>(op, acc, in, count);
   }
 }
 
 void finishAverage(DataType dtype, void* buffer, size_t count, int n) {
   switch (dtype) {
-    case DataType::kF32:
-      return averageTyped<Plain<float>>(buffer, count, n);
-    case DataType::kF64:
-      return averageTyped<Plain<double>>(buffer, count, n);
-    case DataType::kF16:
-      return averageTyped<F16>(buffer, count, n);
-    case DataType::kBf16:
-      return averageTyped<Bf16>(buffer, count, n);
-    case DataType::kI32:
-      return averageTyped<Plain<int32_t>>(buffer, count, n);
-    case DataType::kI64:
-      return averageTyped<Plain<int64_t>>(buffer, count, n);
+    case DataType::kF32: return averageTyped<Plain<float>>(buffer, count, n);
+    case DataType::kF64: return averageTyped<Plain<double>>(buffer, count, n);
+    case DataType::kF16: return averageTyped<F16>(buffer, count, n);
+    case DataType::kBf16: return averageTyped<Bf16>(buffer, count, n);
+    case DataType::kI32: return averageTyped<Plain<int32_t>>(buffer, count, n);
+    case DataType::kI64: return averageTyped<Plain<int64_t>>(buffer, count, n);
   }
 }
 

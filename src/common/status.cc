@@ -40,4 +40,6 @@ const std::string& lastError() { return tLastError; }
 
 void clearLastError() { tLastError.clear(); }
 
+void setLastError(const std::string& message) { tLastError = message; }
+
 }  // namespace squall

@@ -37,6 +37,8 @@ const char* statusName(Status status);
 
 const std::string& lastError();
 void clearLastError();
+// Carries a failure described on another thread over to this one.
+void setLastError(const std::string& message);
 
 }  // namespace squall
 

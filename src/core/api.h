@@ -50,4 +50,4 @@ squallResult_t guard(const char* function, Body&& body) noexcept {
 
 }  // namespace squall::core
 
-#define SQUALL_API_GUARD(body) ::squall::core::guard(__func__, [&]() -> ::squall::Status body)
+#define SQUALL_API_GUARD(...) ::squall::core::guard(__func__, [&]() -> ::squall::Status __VA_ARGS__)

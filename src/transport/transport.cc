@@ -27,6 +27,11 @@ std::string describe(const Tag& tag) {
   return text;
 }
 
+Status failureOf(const Request& request) {
+  if (!request.error().empty()) setLastError(request.error());
+  return request.status();
+}
+
 Status Transport::waitAll(std::span<const RequestPtr> requests, Deadline deadline) {
   for (;;) {
     bool all = true;
@@ -35,7 +40,7 @@ Status Transport::waitAll(std::span<const RequestPtr> requests, Deadline deadlin
       if (!r->done()) {
         all = false;
       } else if (r->status() != Status::kOk) {
-        return r->status();
+        return failureOf(*r);
       }
     }
     if (all) return Status::kOk;

@@ -67,9 +67,15 @@ class Request {
   int peer() const { return peer_; }
   size_t bytes() const { return bytes_; }
 
-  // Called by the backend, once.
+  // The sentence that described the failure, wherever it was detected (often
+  // a backend's progress thread); waitAll makes it the waiter's last error.
+  const std::string& error() const { return error_; }
+
+  // Called by the backend, once, after the failure (if any) was described
+  // with SQUALL_FAIL on the calling thread.
   void complete(Status status) {
     status_ = status;
+    if (status != Status::kOk) error_ = lastError();
     state_.store(kDone, std::memory_order_release);
   }
 
@@ -78,11 +84,16 @@ class Request {
   static constexpr int kDone = 1;
   std::atomic<int> state_{kPending};
   Status status_ = Status::kOk;
+  std::string error_;
   int peer_;
   size_t bytes_;
 };
 
 using RequestPtr = std::unique_ptr<Request>;
+
+// The status of a failed request, with its description made this thread's
+// last error (the failure may have been detected on a progress thread).
+Status failureOf(const Request& request);
 
 class Transport {
  public:

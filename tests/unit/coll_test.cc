@@ -37,9 +37,7 @@ void store(DataType dtype, double v, void* base, size_t i) {
       std::memcpy(p + 4 * i, &f, 4);
       break;
     }
-    case DataType::kF64:
-      std::memcpy(p + 8 * i, &v, 8);
-      break;
+    case DataType::kF64: std::memcpy(p + 8 * i, &v, 8); break;
     case DataType::kF16: {
       uint16_t h = codec::floatToHalf(static_cast<float>(v));
       std::memcpy(p + 2 * i, &h, 2);
@@ -110,20 +108,14 @@ double expected(DataType dtype, ReduceOp op, int n, size_t i) {
     hi = std::max(hi, v);
   }
   switch (op) {
-    case ReduceOp::kSum:
-      return sum;
-    case ReduceOp::kMin:
-      return lo;
-    case ReduceOp::kMax:
-      return hi;
-    case ReduceOp::kAvg:
-      break;
+    case ReduceOp::kSum: return sum;
+    case ReduceOp::kMin: return lo;
+    case ReduceOp::kMax: return hi;
+    case ReduceOp::kAvg: break;
   }
   switch (dtype) {
-    case DataType::kF32:
-      return static_cast<float>(sum) / static_cast<float>(n);
-    case DataType::kF64:
-      return static_cast<double>(sum) / n;
+    case DataType::kF32: return static_cast<float>(sum) / static_cast<float>(n);
+    case DataType::kF64: return static_cast<double>(sum) / n;
     case DataType::kF16:
       return codec::halfToFloat(
           codec::floatToHalf(static_cast<float>(sum) / static_cast<float>(n)));
@@ -131,8 +123,7 @@ double expected(DataType dtype, ReduceOp op, int n, size_t i) {
       return codec::bf16ToFloat(
           codec::floatToBf16(static_cast<float>(sum) / static_cast<float>(n)));
     case DataType::kI32:
-    case DataType::kI64:
-      return sum / n;  // truncates toward zero
+    case DataType::kI64: return sum / n;  // truncates toward zero
   }
   return 0;
 }

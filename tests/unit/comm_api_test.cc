@@ -1,0 +1,294 @@
+// The communicator C API end to end: ranks as threads and as processes, over
+// every transport built in, through libsquall's public functions only.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "squall/squall.h"
+
+namespace {
+
+struct TransportCase {
+  const char* name;
+  squallTransport_t transport;
+};
+
+class CommApi : public ::testing::TestWithParam<TransportCase> {
+ protected:
+  squallConfig_t config(int timeoutSeconds = 20) const {
+    squallConfig_t c = SQUALL_CONFIG_INIT;
+    c.transport = GetParam().transport;
+    c.timeoutSeconds = timeoutSeconds;
+    return c;
+  }
+
+  // Runs body(comm, rank) on n threads, each with its own communicator.
+  void runRanks(int n, const std::function<void(squallComm_t, int)>& body) {
+    squallUniqueId id;
+    ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+    std::vector<std::thread> threads;
+    std::vector<std::string> errors(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        squallComm_t comm = nullptr;
+        squallConfig_t c = config();
+        if (squallCommInitRank(&comm, n, id, r, &c) != squallSuccess) {
+          errors[static_cast<size_t>(r)] = squallGetLastError();
+          return;
+        }
+        body(comm, r);
+        squallBarrier(comm);  // let peers drain before the transport goes
+        squallCommDestroy(comm);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  }
+};
+
+#define EXPECT_OK(call) EXPECT_EQ((call), squallSuccess) << squallGetLastError()
+
+TEST_P(CommApi, RankSizeAndTransportName) {
+  runRanks(3, [&](squallComm_t comm, int rank) {
+    int r = -1, n = -1;
+    const char* name = nullptr;
+    EXPECT_OK(squallCommRank(comm, &r));
+    EXPECT_OK(squallCommSize(comm, &n));
+    EXPECT_OK(squallCommTransport(comm, &name));
+    EXPECT_EQ(r, rank);
+    EXPECT_EQ(n, 3);
+    EXPECT_STREQ(name, GetParam().name);
+  });
+}
+
+TEST_P(CommApi, FullPrecisionCollectivesMatchClosedForms) {
+  const int n = 4;
+  runRanks(n, [&](squallComm_t comm, int rank) {
+    const size_t count = 1000;
+    std::vector<float> x(count), y(count);
+    for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(rank + static_cast<int>(i));
+    EXPECT_OK(squallAllReduce(x.data(), y.data(), count, squallFloat32, squallSum, comm));
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(y[i], static_cast<float>(n * static_cast<int>(i) + n * (n - 1) / 2)) << i;
+    int64_t mine = rank, maxRank = -1;
+    EXPECT_OK(squallAllReduce(&mine, &maxRank, 1, squallInt64, squallMax, comm));
+    EXPECT_EQ(maxRank, n - 1);
+    std::vector<int32_t> gathered(n);
+    int32_t me = rank * 10;
+    EXPECT_OK(squallAllGather(&me, gathered.data(), 1, squallInt32, comm));
+    for (int r = 0; r < n; ++r) EXPECT_EQ(gathered[r], r * 10);
+    std::vector<int32_t> out(n), in(n);
+    for (int r = 0; r < n; ++r) in[r] = rank * 100 + r;
+    EXPECT_OK(squallAllToAll(in.data(), out.data(), 1, squallInt32, comm));
+    for (int r = 0; r < n; ++r) EXPECT_EQ(out[r], r * 100 + rank);
+    double value = rank == 2 ? 3.5 : 0.0;
+    EXPECT_OK(squallBroadcast(&value, 1, squallFloat64, 2, comm));
+    EXPECT_EQ(value, 3.5);
+  });
+}
+
+TEST_P(CommApi, CompressedAllReduceIsIdenticalOnEveryRank) {
+  const int n = 3;
+  const size_t count = 10000;
+  std::vector<std::vector<float>> outputs(n);
+  std::vector<squallCompressorStats_t> stats(n);
+  runRanks(n, [&](squallComm_t comm, int rank) {
+    squallCodecSpec_t spec = SQUALL_CODEC_SPEC_ONEBIT;
+    squallCompressor_t c = nullptr;
+    EXPECT_OK(squallCompressorCreate(comm, count, &spec, &c));
+    std::vector<float> x(count), y(count);
+    for (size_t i = 0; i < count; ++i) x[i] = std::sin(static_cast<float>(i * (rank + 1)));
+    for (int step = 0; step < 3; ++step)
+      EXPECT_OK(squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg, c, comm));
+    EXPECT_OK(squallCompressorGetStats(c, &stats[rank]));
+    outputs[rank] = y;
+    EXPECT_OK(squallCompressorDestroy(c));
+  });
+  for (int r = 1; r < n; ++r)
+    EXPECT_EQ(std::memcmp(outputs[r].data(), outputs[0].data(), count * 4), 0) << r;
+  EXPECT_EQ(stats[0].calls, 3u);
+  EXPECT_EQ(stats[0].skippedCalls, 0u);
+  // About 2(n-1)/n * N / 8 bytes, far below the fp32 ring's 2(n-1)/n * 4N.
+  EXPECT_GT(stats[0].bytesSent, 0u);
+  EXPECT_LT(stats[0].bytesSent, 2 * count * 4 / 25);
+}
+
+TEST_P(CommApi, AsyncOperationsCompleteInOrder) {
+  runRanks(2, [&](squallComm_t comm, int rank) {
+    std::vector<float> a(5000, static_cast<float>(rank + 1)), b(5000);
+    squallCodecSpec_t spec = SQUALL_CODEC_SPEC_ONEBIT;
+    squallCompressor_t c = nullptr;
+    EXPECT_OK(squallCompressorCreate(comm, a.size(), &spec, &c));
+    squallRequest_t first = nullptr, second = nullptr;
+    EXPECT_OK(
+        squallAllReduceAsync(a.data(), a.data(), a.size(), squallFloat32, squallSum, comm, &first));
+    EXPECT_OK(squallCompressedAllReduceAsync(a.data(), b.data(), squallFloat32, squallAvg, c, comm,
+                                             &second));
+    int done = 0;
+    EXPECT_OK(squallTest(first, &done));
+    EXPECT_OK(squallWait(first));
+    EXPECT_OK(squallWait(second));
+    EXPECT_EQ(a[0], 3.0f);  // the first operation finished before the second read a
+    EXPECT_EQ(b[0], 3.0f);  // a constant buffer survives 1-bit coding exactly
+    EXPECT_OK(squallCompressorDestroy(c));
+  });
+}
+
+TEST_P(CommApi, SplitFormsSubgroups) {
+  runRanks(4, [&](squallComm_t comm, int rank) {
+    squallComm_t sub = nullptr;
+    const int color = rank == 3 ? SQUALL_SPLIT_NOCOLOR : rank % 2;
+    EXPECT_OK(squallCommSplit(comm, color, -rank, &sub));  // reversed order inside the group
+    if (color < 0) {
+      EXPECT_EQ(sub, nullptr);
+      return;
+    }
+    ASSERT_NE(sub, nullptr);
+    int r = -1, n = -1;
+    EXPECT_OK(squallCommRank(sub, &r));
+    EXPECT_OK(squallCommSize(sub, &n));
+    EXPECT_EQ(n, color == 0 ? 2 : 1);
+    if (color == 0) {
+      EXPECT_EQ(r, rank == 2 ? 0 : 1);
+    }
+    int32_t sum = 0, mine = rank;
+    EXPECT_OK(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, sub));
+    EXPECT_EQ(sum, color == 0 ? 2 : 1);
+    EXPECT_OK(squallBarrier(sub));
+    EXPECT_OK(squallCommDestroy(sub));
+  });
+}
+
+TEST_P(CommApi, MismatchedCountsFailOnEveryRank) {
+  runRanks(2, [&](squallComm_t comm, int rank) {
+    std::vector<float> x(rank == 0 ? 100 : 200, 1.0f);
+    EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
+              squallSuccess);
+    const std::string error = squallGetLastError();
+    EXPECT_NE(error.find("elements"), std::string::npos) << "[" << error << "]";
+  });
+}
+
+TEST_P(CommApi, BadArgumentsAreReported) {
+  runRanks(1, [&](squallComm_t comm, int) {
+    float x = 1;
+    EXPECT_EQ(squallAllReduce(&x, &x, 1, static_cast<squallDataType_t>(42), squallSum, comm),
+              squallInvalidArgument);
+    EXPECT_NE(std::string(squallGetLastError()).find("unknown data type 42"), std::string::npos);
+    EXPECT_EQ(squallAllReduce(&x, &x, 1, squallFloat32, static_cast<squallRedOp_t>(9), comm),
+              squallInvalidArgument);
+    EXPECT_NE(std::string(squallGetLastError()).find("unknown reduction 9"), std::string::npos);
+    EXPECT_EQ(squallBroadcast(&x, 1, squallFloat32, 5, comm), squallInvalidArgument);
+    squallCompressor_t c = nullptr;
+    squallCodecSpec_t bad = {squallCodecOnebit, squallScaleMeanAbs, 100};
+    EXPECT_EQ(squallCompressorCreate(comm, 10, &bad, &c), squallInvalidArgument);
+    EXPECT_EQ(c, nullptr);
+  });
+  EXPECT_EQ(squallBarrier(nullptr), squallInvalidArgument);
+  EXPECT_NE(std::string(squallGetLastError()).find("communicator is NULL"), std::string::npos);
+  squallComm_t comm = nullptr;
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
+  EXPECT_EQ(squallCommInitRank(&comm, 2, id, 2, nullptr), squallInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+  squallConfig_t c = SQUALL_CONFIG_INIT;
+  c.size = 3;
+  EXPECT_EQ(squallCommInitRank(&comm, 1, id, 0, &c), squallInvalidArgument);
+  EXPECT_NE(std::string(squallGetLastError()).find("SQUALL_CONFIG_INIT"), std::string::npos);
+}
+
+// Ranks as processes started the torchrun way; one of them dies in the
+// middle of a collective and the others must get an error naming it.
+TEST_P(CommApi, KilledPeerIsNamedByTheSurvivors) {
+  const int n = 3;
+  const int victim = 1;
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
+  int pipes[n][2];
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(pipe(pipes[r]), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      squallComm_t comm = nullptr;
+      squallConfig_t c = config(/*timeoutSeconds=*/5);
+      std::string report;
+      if (squallCommInitRank(&comm, n, id, r, &c) != squallSuccess) {
+        report = std::string("init: ") + squallGetLastError();
+      } else {
+        std::vector<float> x(1 << 16, 1.0f);
+        squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm);
+        if (r == victim) _exit(0);  // dies without a word before the next collective
+        const auto start = std::chrono::steady_clock::now();
+        squallResult_t result =
+            squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        report = std::string(squallGetErrorString(result)) + " after " + std::to_string(seconds) +
+                 " s: " + squallGetLastError();
+      }
+      if (write(pipes[r][1], report.data(), report.size()) < 0) _exit(3);
+      _exit(0);
+    }
+    close(pipes[r][1]);
+    pids.push_back(pid);
+  }
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    char buffer[2048] = {};
+    ssize_t got = read(pipes[r][0], buffer, sizeof(buffer) - 1);
+    close(pipes[r][0]);
+    if (r == victim) continue;
+    const std::string report(buffer, got > 0 ? static_cast<size_t>(got) : 0);
+    EXPECT_EQ(report.find("success"), std::string::npos) << "rank " << r << ": " << report;
+    EXPECT_NE(report.find("rank 1"), std::string::npos) << "rank " << r << ": " << report;
+    const double seconds = std::atof(report.substr(report.find(" after ") + 7).c_str());
+    EXPECT_LT(seconds, 8.0) << report;
+  }
+}
+
+std::vector<TransportCase> transports() {
+  std::vector<TransportCase> cases = {{"tcp", squallTransportTcp}};
+#if defined(SQUALL_HAVE_UCX)
+  cases.push_back({"ucx", squallTransportUcx});
+#endif
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CommApi, ::testing::ValuesIn(transports()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CommEnv, InitFromEnvironmentNamesTheMissingVariable) {
+  unsetenv("WORLD_SIZE");
+  unsetenv("RANK");
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  squallComm_t comm = nullptr;
+  EXPECT_EQ(squallCommInitFromEnv(&comm, nullptr), squallInvalidArgument);
+  EXPECT_NE(std::string(squallGetLastError()).find("WORLD_SIZE"), std::string::npos)
+      << squallGetLastError();
+  EXPECT_EQ(comm, nullptr);
+}
+
+TEST(CommEnv, MpiIsRefusedOutsideInitFromMpi) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
+  squallConfig_t c = SQUALL_CONFIG_INIT;
+  c.transport = squallTransportMpi;
+  squallComm_t comm = nullptr;
+  EXPECT_EQ(squallCommInitRank(&comm, 1, id, 0, &c), squallInvalidUsage);
+  EXPECT_NE(std::string(squallGetLastError()).find("squallCommInitFromMpi"), std::string::npos);
+}
+
+}  // namespace
