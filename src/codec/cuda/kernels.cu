@@ -42,7 +42,8 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerCta = kThreads / 32;
 constexpr uint32_t kNanBits = 0x7fc00000u;
-constexpr size_t kMaxGrid = size_t{1} << 20;  // grid-stride beyond this
+constexpr size_t kMaxGrid = size_t{1} << 20;  // element kernels grid-stride beyond this
+constexpr size_t kMaxWarpGrid = 0x7fffffff;   // warp kernels do not (checked on the host)
 
 enum class Fmt { kF32, kF16, kBf16 };
 
@@ -150,6 +151,7 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
   for (size_t wb = start / 64; wb < wEnd; wb += 32) {
     const unsigned kn = wEnd - wb < 32 ? static_cast<unsigned>(wEnd - wb) : 32u;
     uint64_t mine = 0;
+#pragma unroll 4
     for (unsigned k = 0; k < kn; ++k) {
       const size_t i0 = (wb + k) * 64 + lane;
       const size_t i1 = i0 + 32;
@@ -171,6 +173,88 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
     }
     if (lane < kn) words[wb + lane] = mine;
   }
+}
+
+// The common case, blocks of at most 2048 elements: one warp per 2048-element
+// segment (1..32 whole codec blocks), kept in registers between the scale and
+// the bits, so the data is read exactly once. Thread t holds elements
+// base + t + 32 j, j = 0..63; block c of the segment is j in [c per, (c+1) per)
+// with per = block / 32, so every lane still sums its elements of a block in
+// index order, and each block is folded with the canonical shuffles.
+constexpr int kSegment = 2048;
+constexpr int kPerThread = kSegment / 32;
+
+template <DType D, bool kRes, bool kRms>
+__global__ void __launch_bounds__(kThreads)
+    onebitEncodeSegmentKernel(EncodeArgs a, unsigned perShift) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t g = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  const size_t base = g * kSegment;
+  if (base >= a.count) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const unsigned per = 1u << perShift;  // elements per thread per codec block
+  const size_t firstBlock = base / a.block;
+  float z[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const size_t i = base + 32 * j + lane;
+    z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+  }
+  uint8_t* payload = a.out + kHeaderBytes;
+  auto* scales = reinterpret_cast<float*>(payload);
+  float acc = 0.0f;
+  float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (base + 32 * j + lane < a.count)
+      acc = __fadd_rn(acc, kRms ? __fmul_rn(z[j], z[j]) : absf(z[j]));
+    if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
+      const unsigned c = static_cast<unsigned>(j) >> perShift;
+      for (int w = 16; w >= 1; w /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, w));
+      const float sum = __shfl_sync(kFull, acc, 0);
+      acc = 0.0f;
+      const size_t blockStart = base + static_cast<size_t>(c) * a.block;
+      if (blockStart < a.count) {
+        const size_t left = a.count - blockStart;
+        const size_t n = left < a.block ? left : a.block;
+        float s = __fdiv_rn(sum, __ull2float_rn(n));
+        if constexpr (kRms) s = __fsqrt_rn(s);
+        if (lane == c) myScale = s;
+        if (lane == 0) {
+          scales[firstBlock + c] = s;
+          if constexpr (kRes) {
+            if (!isFinite(s)) a.control[1] = 1;
+          }
+        }
+      }
+    }
+  }
+  auto* words = reinterpret_cast<uint64_t*>(payload + a.dataOffset);
+  uint64_t mine = 0;
+#pragma unroll
+  for (int k = 0; k < kPerThread / 2; ++k) {
+    const float s = __shfl_sync(kFull, myScale, static_cast<unsigned>(2 * k) >> perShift);
+    const size_t i0 = base + 64 * k + lane;
+    const size_t i1 = i0 + 32;
+    const bool v0 = i0 < a.count;
+    const bool v1 = i1 < a.count;
+    const bool b0 = v0 && z[2 * k] >= 0.0f;
+    const bool b1 = v1 && z[2 * k + 1] >= 0.0f;
+    if constexpr (kRes) {
+      if (v0) resOut[i0] = __fsub_rn(z[2 * k], b0 ? s : -s);
+      if (v1) resOut[i1] = __fsub_rn(z[2 * k + 1], b1 ? s : -s);
+    }
+    const unsigned lo = __ballot_sync(kFull, b0);
+    const unsigned hi = __ballot_sync(kFull, b1);
+    if (lane == static_cast<unsigned>(k)) {
+      mine = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+    }
+  }
+  const size_t wordIndex = base / 64 + lane;
+  if (wordIndex * 64 < a.count) words[wordIndex] = mine;
 }
 
 // ---- int8 ------------------------------------------------------------------
@@ -386,16 +470,18 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 
 bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
 
-unsigned gridFor(size_t items, size_t perCta) {
+unsigned gridFor(size_t items, size_t perCta, size_t cap = kMaxGrid) {
   size_t g = (items + perCta - 1) / perCta;
   if (g == 0) g = 1;  // CTA 0 still writes the header
-  if (g > kMaxGrid) g = kMaxGrid;
+  if (g > cap) g = cap;
   return static_cast<unsigned>(g);
 }
 
 template <DType D, bool kRes>
 void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t stream) {
-  const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta);
+  const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid);
+  const unsigned segmentGrid =
+      gridFor((a.count + kSegment - 1) / kSegment, kWarpsPerCta, kMaxWarpGrid);
   const unsigned elemGrid = gridFor(a.count, kThreads);
   switch (spec.codec) {
     case CodecId::kNone:
@@ -408,7 +494,16 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
       elementwiseEncodeKernel<D, kRes, Fmt::kBf16><<<elemGrid, kThreads, 0, stream>>>(a);
       break;
     case CodecId::kOnebit:
-      if (spec.scale == Scale::kRms) {
+      if (a.block <= static_cast<uint32_t>(kSegment)) {
+        const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
+        if (spec.scale == Scale::kRms) {
+          onebitEncodeSegmentKernel<D, kRes, true>
+              <<<segmentGrid, kThreads, 0, stream>>>(a, perShift);
+        } else {
+          onebitEncodeSegmentKernel<D, kRes, false>
+              <<<segmentGrid, kThreads, 0, stream>>>(a, perShift);
+        }
+      } else if (spec.scale == Scale::kRms) {
         onebitEncodeKernel<D, kRes, true><<<warpGrid, kThreads, 0, stream>>>(a);
       } else {
         onebitEncodeKernel<D, kRes, false><<<warpGrid, kThreads, 0, stream>>>(a);
@@ -607,6 +702,12 @@ Status cudaEncodeChunk(const Spec& spec, const void* dInput, DType dtype, size_t
         "elements [%zu, %zu + %zu) lie outside the residual of %zu elements", residualOffset,
         residualOffset, count, residualOrNull->count);
   }
+  SQUALL_REQUIRE(
+      layout.blocks / kWarpsPerCta < kMaxWarpGrid && count / kSegment / kWarpsPerCta < kMaxWarpGrid,
+      Status::kUnsupported, Subsys::kCuda,
+      "%zu elements in blocks of %u are more than one kernel launch covers; "
+      "encode the buffer in chunks",
+      count, spec.block);
   EncodeArgs a{};
   a.input = dInput;
   a.count = count;
