@@ -83,14 +83,14 @@ fi
 note "nvcc: $(nvcc --version | tail -1)"
 
 if [[ -f "$build/build.ninja" ]]; then
-  step configure 60 meson setup --reconfigure "$build" -Dcuda=enabled "-Dgpu_archs=$archs" ||
+  step configure 30 meson setup --reconfigure "$build" -Dcuda=enabled "-Dgpu_archs=$archs" ||
     exit 1
 else
-  step configure 60 meson setup "$build" -Dcuda=enabled "-Dgpu_archs=$archs" || exit 1
+  step configure 30 meson setup "$build" -Dcuda=enabled "-Dgpu_archs=$archs" || exit 1
 fi
-step build 200 ninja -C "$build" || exit 1
+step build 180 ninja -C "$build" || exit 1
 
-step cpu-unit-tests 60 meson test -C "$build" --no-suite gpu --print-errorlogs || true
+step cpu-unit-tests 30 meson test -C "$build" --no-suite gpu --print-errorlogs || true
 
 step gpu-codec-tests 150 "$build/tests/gpu/codec_gpu_test" \
   "--gtest_output=xml:$out/codec_gpu_test.xml" || true
@@ -101,7 +101,7 @@ fi
 grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|test suites? ran' \
   "$out/gpu-codec-tests.log" | tee -a "$summary" || true
 
-step gpu-bench 90 "$build/perf/gpu_codec_bench" || true
+step gpu-bench 60 "$build/perf/gpu_codec_bench" || true
 grep -E 'n=|BENCH|GPU:|SKIP' "$out/gpu-bench.log" | tee -a "$summary" || true
 
 if [[ $failed -eq 0 ]]; then
