@@ -448,6 +448,16 @@ __global__ void commitKernel(int* control, unsigned long long* skipped) {
 
 // ---- host side -------------------------------------------------------------
 
+#if !defined(SQUALL_CUDA_EMULATION)
+// Launches through a function pointer. tests/gpu/emu provides a CPU version of
+// this (and of the runtime calls below) that runs the same kernels on threads.
+template <typename... Params, typename... Args>
+void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
+                  Args... args) {
+  kernel<<<grid, threads, 0, stream>>>(args...);
+}
+#endif
+
 Status cudaFailure(cudaError_t err, const char* what) {
   return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
                      Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
@@ -485,32 +495,32 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
   const unsigned elemGrid = gridFor(a.count, kThreads);
   switch (spec.codec) {
     case CodecId::kNone:
-      elementwiseEncodeKernel<D, kRes, Fmt::kF32><<<elemGrid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF32>, elemGrid, kThreads, stream, a);
       break;
     case CodecId::kFp16:
-      elementwiseEncodeKernel<D, kRes, Fmt::kF16><<<elemGrid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF16>, elemGrid, kThreads, stream, a);
       break;
     case CodecId::kBf16:
-      elementwiseEncodeKernel<D, kRes, Fmt::kBf16><<<elemGrid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kBf16>, elemGrid, kThreads, stream, a);
       break;
     case CodecId::kOnebit:
       if (a.block <= static_cast<uint32_t>(kSegment)) {
         const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
         if (spec.scale == Scale::kRms) {
-          onebitEncodeSegmentKernel<D, kRes, true>
-              <<<segmentGrid, kThreads, 0, stream>>>(a, perShift);
+          launchKernel(onebitEncodeSegmentKernel<D, kRes, true>, segmentGrid, kThreads, stream, a,
+                       perShift);
         } else {
-          onebitEncodeSegmentKernel<D, kRes, false>
-              <<<segmentGrid, kThreads, 0, stream>>>(a, perShift);
+          launchKernel(onebitEncodeSegmentKernel<D, kRes, false>, segmentGrid, kThreads, stream, a,
+                       perShift);
         }
       } else if (spec.scale == Scale::kRms) {
-        onebitEncodeKernel<D, kRes, true><<<warpGrid, kThreads, 0, stream>>>(a);
+        launchKernel(onebitEncodeKernel<D, kRes, true>, warpGrid, kThreads, stream, a);
       } else {
-        onebitEncodeKernel<D, kRes, false><<<warpGrid, kThreads, 0, stream>>>(a);
+        launchKernel(onebitEncodeKernel<D, kRes, false>, warpGrid, kThreads, stream, a);
       }
       break;
     case CodecId::kInt8:
-      int8EncodeKernel<D, kRes><<<warpGrid, kThreads, 0, stream>>>(a);
+      launchKernel(int8EncodeKernel<D, kRes>, warpGrid, kThreads, stream, a);
       break;
   }
 }
@@ -529,19 +539,19 @@ void launchDecode(const Spec& spec, const DecodeArgs& a, cudaStream_t stream) {
   const unsigned grid = gridFor(a.count, kThreads);
   switch (spec.codec) {
     case CodecId::kNone:
-      elementwiseDecodeKernel<Fmt::kF32, kAcc><<<grid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseDecodeKernel<Fmt::kF32, kAcc>, grid, kThreads, stream, a);
       break;
     case CodecId::kFp16:
-      elementwiseDecodeKernel<Fmt::kF16, kAcc><<<grid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseDecodeKernel<Fmt::kF16, kAcc>, grid, kThreads, stream, a);
       break;
     case CodecId::kBf16:
-      elementwiseDecodeKernel<Fmt::kBf16, kAcc><<<grid, kThreads, 0, stream>>>(a);
+      launchKernel(elementwiseDecodeKernel<Fmt::kBf16, kAcc>, grid, kThreads, stream, a);
       break;
     case CodecId::kOnebit:
-      onebitDecodeKernel<kAcc><<<grid, kThreads, 0, stream>>>(a);
+      launchKernel(onebitDecodeKernel<kAcc>, grid, kThreads, stream, a);
       break;
     case CodecId::kInt8:
-      int8DecodeKernel<kAcc><<<grid, kThreads, 0, stream>>>(a);
+      launchKernel(int8DecodeKernel<kAcc>, grid, kThreads, stream, a);
       break;
   }
 }
@@ -741,7 +751,7 @@ Status cudaEncodeChunk(const Spec& spec, const void* dInput, DType dtype, size_t
 }
 
 Status cudaResidualCommit(const DeviceResidual& residual, cudaStream_t stream) {
-  commitKernel<<<1, 1, 0, stream>>>(residual.control, residual.skipped);
+  launchKernel(commitKernel, 1, 1, stream, residual.control, residual.skipped);
   SQUALL_CUDA_TRY(cudaGetLastError());
   return Status::kOk;
 }
