@@ -90,7 +90,7 @@ else
 fi
 step build 180 ninja -C "$build" || exit 1
 
-step cpu-unit-tests 30 meson test -C "$build" --no-suite gpu --print-errorlogs || true
+step cpu-unit-tests 30 meson test -C "$build" --no-suite gpu --no-suite emu --print-errorlogs || true
 
 step gpu-codec-tests 150 "$build/tests/gpu/codec_gpu_test" \
   "--gtest_output=xml:$out/codec_gpu_test.xml" || true
