@@ -76,6 +76,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     exit 1
   }
 fi
+meson_version="$(meson --version 2>/dev/null || echo 0)"
+if [[ "$(printf '%s\n1.0.0\n' "$meson_version" | sort -V | head -1)" != "1.0.0" ]]; then
+  note "FAIL: meson $meson_version is older than the 1.0.0 this project needs (pip install meson)"
+  exit 1
+fi
 if ! command -v nvcc >/dev/null 2>&1; then
   note "FAIL: nvcc not found (looked in PATH and /usr/local/cuda/bin)"
   exit 1
