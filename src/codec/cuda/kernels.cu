@@ -42,7 +42,12 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerCta = kThreads / 32;
 constexpr uint32_t kNanBits = 0x7fc00000u;
-constexpr size_t kMaxGrid = size_t{1} << 20;  // element kernels grid-stride beyond this
+constexpr int kUnroll = 4;  // elements per thread per step of the element-wise kernels
+#if defined(SQUALL_CUDA_EMULATION)
+constexpr size_t kMaxGrid = 2;  // the CPU emulation exercises the grid-stride loops
+#else
+constexpr size_t kMaxGrid = size_t{1} << 20;
+#endif  // element kernels grid-stride beyond this
 constexpr size_t kMaxWarpGrid = 0x7fffffff;   // warp kernels do not (checked on the host)
 
 enum class Fmt { kF32, kF16, kBf16 };
@@ -338,14 +343,25 @@ __global__ void __launch_bounds__(kThreads) elementwiseEncodeKernel(EncodeArgs a
   auto* out = reinterpret_cast<Word*>(a.out + kHeaderBytes);
   bool bad = false;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count;
-       i += stride) {
-    const float z = loadZ<D, kRes>(a.input, resIn, i);
-    const Word w = Format<F>::encode(z);
-    out[i] = w;
-    const float d = Format<F>::decode(w);
-    bad = bad || !isFinite(d);
-    if constexpr (kRes) resOut[i] = __fsub_rn(z, d);
+  for (size_t i0 = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < a.count;
+       i0 += kUnroll * stride) {
+    float z[kUnroll];  // all loads first: kUnroll independent loads in flight
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      z[k] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      if (i < a.count) {
+        const Word w = Format<F>::encode(z[k]);
+        out[i] = w;
+        const float d = Format<F>::decode(w);
+        bad = bad || !isFinite(d);
+        if constexpr (kRes) resOut[i] = __fsub_rn(z[k], d);
+      }
+    }
   }
   if constexpr (kRes) {
     if (bad) a.control[1] = 1;
@@ -378,12 +394,30 @@ __device__ bool headerMatches(const DecodeArgs& a) {
 
 __device__ __forceinline__ float nanValue() { return bitsFloat(kNanBits); }
 
-template <bool kAcc>
-__device__ __forceinline__ void put(float* out, size_t i, float d) {
-  if constexpr (kAcc) {
-    out[i] = __fadd_rn(out[i], d);
-  } else {
-    out[i] = d;
+// Writes (or adds) value(i) for every element, kUnroll elements per thread
+// per step with every load of a step issued before its stores.
+template <bool kAcc, typename Value>
+__device__ __forceinline__ void decodeLoop(const DecodeArgs& a, Value value) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i0 = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < a.count;
+       i0 += kUnroll * stride) {
+    float d[kUnroll];
+    float prev[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      d[k] = 0.0f;
+      prev[k] = 0.0f;
+      if (i < a.count) {
+        d[k] = value(i);
+        if constexpr (kAcc) prev[k] = a.out[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      if (i < a.count) a.out[i] = kAcc ? __fadd_rn(prev[k], d[k]) : d[k];
+    }
   }
 }
 
@@ -393,18 +427,13 @@ __global__ void __launch_bounds__(kThreads) onebitDecodeKernel(DecodeArgs a) {
   const uint8_t* payload = a.in + kHeaderBytes;
   const auto* scales = reinterpret_cast<const float*>(payload);
   const auto* words = reinterpret_cast<const uint64_t*>(payload + a.dataOffset);
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count;
-       i += stride) {
-    float d = nanValue();
-    if (ok) {
-      const float s = scales[i >> a.blockShift];
-      if (isFinite(s)) {
-        d = s == 0.0f ? 0.0f : (((words[i / 64] >> (i % 64)) & 1u) != 0 ? s : -s);
-      }
-    }
-    put<kAcc>(a.out, i, d);
-  }
+  decodeLoop<kAcc>(a, [&](size_t i) {
+    if (!ok) return nanValue();
+    const float s = scales[i >> a.blockShift];
+    if (!isFinite(s)) return nanValue();
+    if (s == 0.0f) return 0.0f;
+    return ((words[i / 64] >> (i % 64)) & 1u) != 0 ? s : -s;
+  });
 }
 
 template <bool kAcc>
@@ -413,16 +442,12 @@ __global__ void __launch_bounds__(kThreads) int8DecodeKernel(DecodeArgs a) {
   const uint8_t* payload = a.in + kHeaderBytes;
   const auto* scales = reinterpret_cast<const float*>(payload);
   const auto* q = reinterpret_cast<const int8_t*>(payload + a.dataOffset);
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count;
-       i += stride) {
-    float d = nanValue();
-    if (ok) {
-      const float s = scales[i >> a.blockShift];
-      if (isFinite(s)) d = s != 0.0f ? __fmul_rn(static_cast<float>(q[i]), s) : 0.0f;
-    }
-    put<kAcc>(a.out, i, d);
-  }
+  decodeLoop<kAcc>(a, [&](size_t i) {
+    if (!ok) return nanValue();
+    const float s = scales[i >> a.blockShift];
+    if (!isFinite(s)) return nanValue();
+    return s != 0.0f ? __fmul_rn(static_cast<float>(q[i]), s) : 0.0f;
+  });
 }
 
 template <Fmt F, bool kAcc>
@@ -430,11 +455,7 @@ __global__ void __launch_bounds__(kThreads) elementwiseDecodeKernel(DecodeArgs a
   const bool ok = headerMatches(a);
   using Word = typename Format<F>::Word;
   const auto* in = reinterpret_cast<const Word*>(a.in + kHeaderBytes);
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.count;
-       i += stride) {
-    put<kAcc>(a.out, i, ok ? Format<F>::decode(in[i]) : nanValue());
-  }
+  decodeLoop<kAcc>(a, [&](size_t i) { return ok ? Format<F>::decode(in[i]) : nanValue(); });
 }
 
 __global__ void commitKernel(int* control, unsigned long long* skipped) {
@@ -492,7 +513,7 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
   const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid);
   const unsigned segmentGrid =
       gridFor((a.count + kSegment - 1) / kSegment, kWarpsPerCta, kMaxWarpGrid);
-  const unsigned elemGrid = gridFor(a.count, kThreads);
+  const unsigned elemGrid = gridFor(a.count, kThreads * kUnroll);
   switch (spec.codec) {
     case CodecId::kNone:
       launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF32>, elemGrid, kThreads, stream, a);
@@ -536,7 +557,7 @@ void launchEncodeRes(const Spec& spec, const EncodeArgs& a, bool res, cudaStream
 
 template <bool kAcc>
 void launchDecode(const Spec& spec, const DecodeArgs& a, cudaStream_t stream) {
-  const unsigned grid = gridFor(a.count, kThreads);
+  const unsigned grid = gridFor(a.count, kThreads * kUnroll);
   switch (spec.codec) {
     case CodecId::kNone:
       launchKernel(elementwiseDecodeKernel<Fmt::kF32, kAcc>, grid, kThreads, stream, a);
