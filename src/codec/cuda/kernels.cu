@@ -47,8 +47,8 @@ constexpr int kUnroll = 4;  // elements per thread per step of the element-wise 
 constexpr size_t kMaxGrid = 2;  // the CPU emulation exercises the grid-stride loops
 #else
 constexpr size_t kMaxGrid = size_t{1} << 20;
-#endif  // element kernels grid-stride beyond this
-constexpr size_t kMaxWarpGrid = 0x7fffffff;   // warp kernels do not (checked on the host)
+#endif                                       // element kernels grid-stride beyond this
+constexpr size_t kMaxWarpGrid = 0x7fffffff;  // warp kernels do not (checked on the host)
 
 enum class Fmt { kF32, kF16, kBf16 };
 
@@ -310,6 +310,75 @@ __global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
   }
 }
 
+// int8 for blocks of at most 2048 elements: the onebit segment layout (see
+// onebitEncodeSegmentKernel), one read of the data.
+template <DType D, bool kRes>
+__global__ void __launch_bounds__(kThreads)
+    int8EncodeSegmentKernel(EncodeArgs a, unsigned perShift) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t g = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  const size_t base = g * kSegment;
+  if (base >= a.count) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const unsigned per = 1u << perShift;
+  const size_t firstBlock = base / a.block;
+  float z[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const size_t i = base + 32 * j + lane;
+    z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+  }
+  uint8_t* payload = a.out + kHeaderBytes;
+  auto* scales = reinterpret_cast<float*>(payload);
+  float maxAbs = 0.0f;
+  bool finite = true;
+  float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    finite = finite && isFinite(z[j]);  // padding lanes hold 0: finite
+    maxAbs = fmaxf(maxAbs, absf(z[j]));
+    if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
+      const unsigned c = static_cast<unsigned>(j) >> perShift;
+      for (int w = 16; w >= 1; w /= 2) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, w));
+      const bool blockFinite = __all_sync(kFull, finite) != 0;
+      const size_t blockStart = base + static_cast<size_t>(c) * a.block;
+      if (blockStart < a.count) {
+        const float s = blockFinite ? __fdiv_rn(maxAbs, 127.0f) : bitsFloat(kNanBits);
+        if (lane == c) myScale = s;
+        if (lane == 0) {
+          scales[firstBlock + c] = s;
+          if constexpr (kRes) {
+            if (!blockFinite) a.control[1] = 1;
+          }
+        }
+      }
+      maxAbs = 0.0f;
+      finite = true;
+    }
+  }
+  auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if ((j & (per - 1)) == 0) {  // the start of a block: warp-uniform
+      s = __shfl_sync(kFull, myScale, static_cast<unsigned>(j) >> perShift);
+    }
+    const size_t i = base + 32 * j + lane;
+    if (i < a.count) {
+      float r = 0.0f;
+      if (isFinite(s) && s != 0.0f) {  // a NaN scale marks a non-finite block
+        r = roundEven(__fdiv_rn(z[j], s));
+        r = r < -127.0f ? -127.0f : (127.0f < r ? 127.0f : r);  // std::clamp
+      }
+      q[i] = static_cast<int8_t>(static_cast<int>(r));
+      if constexpr (kRes) resOut[i] = __fsub_rn(z[j], __fmul_rn(r, s));
+    }
+  }
+}
+
 // ---- none / fp16 / bf16 -------------------------------------------------
 
 template <Fmt F>
@@ -541,7 +610,12 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
       }
       break;
     case CodecId::kInt8:
-      launchKernel(int8EncodeKernel<D, kRes>, warpGrid, kThreads, stream, a);
+      if (a.block <= static_cast<uint32_t>(kSegment)) {
+        const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
+        launchKernel(int8EncodeSegmentKernel<D, kRes>, segmentGrid, kThreads, stream, a, perShift);
+      } else {
+        launchKernel(int8EncodeKernel<D, kRes>, warpGrid, kThreads, stream, a);
+      }
       break;
   }
 }
