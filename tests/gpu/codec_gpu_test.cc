@@ -38,6 +38,15 @@ std::string gNoGpuReason;  // empty when a GPU is usable
     ASSERT_EQ(cuda_ok_err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(cuda_ok_err_); \
   } while (0)
 
+// Copies that are no-ops for zero bytes (the size-0 cases pass null pointers).
+cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return bytes == 0 ? cudaSuccess : cudaMemcpy(dst, src, bytes, kind);
+}
+cudaError_t copyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                      cudaStream_t stream) {
+  return bytes == 0 ? cudaSuccess : cudaMemcpyAsync(dst, src, bytes, kind, stream);
+}
+
 class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -208,14 +217,14 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
   DeviceBuffer dIn(input.size()), dOut(total);
   ASSERT_NE(dIn.p, nullptr);
   ASSERT_NE(dOut.p, nullptr);
-  CUDA_OK(cudaMemcpy(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(copy(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(dOut.p, 0xee, total));  // padding must be written, not inherited
   ResidualPtr residual;
   if (withRes) {
     DeviceResidual* r = nullptr;
     ASSERT_EQ(cudaResidualCreate(count, &r), Status::kOk);
     residual.reset(r);
-    CUDA_OK(cudaMemcpy(r->buf[0], resIn.data(), count * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(copy(r->buf[0], resIn.data(), count * 4, cudaMemcpyHostToDevice));
   }
   size_t bytes = 0;
   ASSERT_EQ(cudaEncode(spec, dIn.p, dtype, count, residual.get(), dOut.p, total, stream, &bytes),
@@ -236,7 +245,7 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
     if (ref.finite) {
       EXPECT_EQ(current, 1);
       EXPECT_EQ(skipped, 0u);
-      CUDA_OK(cudaMemcpy(resGot.data(), residual->buf[1], count * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(copy(resGot.data(), residual->buf[1], count * 4, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < count; ++i) {
         if (floatBits(resGot[i]) != floatBits(resWant[i])) {
           ADD_FAILURE() << "residual " << i << ": want " << resWant[i] << " got " << resGot[i];
@@ -246,7 +255,7 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
     } else {
       EXPECT_EQ(current, 0);
       EXPECT_EQ(skipped, 1u);
-      CUDA_OK(cudaMemcpy(resGot.data(), residual->buf[0], count * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(copy(resGot.data(), residual->buf[0], count * 4, cudaMemcpyDeviceToHost));
       EXPECT_EQ(std::memcmp(resGot.data(), resIn.data(), count * 4), 0)
           << "a non-finite call changed the current residual";
     }
@@ -262,7 +271,7 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
   ASSERT_EQ(decode(want.data(), total, decWant.data(), count), Status::kOk);
   ASSERT_EQ(cudaDecode(spec, dOut.p, total, dDec.as<float>(), count, stream, dErr.as<int>()),
             Status::kOk);
-  CUDA_OK(cudaMemcpyAsync(decGot.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(copyAsync(decGot.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   for (size_t i = 0; i < count; ++i) {
     if (floatBits(decGot[i]) != floatBits(decWant[i])) {
@@ -273,12 +282,12 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
   }
   std::vector<float> acc = randomFloats(count, seed + 2, 1.0f);
   std::vector<float> accGot(count);
-  CUDA_OK(cudaMemcpy(dDec.p, acc.data(), count * 4, cudaMemcpyHostToDevice));
+  CUDA_OK(copy(dDec.p, acc.data(), count * 4, cudaMemcpyHostToDevice));
   ASSERT_EQ(decodeAccumulate(want.data(), total, acc.data(), count), Status::kOk);
   ASSERT_EQ(
       cudaDecodeAccumulate(spec, dOut.p, total, dDec.as<float>(), count, stream, dErr.as<int>()),
       Status::kOk);
-  CUDA_OK(cudaMemcpyAsync(accGot.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(copyAsync(accGot.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream));
   int err = -1;
   CUDA_OK(cudaMemcpyAsync(&err, dErr.p, sizeof(int), cudaMemcpyDeviceToHost, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
@@ -377,13 +386,13 @@ TEST_F(Gpu, NonFiniteCallIsSkippedOnDevice) {
     EncodeResult result;
     ASSERT_EQ(encode(spec, in->data(), DType::kF32, count, host.get(), want.data(), total, &result),
               Status::kOk);
-    CUDA_OK(cudaMemcpyAsync(dIn.p, in->data(), count * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_OK(copyAsync(dIn.p, in->data(), count * 4, cudaMemcpyHostToDevice, stream_));
     ASSERT_EQ(cudaEncode(spec, dIn.p, DType::kF32, count, r.get(), dOut.p, total, stream_, &bytes),
               Status::kOk);
     const float* current = nullptr;
     ASSERT_EQ(cudaResidualCurrent(*r, stream_, &current), Status::kOk);
     std::vector<float> resGot(count);
-    CUDA_OK(cudaMemcpy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(copy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::memcmp(resGot.data(), host->current(), count * 4), 0);
     unsigned long long skipped = 0;
     ASSERT_EQ(cudaResidualQuery(*r, stream_, nullptr, &skipped), Status::kOk);
@@ -402,7 +411,7 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
   size_t total = 0;
   ASSERT_EQ(encodedSize(spec, count, &total), Status::kOk);
   DeviceBuffer dIn(input.size()), dOut(total);
-  CUDA_OK(cudaMemcpy(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice));
+  CUDA_OK(copy(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice));
   DeviceResidual* raw = nullptr;
   ASSERT_EQ(cudaResidualCreate(count, &raw), Status::kOk);
   ResidualPtr r(raw);
@@ -424,7 +433,7 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
     if (replay == 3) {  // poison one element: this replay must be skipped
       const uint16_t nan = 0x7fc0;
       std::memcpy(&input[2 * 777], &nan, 2);
-      CUDA_OK(cudaMemcpyAsync(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice, stream_));
+      CUDA_OK(copyAsync(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice, stream_));
     }
     EncodeResult result;
     ASSERT_EQ(
@@ -437,7 +446,7 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
     const float* current = nullptr;
     ASSERT_EQ(cudaResidualCurrent(*r, stream_, &current), Status::kOk);
     std::vector<float> resGot(count);
-    CUDA_OK(cudaMemcpy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(copy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::memcmp(resGot.data(), host->current(), count * 4), 0) << "replay " << replay;
     unsigned long long skipped = 0;
     ASSERT_EQ(cudaResidualQuery(*r, stream_, nullptr, &skipped), Status::kOk);
@@ -469,7 +478,7 @@ TEST_F(Gpu, DecodeChecksHeaderOnDevice) {
             Status::kOk);
   std::vector<float> dec(count);
   int err = 0;
-  CUDA_OK(cudaMemcpyAsync(dec.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
+  CUDA_OK(copyAsync(dec.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
   CUDA_OK(cudaMemcpyAsync(&err, dErr.p, sizeof(int), cudaMemcpyDeviceToHost, stream_));
   CUDA_OK(cudaStreamSynchronize(stream_));
   EXPECT_EQ(err, 1);
