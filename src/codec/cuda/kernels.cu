@@ -1,0 +1,871 @@
+// CUDA kernels for every codec, and the host wrappers declared in
+// cuda_codec.h. The scalar reference (kernels_scalar.cc) is the oracle: these
+// kernels produce the same bytes, residuals and decoded floats.
+//
+// Algorithms:
+//   onebit encode  one warp per block of the codec. Thread t adds |z| (or z*z,
+//                  rounded, for rms) of elements t, t+32, t+64, ... in index
+//                  order: coalesced loads and exactly the per-lane sums of
+//                  numeric.h's canonical order. __shfl_down_sync with offsets
+//                  16, 8, 4, 2, 1 then performs foldLanes' lane[j] += lane[j+w].
+//                  s = sum / n (IEEE division), sqrt for rms. A second walk of
+//                  the block (an L1/L2 hit, not DRAM) sets bit = z >= 0 with
+//                  two ballots per 64-bit word (low ballot = elements 0..31 of
+//                  the word) and writes residual z - (bit ? s : -s).
+//   int8 encode    one warp per block: max |z| and finiteness by shuffles (max
+//                  is exact, so order does not matter), s = max / 127 or NaN,
+//                  then q = clamp(roundEven(z / s), -127, 127), residual z - q*s.
+//   none/fp16/bf16 one thread per element (grid-stride), residual z - decoded.
+//   decode         one thread per element (grid-stride), every block first
+//                  checking the header against the caller's expectation.
+//   commit         one thread flips the current residual buffer unless the
+//                  encode raised the non-finite flag.
+// The thread block (CTA) 0 of every encode also writes the header and the zero
+// padding, so an encode is one kernel launch (plus the commit).
+//
+// Rounding: this file is compiled with --fmad=false, and the arithmetic that
+// matters is spelled with __fadd_rn / __fmul_rn / __fdiv_rn / __fsqrt_rn so
+// that no compiler flag can contract or approximate it.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+#include "src/codec/cuda/cuda_codec.h"
+#include "src/codec/numeric.h"
+
+namespace squall::codec {
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kThreads = 256;
+constexpr int kWarpsPerCta = kThreads / 32;
+constexpr uint32_t kNanBits = 0x7fc00000u;
+constexpr int kUnroll = 4;  // elements per thread per step of the element-wise kernels
+#if defined(SQUALL_CUDA_EMULATION)
+constexpr size_t kMaxGrid = 2;  // the CPU emulation exercises the grid-stride loops
+#else
+constexpr size_t kMaxGrid = size_t{1} << 20;
+#endif                                       // element kernels grid-stride beyond this
+constexpr size_t kMaxWarpGrid = 0x7fffffff;  // warp kernels do not (checked on the host)
+
+enum class Fmt { kF32, kF16, kBf16 };
+
+// ---- device helpers -------------------------------------------------------
+
+template <DType D>
+__device__ __forceinline__ float loadX(const void* input, size_t i) {
+  if constexpr (D == DType::kF32) {
+    return static_cast<const float*>(input)[i];
+  } else if constexpr (D == DType::kF16) {
+    return halfToFloat(static_cast<const uint16_t*>(input)[i]);
+  } else {
+    return bf16ToFloat(static_cast<const uint16_t*>(input)[i]);
+  }
+}
+
+// z = x + e; without error feedback z = x (0 is not added: -0 stays -0).
+template <DType D, bool kRes>
+__device__ __forceinline__ float loadZ(const void* input, const float* resIn, size_t i) {
+  const float x = loadX<D>(input, i);
+  if constexpr (kRes) {
+    return __fadd_rn(x, resIn[i]);
+  } else {
+    return x;
+  }
+}
+
+struct EncodeArgs {
+  const void* input;
+  size_t count;
+  uint32_t block;
+  size_t blocks;
+  uint8_t* out;       // the header; the payload follows at kHeaderBytes
+  size_t dataOffset;  // payload-relative, as in Layout
+  size_t dataEnd;     // dataOffset + dataBytes
+  size_t payloadBytes;
+  uint64_t header[3];  // the 24 header bytes, prepared on the host
+  float* buf0;         // residual buffers (already offset to the chunk)
+  float* buf1;
+  int* control;  // [0] current, [1] non-finite flag
+};
+
+// The header and the zero padding bytes (at most 4 after the scales and 7
+// after the data); the kernels never write those bytes otherwise.
+__device__ void writePrologue(const EncodeArgs& a) {
+  auto* h = reinterpret_cast<uint64_t*>(a.out);
+  h[0] = a.header[0];
+  h[1] = a.header[1];
+  h[2] = a.header[2];
+  uint8_t* payload = a.out + kHeaderBytes;
+  for (size_t i = a.blocks * 4; i < a.dataOffset; ++i) payload[i] = 0;
+  for (size_t i = a.dataEnd; i < a.payloadBytes; ++i) payload[i] = 0;
+}
+
+template <bool kRes>
+__device__ __forceinline__ void residualBuffers(const EncodeArgs& a, const float** in,
+                                                float** out) {
+  if constexpr (kRes) {
+    const int current = a.control[0];
+    *in = current != 0 ? a.buf1 : a.buf0;
+    *out = current != 0 ? a.buf0 : a.buf1;
+  } else {
+    *in = nullptr;
+    *out = nullptr;
+  }
+}
+
+// ---- onebit ------------------------------------------------------------------
+
+template <DType D, bool kRes, bool kRms>
+__global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= a.blocks) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const size_t start = b * a.block;
+  const size_t n = a.count - start < a.block ? a.count - start : a.block;
+  const size_t end = start + n;
+
+  // Lane sums in index order, then the canonical fold.
+  float acc = 0.0f;
+#pragma unroll 8
+  for (size_t i = start + lane; i < end; i += 32) {
+    const float z = loadZ<D, kRes>(a.input, resIn, i);
+    acc = __fadd_rn(acc, kRms ? __fmul_rn(z, z) : absf(z));
+  }
+  for (int w = 16; w >= 1; w /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, w));
+  const float sum = __shfl_sync(kFull, acc, 0);
+  float s = __fdiv_rn(sum, __ull2float_rn(n));
+  if constexpr (kRms) s = __fsqrt_rn(s);
+  s = canonicalScale(s);
+  uint8_t* payload = a.out + kHeaderBytes;
+  if (lane == 0) {
+    reinterpret_cast<float*>(payload)[b] = s;
+    if constexpr (kRes) {
+      if (!isFinite(s)) a.control[1] = 1;
+    }
+  }
+
+  // Bits and residuals: lane k collects word wb + k of each group of 32 words.
+  auto* words = reinterpret_cast<uint64_t*>(payload + a.dataOffset);
+  const size_t wEnd = (end + 63) / 64;
+  for (size_t wb = start / 64; wb < wEnd; wb += 32) {
+    const unsigned kn = wEnd - wb < 32 ? static_cast<unsigned>(wEnd - wb) : 32u;
+    uint64_t mine = 0;
+#pragma unroll 4
+    for (unsigned k = 0; k < kn; ++k) {
+      const size_t i0 = (wb + k) * 64 + lane;
+      const size_t i1 = i0 + 32;
+      bool b0 = false;
+      bool b1 = false;
+      if (i0 < end) {
+        const float z = loadZ<D, kRes>(a.input, resIn, i0);
+        b0 = z >= 0.0f;
+        if constexpr (kRes) resOut[i0] = __fsub_rn(z, b0 ? s : -s);
+      }
+      if (i1 < end) {
+        const float z = loadZ<D, kRes>(a.input, resIn, i1);
+        b1 = z >= 0.0f;
+        if constexpr (kRes) resOut[i1] = __fsub_rn(z, b1 ? s : -s);
+      }
+      const unsigned lo = __ballot_sync(kFull, b0);
+      const unsigned hi = __ballot_sync(kFull, b1);
+      if (lane == k) mine = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+    }
+    if (lane < kn) words[wb + lane] = mine;
+  }
+}
+
+// The common case, blocks of at most 2048 elements: one warp per 2048-element
+// segment (1..32 whole codec blocks), kept in registers between the scale and
+// the bits, so the data is read exactly once. Thread t holds elements
+// base + t + 32 j, j = 0..63; block c of the segment is j in [c per, (c+1) per)
+// with per = block / 32, so every lane still sums its elements of a block in
+// index order, and each block is folded with the canonical shuffles.
+constexpr int kSegment = 2048;
+constexpr int kPerThread = kSegment / 32;
+
+template <DType D, bool kRes, bool kRms>
+__global__ void __launch_bounds__(kThreads)
+    onebitEncodeSegmentKernel(EncodeArgs a, unsigned perShift) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t g = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  const size_t base = g * kSegment;
+  if (base >= a.count) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const unsigned per = 1u << perShift;  // elements per thread per codec block
+  const size_t firstBlock = base / a.block;
+  float z[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const size_t i = base + 32 * j + lane;
+    z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+  }
+  uint8_t* payload = a.out + kHeaderBytes;
+  auto* scales = reinterpret_cast<float*>(payload);
+  float acc = 0.0f;
+  float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if (base + 32 * j + lane < a.count)
+      acc = __fadd_rn(acc, kRms ? __fmul_rn(z[j], z[j]) : absf(z[j]));
+    if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
+      const unsigned c = static_cast<unsigned>(j) >> perShift;
+      for (int w = 16; w >= 1; w /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, w));
+      const float sum = __shfl_sync(kFull, acc, 0);
+      acc = 0.0f;
+      const size_t blockStart = base + static_cast<size_t>(c) * a.block;
+      if (blockStart < a.count) {
+        const size_t left = a.count - blockStart;
+        const size_t n = left < a.block ? left : a.block;
+        float s = __fdiv_rn(sum, __ull2float_rn(n));
+        if constexpr (kRms) s = __fsqrt_rn(s);
+        s = canonicalScale(s);
+        if (lane == c) myScale = s;
+        if (lane == 0) {
+          scales[firstBlock + c] = s;
+          if constexpr (kRes) {
+            if (!isFinite(s)) a.control[1] = 1;
+          }
+        }
+      }
+    }
+  }
+  auto* words = reinterpret_cast<uint64_t*>(payload + a.dataOffset);
+  uint64_t mine = 0;
+#pragma unroll
+  for (int k = 0; k < kPerThread / 2; ++k) {
+    const float s = __shfl_sync(kFull, myScale, static_cast<unsigned>(2 * k) >> perShift);
+    const size_t i0 = base + 64 * k + lane;
+    const size_t i1 = i0 + 32;
+    const bool v0 = i0 < a.count;
+    const bool v1 = i1 < a.count;
+    const bool b0 = v0 && z[2 * k] >= 0.0f;
+    const bool b1 = v1 && z[2 * k + 1] >= 0.0f;
+    if constexpr (kRes) {
+      if (v0) resOut[i0] = __fsub_rn(z[2 * k], b0 ? s : -s);
+      if (v1) resOut[i1] = __fsub_rn(z[2 * k + 1], b1 ? s : -s);
+    }
+    const unsigned lo = __ballot_sync(kFull, b0);
+    const unsigned hi = __ballot_sync(kFull, b1);
+    if (lane == static_cast<unsigned>(k)) {
+      mine = static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+    }
+  }
+  const size_t wordIndex = base / 64 + lane;
+  if (wordIndex * 64 < a.count) words[wordIndex] = mine;
+}
+
+// ---- int8 ------------------------------------------------------------------
+
+template <DType D, bool kRes>
+__global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= a.blocks) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const size_t start = b * a.block;
+  const size_t n = a.count - start < a.block ? a.count - start : a.block;
+  const size_t end = start + n;
+
+  float maxAbs = 0.0f;
+  bool finite = true;
+#pragma unroll 8
+  for (size_t i = start + lane; i < end; i += 32) {
+    const float z = loadZ<D, kRes>(a.input, resIn, i);
+    finite = finite && isFinite(z);
+    maxAbs = fmaxf(maxAbs, absf(z));  // NaN ignored; the block is non-finite then
+  }
+  for (int w = 16; w >= 1; w /= 2) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, w));
+  finite = __all_sync(kFull, finite) != 0;
+  const float s = finite ? __fdiv_rn(maxAbs, 127.0f) : bitsFloat(kNanBits);
+  uint8_t* payload = a.out + kHeaderBytes;
+  if (lane == 0) {
+    reinterpret_cast<float*>(payload)[b] = s;
+    if constexpr (kRes) {
+      if (!finite) a.control[1] = 1;
+    }
+  }
+  auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
+  const bool quantise = finite && s != 0.0f;
+#pragma unroll 4
+  for (size_t i = start + lane; i < end; i += 32) {
+    const float z = loadZ<D, kRes>(a.input, resIn, i);
+    float r = 0.0f;
+    if (quantise) {
+      r = roundEven(__fdiv_rn(z, s));
+      r = r < -127.0f ? -127.0f : (127.0f < r ? 127.0f : r);  // std::clamp
+    }
+    q[i] = static_cast<int8_t>(static_cast<int>(r));
+    if constexpr (kRes) resOut[i] = __fsub_rn(z, __fmul_rn(r, s));
+  }
+}
+
+// int8 for blocks of at most 2048 elements: the onebit segment layout (see
+// onebitEncodeSegmentKernel), one read of the data.
+template <DType D, bool kRes>
+__global__ void __launch_bounds__(kThreads)
+    int8EncodeSegmentKernel(EncodeArgs a, unsigned perShift) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t g = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  const size_t base = g * kSegment;
+  if (base >= a.count) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  const unsigned per = 1u << perShift;
+  const size_t firstBlock = base / a.block;
+  float z[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const size_t i = base + 32 * j + lane;
+    z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+  }
+  uint8_t* payload = a.out + kHeaderBytes;
+  auto* scales = reinterpret_cast<float*>(payload);
+  float maxAbs = 0.0f;
+  bool finite = true;
+  float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    finite = finite && isFinite(z[j]);  // padding lanes hold 0: finite
+    maxAbs = fmaxf(maxAbs, absf(z[j]));
+    if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
+      const unsigned c = static_cast<unsigned>(j) >> perShift;
+      for (int w = 16; w >= 1; w /= 2) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, w));
+      const bool blockFinite = __all_sync(kFull, finite) != 0;
+      const size_t blockStart = base + static_cast<size_t>(c) * a.block;
+      if (blockStart < a.count) {
+        const float s = blockFinite ? __fdiv_rn(maxAbs, 127.0f) : bitsFloat(kNanBits);
+        if (lane == c) myScale = s;
+        if (lane == 0) {
+          scales[firstBlock + c] = s;
+          if constexpr (kRes) {
+            if (!blockFinite) a.control[1] = 1;
+          }
+        }
+      }
+      maxAbs = 0.0f;
+      finite = true;
+    }
+  }
+  auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    if ((j & (per - 1)) == 0) {  // the start of a block: warp-uniform
+      s = __shfl_sync(kFull, myScale, static_cast<unsigned>(j) >> perShift);
+    }
+    const size_t i = base + 32 * j + lane;
+    if (i < a.count) {
+      float r = 0.0f;
+      if (isFinite(s) && s != 0.0f) {  // a NaN scale marks a non-finite block
+        r = roundEven(__fdiv_rn(z[j], s));
+        r = r < -127.0f ? -127.0f : (127.0f < r ? 127.0f : r);  // std::clamp
+      }
+      q[i] = static_cast<int8_t>(static_cast<int>(r));
+      if constexpr (kRes) resOut[i] = __fsub_rn(z[j], __fmul_rn(r, s));
+    }
+  }
+}
+
+// ---- none / fp16 / bf16 -------------------------------------------------
+
+template <Fmt F>
+struct Format;
+template <>
+struct Format<Fmt::kF32> {
+  using Word = float;
+  __device__ static Word encode(float z) { return z; }
+  __device__ static float decode(Word w) { return w; }
+};
+template <>
+struct Format<Fmt::kF16> {
+  using Word = uint16_t;
+  __device__ static Word encode(float z) { return floatToHalf(z); }
+  __device__ static float decode(Word w) { return halfToFloat(w); }
+};
+template <>
+struct Format<Fmt::kBf16> {
+  using Word = uint16_t;
+  __device__ static Word encode(float z) { return floatToBf16(z); }
+  __device__ static float decode(Word w) { return bf16ToFloat(w); }
+};
+
+template <DType D, bool kRes, Fmt F>
+__global__ void __launch_bounds__(kThreads) elementwiseEncodeKernel(EncodeArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  using Word = typename Format<F>::Word;
+  auto* out = reinterpret_cast<Word*>(a.out + kHeaderBytes);
+  bool bad = false;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i0 = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < a.count;
+       i0 += kUnroll * stride) {
+    float z[kUnroll];  // all loads first: kUnroll independent loads in flight
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      z[k] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      if (i < a.count) {
+        const Word w = Format<F>::encode(z[k]);
+        out[i] = w;
+        const float d = Format<F>::decode(w);
+        bad = bad || !isFinite(d);
+        if constexpr (kRes) resOut[i] = __fsub_rn(z[k], d);
+      }
+    }
+  }
+  if constexpr (kRes) {
+    if (bad) a.control[1] = 1;
+  }
+}
+
+// ---- decode ------------------------------------------------------------------
+
+struct DecodeArgs {
+  const uint8_t* in;  // the header; the payload follows
+  size_t count;
+  unsigned blockShift;  // log2(block) for onebit and int8
+  size_t dataOffset;
+  uint64_t expected[3];
+  int* error;
+  float* out;
+};
+
+// Every CTA compares the header with the expectation once.
+__device__ bool headerMatches(const DecodeArgs& a) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    const auto* h = reinterpret_cast<const uint64_t*>(a.in);
+    ok = h[0] == a.expected[0] && h[1] == a.expected[1] && h[2] == a.expected[2];
+    if (!ok && a.error != nullptr) *a.error = 1;
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+__device__ __forceinline__ float nanValue() { return bitsFloat(kNanBits); }
+
+// Writes (or adds) value(i) for every element, kUnroll elements per thread
+// per step with every load of a step issued before its stores.
+template <bool kAcc, typename Value>
+__device__ __forceinline__ void decodeLoop(const DecodeArgs& a, Value value) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i0 = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < a.count;
+       i0 += kUnroll * stride) {
+    float d[kUnroll];
+    float prev[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      d[k] = 0.0f;
+      prev[k] = 0.0f;
+      if (i < a.count) {
+        d[k] = value(i);
+        if constexpr (kAcc) prev[k] = a.out[i];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const size_t i = i0 + k * stride;
+      if (i < a.count) a.out[i] = kAcc ? __fadd_rn(prev[k], d[k]) : d[k];
+    }
+  }
+}
+
+template <bool kAcc>
+__global__ void __launch_bounds__(kThreads) onebitDecodeKernel(DecodeArgs a) {
+  const bool ok = headerMatches(a);
+  const uint8_t* payload = a.in + kHeaderBytes;
+  const auto* scales = reinterpret_cast<const float*>(payload);
+  const auto* words = reinterpret_cast<const uint64_t*>(payload + a.dataOffset);
+  decodeLoop<kAcc>(a, [&](size_t i) {
+    if (!ok) return nanValue();
+    const float s = scales[i >> a.blockShift];
+    if (!isFinite(s)) return nanValue();
+    if (s == 0.0f) return 0.0f;
+    return ((words[i / 64] >> (i % 64)) & 1u) != 0 ? s : -s;
+  });
+}
+
+template <bool kAcc>
+__global__ void __launch_bounds__(kThreads) int8DecodeKernel(DecodeArgs a) {
+  const bool ok = headerMatches(a);
+  const uint8_t* payload = a.in + kHeaderBytes;
+  const auto* scales = reinterpret_cast<const float*>(payload);
+  const auto* q = reinterpret_cast<const int8_t*>(payload + a.dataOffset);
+  decodeLoop<kAcc>(a, [&](size_t i) {
+    if (!ok) return nanValue();
+    const float s = scales[i >> a.blockShift];
+    if (!isFinite(s)) return nanValue();
+    return s != 0.0f ? __fmul_rn(static_cast<float>(q[i]), s) : 0.0f;
+  });
+}
+
+template <Fmt F, bool kAcc>
+__global__ void __launch_bounds__(kThreads) elementwiseDecodeKernel(DecodeArgs a) {
+  const bool ok = headerMatches(a);
+  using Word = typename Format<F>::Word;
+  const auto* in = reinterpret_cast<const Word*>(a.in + kHeaderBytes);
+  decodeLoop<kAcc>(a, [&](size_t i) { return ok ? Format<F>::decode(in[i]) : nanValue(); });
+}
+
+__global__ void commitKernel(int* control, unsigned long long* skipped) {
+  if (control[1] != 0) {
+    ++*skipped;
+  } else {
+    control[0] ^= 1;
+  }
+  control[1] = 0;
+}
+
+// ---- host side -------------------------------------------------------------
+
+#if !defined(SQUALL_CUDA_EMULATION)
+// Launches through a function pointer. tests/gpu/emu provides a CPU version of
+// this (and of the runtime calls below) that runs the same kernels on threads.
+template <typename... Params, typename... Args>
+void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
+                  Args... args) {
+  kernel<<<grid, threads, 0, stream>>>(args...);
+}
+#endif
+
+Status cudaFailure(cudaError_t err, const char* what) {
+  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
+                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
+                     cudaGetErrorString(err));
+}
+
+#define SQUALL_CUDA_TRY(expr)                      \
+  do {                                             \
+    const cudaError_t squall_cuda_err_ = (expr);   \
+    if (squall_cuda_err_ != cudaSuccess) {         \
+      return cudaFailure(squall_cuda_err_, #expr); \
+    }                                              \
+  } while (0)
+
+bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a);
+  const auto pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bBytes && pb < pa + aBytes;
+}
+
+bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+unsigned gridFor(size_t items, size_t perCta, size_t cap = kMaxGrid) {
+  size_t g = (items + perCta - 1) / perCta;
+  if (g == 0) g = 1;  // CTA 0 still writes the header
+  if (g > cap) g = cap;
+  return static_cast<unsigned>(g);
+}
+
+template <DType D, bool kRes>
+void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t stream) {
+  const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid);
+  const unsigned segmentGrid =
+      gridFor((a.count + kSegment - 1) / kSegment, kWarpsPerCta, kMaxWarpGrid);
+  const unsigned elemGrid = gridFor(a.count, kThreads * kUnroll);
+  switch (spec.codec) {
+    case CodecId::kNone:
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF32>, elemGrid, kThreads, stream, a);
+      break;
+    case CodecId::kFp16:
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF16>, elemGrid, kThreads, stream, a);
+      break;
+    case CodecId::kBf16:
+      launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kBf16>, elemGrid, kThreads, stream, a);
+      break;
+    case CodecId::kOnebit:
+      if (a.block <= static_cast<uint32_t>(kSegment)) {
+        const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
+        if (spec.scale == Scale::kRms) {
+          launchKernel(onebitEncodeSegmentKernel<D, kRes, true>, segmentGrid, kThreads, stream, a,
+                       perShift);
+        } else {
+          launchKernel(onebitEncodeSegmentKernel<D, kRes, false>, segmentGrid, kThreads, stream, a,
+                       perShift);
+        }
+      } else if (spec.scale == Scale::kRms) {
+        launchKernel(onebitEncodeKernel<D, kRes, true>, warpGrid, kThreads, stream, a);
+      } else {
+        launchKernel(onebitEncodeKernel<D, kRes, false>, warpGrid, kThreads, stream, a);
+      }
+      break;
+    case CodecId::kInt8:
+      if (a.block <= static_cast<uint32_t>(kSegment)) {
+        const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
+        launchKernel(int8EncodeSegmentKernel<D, kRes>, segmentGrid, kThreads, stream, a, perShift);
+      } else {
+        launchKernel(int8EncodeKernel<D, kRes>, warpGrid, kThreads, stream, a);
+      }
+      break;
+  }
+}
+
+template <DType D>
+void launchEncodeRes(const Spec& spec, const EncodeArgs& a, bool res, cudaStream_t stream) {
+  if (res) {
+    launchEncodeTyped<D, true>(spec, a, stream);
+  } else {
+    launchEncodeTyped<D, false>(spec, a, stream);
+  }
+}
+
+template <bool kAcc>
+void launchDecode(const Spec& spec, const DecodeArgs& a, cudaStream_t stream) {
+  const unsigned grid = gridFor(a.count, kThreads * kUnroll);
+  switch (spec.codec) {
+    case CodecId::kNone:
+      launchKernel(elementwiseDecodeKernel<Fmt::kF32, kAcc>, grid, kThreads, stream, a);
+      break;
+    case CodecId::kFp16:
+      launchKernel(elementwiseDecodeKernel<Fmt::kF16, kAcc>, grid, kThreads, stream, a);
+      break;
+    case CodecId::kBf16:
+      launchKernel(elementwiseDecodeKernel<Fmt::kBf16, kAcc>, grid, kThreads, stream, a);
+      break;
+    case CodecId::kOnebit: launchKernel(onebitDecodeKernel<kAcc>, grid, kThreads, stream, a); break;
+    case CodecId::kInt8: launchKernel(int8DecodeKernel<kAcc>, grid, kThreads, stream, a); break;
+  }
+}
+
+void headerWords(const Spec& spec, size_t count, uint64_t words[3]) {
+  uint8_t bytes[kHeaderBytes];
+  writeHeader(spec, count, bytes);
+  std::memcpy(words, bytes, kHeaderBytes);
+}
+
+Status decodeInto(const Spec& expected, const void* dInput, size_t bytes, float* dOutput,
+                  size_t count, cudaStream_t stream, int* dError, bool accumulate) {
+  const char* what = accumulate ? "accumulator" : "output";
+  Layout layout;
+  SQUALL_TRY(layoutFor(expected, count, &layout));
+  SQUALL_REQUIRE(bytes == layout.totalBytes, Status::kInvalidUsage, Subsys::kCuda,
+                 "the encoded buffer is %zu bytes but %zu elements encoded with %s take "
+                 "exactly %zu; pass the expected spec and count of this chunk",
+                 bytes, count, codecName(expected.codec), layout.totalBytes);
+  SQUALL_REQUIRE(dInput != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the encoded input pointer is NULL");
+  SQUALL_REQUIRE(dOutput != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCuda,
+                 "the %s pointer is NULL but count is %zu", what, count);
+  SQUALL_REQUIRE(aligned(dInput, 8) && aligned(dOutput, 4), Status::kInvalidArgument, Subsys::kCuda,
+                 "the encoded input must be 8-byte aligned and the %s 4-byte aligned on the "
+                 "device",
+                 what);
+  SQUALL_REQUIRE(count == 0 || !overlaps(dInput, bytes, dOutput, count * sizeof(float)),
+                 Status::kInvalidUsage, Subsys::kCuda,
+                 "the encoded input and the decoded %s overlap; decode into a separate buffer",
+                 what);
+  if (count == 0) return Status::kOk;
+  DecodeArgs a{};
+  a.in = static_cast<const uint8_t*>(dInput);
+  a.count = count;
+  a.blockShift =
+      usesBlocks(expected.codec) ? static_cast<unsigned>(__builtin_ctz(expected.block)) : 0u;
+  a.dataOffset = layout.dataOffset;
+  headerWords(expected, count, a.expected);
+  a.error = dError;
+  a.out = dOutput;
+  if (accumulate) {
+    launchDecode<true>(expected, a, stream);
+  } else {
+    launchDecode<false>(expected, a, stream);
+  }
+  SQUALL_CUDA_TRY(cudaGetLastError());
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status cudaResidualCreate(size_t count, DeviceResidual** out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the residual output pointer is NULL");
+  size_t bytes = 0;
+  SQUALL_REQUIRE(!__builtin_mul_overflow(count, sizeof(float), &bytes), Status::kInvalidArgument,
+                 Subsys::kCuda, "a residual of %zu elements would need more than SIZE_MAX bytes",
+                 count);
+  auto* r = new (std::nothrow) DeviceResidual;
+  SQUALL_REQUIRE(r != nullptr, Status::kOutOfMemory, Subsys::kCuda,
+                 "out of memory allocating a residual object");
+  r->count = count;
+  cudaError_t err = cudaSuccess;
+  for (float*& b : r->buf) {
+    if (err == cudaSuccess) err = cudaMalloc(&b, bytes == 0 ? 4 : bytes);
+  }
+  void* control = nullptr;
+  if (err == cudaSuccess) err = cudaMalloc(&control, 16);
+  if (err == cudaSuccess) {
+    r->control = static_cast<int*>(control);
+    r->skipped = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(control) + 8);
+    for (float* b : r->buf) {
+      if (err == cudaSuccess) err = cudaMemset(b, 0, bytes);
+    }
+    if (err == cudaSuccess) err = cudaMemset(control, 0, 16);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  }
+  if (err != cudaSuccess) {
+    cudaResidualDestroy(r);
+    return SQUALL_FAIL(
+        err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
+        Subsys::kCuda,
+        "allocating a device residual of %zu elements (2 x %zu bytes) failed: "
+        "%s; free device memory or compress smaller buffers",
+        count, bytes, cudaGetErrorString(err));
+  }
+  *out = r;
+  return Status::kOk;
+}
+
+void cudaResidualDestroy(DeviceResidual* residual) {
+  if (residual == nullptr) return;
+  cudaFree(residual->buf[0]);
+  cudaFree(residual->buf[1]);
+  cudaFree(residual->control);  // the skipped counter shares this allocation
+  delete residual;
+}
+
+Status cudaResidualReset(const DeviceResidual& residual, cudaStream_t stream) {
+  for (float* b : residual.buf) {
+    SQUALL_CUDA_TRY(cudaMemsetAsync(b, 0, residual.count * sizeof(float), stream));
+  }
+  SQUALL_CUDA_TRY(cudaMemsetAsync(residual.control, 0, 16, stream));
+  return Status::kOk;
+}
+
+Status cudaResidualQuery(const DeviceResidual& residual, cudaStream_t stream, int* current,
+                         unsigned long long* skipped) {
+  uint8_t host[16];
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(host, residual.control, 16, cudaMemcpyDeviceToHost, stream));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  if (current != nullptr) std::memcpy(current, host, sizeof(int));
+  if (skipped != nullptr) std::memcpy(skipped, host + 8, sizeof(*skipped));
+  return Status::kOk;
+}
+
+Status cudaResidualCurrent(const DeviceResidual& residual, cudaStream_t stream,
+                           const float** current) {
+  SQUALL_REQUIRE(current != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the current-buffer output pointer is NULL");
+  int index = 0;
+  SQUALL_TRY(cudaResidualQuery(residual, stream, &index, nullptr));
+  *current = residual.buf[index & 1];
+  return Status::kOk;
+}
+
+Status cudaEncodeChunk(const Spec& spec, const void* dInput, DType dtype, size_t count,
+                       const DeviceResidual* residualOrNull, size_t residualOffset, void* dOutput,
+                       size_t capacity, cudaStream_t stream, size_t* bytes) {
+  SQUALL_REQUIRE(static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kBf16),
+                 Status::kInvalidArgument, Subsys::kCuda,
+                 "codecs take fp32, fp16 or bf16 input, not data type %u",
+                 static_cast<unsigned>(dtype));
+  SQUALL_REQUIRE(dInput != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCuda,
+                 "the input pointer is NULL but count is %zu", count);
+  SQUALL_REQUIRE(dOutput != nullptr && bytes != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the output and size pointers must not be NULL");
+  Layout layout;
+  SQUALL_TRY(layoutFor(spec, count, &layout));
+  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCuda,
+                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
+                 "size it with squallEncodedSize",
+                 capacity, count, codecName(spec.codec), layout.totalBytes);
+  const size_t elemBytes = dtypeSize(dtype);
+  SQUALL_REQUIRE(aligned(dOutput, 8) && aligned(dInput, elemBytes), Status::kInvalidArgument,
+                 Subsys::kCuda,
+                 "on the device the encoded output must be 8-byte aligned and the input "
+                 "aligned to its %zu-byte element",
+                 elemBytes);
+  SQUALL_REQUIRE(count == 0 || !overlaps(dInput, count * elemBytes, dOutput, layout.totalBytes),
+                 Status::kInvalidUsage, Subsys::kCuda,
+                 "the input and the encoded output overlap; encode into a separate buffer");
+  if (residualOrNull != nullptr) {
+    SQUALL_REQUIRE(
+        residualOffset <= residualOrNull->count && count <= residualOrNull->count - residualOffset,
+        Status::kInvalidUsage, Subsys::kCuda,
+        "elements [%zu, %zu + %zu) lie outside the residual of %zu elements", residualOffset,
+        residualOffset, count, residualOrNull->count);
+  }
+  SQUALL_REQUIRE(
+      layout.blocks / kWarpsPerCta < kMaxWarpGrid && count / kSegment / kWarpsPerCta < kMaxWarpGrid,
+      Status::kUnsupported, Subsys::kCuda,
+      "%zu elements in blocks of %u are more than one kernel launch covers; "
+      "encode the buffer in chunks",
+      count, spec.block);
+  EncodeArgs a{};
+  a.input = dInput;
+  a.count = count;
+  a.block = spec.block;
+  a.blocks = layout.blocks;
+  a.out = static_cast<uint8_t*>(dOutput);
+  a.dataOffset = layout.dataOffset;
+  a.dataEnd = layout.dataOffset + layout.dataBytes;
+  a.payloadBytes = layout.payloadBytes;
+  headerWords(spec, count, a.header);
+  const bool res = residualOrNull != nullptr && count != 0;
+  if (res) {
+    a.buf0 = residualOrNull->buf[0] + residualOffset;
+    a.buf1 = residualOrNull->buf[1] + residualOffset;
+    a.control = residualOrNull->control;
+  }
+  switch (dtype) {
+    case DType::kF32: launchEncodeRes<DType::kF32>(spec, a, res, stream); break;
+    case DType::kF16: launchEncodeRes<DType::kF16>(spec, a, res, stream); break;
+    case DType::kBf16: launchEncodeRes<DType::kBf16>(spec, a, res, stream); break;
+  }
+  SQUALL_CUDA_TRY(cudaGetLastError());
+  *bytes = layout.totalBytes;
+  return Status::kOk;
+}
+
+Status cudaResidualCommit(const DeviceResidual& residual, cudaStream_t stream) {
+  launchKernel(commitKernel, 1, 1, stream, residual.control, residual.skipped);
+  SQUALL_CUDA_TRY(cudaGetLastError());
+  return Status::kOk;
+}
+
+Status cudaEncode(const Spec& spec, const void* dInput, DType dtype, size_t count,
+                  const DeviceResidual* residualOrNull, void* dOutput, size_t capacity,
+                  cudaStream_t stream, size_t* bytes) {
+  if (residualOrNull != nullptr) {
+    SQUALL_REQUIRE(residualOrNull->count == count, Status::kInvalidUsage, Subsys::kCuda,
+                   "the residual was created for %zu elements but the input has %zu; use "
+                   "one residual per buffer, of the buffer's size",
+                   residualOrNull->count, count);
+  }
+  SQUALL_TRY(cudaEncodeChunk(spec, dInput, dtype, count, residualOrNull, 0, dOutput, capacity,
+                             stream, bytes));
+  if (residualOrNull != nullptr) SQUALL_TRY(cudaResidualCommit(*residualOrNull, stream));
+  return Status::kOk;
+}
+
+Status cudaDecode(const Spec& expected, const void* dInput, size_t bytes, float* dOutput,
+                  size_t count, cudaStream_t stream, int* dError) {
+  return decodeInto(expected, dInput, bytes, dOutput, count, stream, dError, false);
+}
+
+Status cudaDecodeAccumulate(const Spec& expected, const void* dInput, size_t bytes,
+                            float* dAccumulator, size_t count, cudaStream_t stream, int* dError) {
+  return decodeInto(expected, dInput, bytes, dAccumulator, count, stream, dError, true);
+}
+
+}  // namespace squall::codec

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU checks, in one go, on a bare GPU machine. Run from the repository root:
+#
+#   tests/gpu/run.sh
+#
+# It installs missing build tools with apt-get (skipped when they are already
+# there, so it works offline on a prepared machine), configures a CUDA build
+# (-Dcuda=enabled), builds, runs the CPU unit tests, the GPU codec tests
+# (CUDA against the scalar reference) and the GPU throughput benchmark, and
+# prints one PASS/FAIL line per step. Exit status 0 only if every step passed.
+#
+# Environment:
+#   SQUALL_GPU_OUT    folder for summary.txt and the logs (default: a mktemp dir)
+#   SQUALL_GPU_BUILD  build directory (default: build-gpu)
+#   SQUALL_GPU_ARCHS  gpu_archs option (default: 80;90)
+# Budget: the steps' timeouts add up to under 8 minutes.
+set -euo pipefail
+
+build="${SQUALL_GPU_BUILD:-build-gpu}"
+archs="${SQUALL_GPU_ARCHS:-80;90}"
+out="${SQUALL_GPU_OUT:-$(mktemp -d /tmp/squall-gpu.XXXXXX)}"
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+export PATH="$PATH:/usr/local/cuda/bin"
+failed=0
+
+note() { echo "$*" | tee -a "$summary"; }
+
+# step NAME SECONDS COMMAND...: runs COMMAND with a timeout, logging to NAME.log.
+step() {
+  local name="$1" limit="$2"
+  shift 2
+  local t0 rc=0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [[ $rc -eq 0 ]]; then
+    note "PASS: $name ($(($(date +%s) - t0)) s)"
+  else
+    [[ $rc -eq 124 ]] && note "FAIL: $name timed out after $limit s" ||
+      note "FAIL: $name (exit $rc)"
+    note "---- last lines of $name.log"
+    tail -n 40 "$out/$name.log" | tee -a "$summary"
+    note "----"
+    failed=1
+  fi
+  return $rc
+}
+
+note "== Squall GPU checks, $(date -u '+%F %T UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+note "== logs in $out"
+if nvidia-smi >"$out/nvidia-smi.txt" 2>&1; then
+  cat "$out/nvidia-smi.txt"
+  note "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+else
+  note "WARN: nvidia-smi failed (see nvidia-smi.txt); the GPU tests will say whether CUDA works"
+fi
+
+# Build tools: install only what is missing.
+missing=()
+command -v meson >/dev/null 2>&1 || missing+=(meson)
+command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[[ -e /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+if [[ ${#missing[@]} -gt 0 ]]; then
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+  note "installing missing tools: ${missing[*]}"
+  {
+    $sudo apt-get update -qq || echo "apt-get update failed (offline?); trying the cache"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}"
+  } >"$out/apt.log" 2>&1 || {
+    note "FAIL: could not install ${missing[*]} (offline?); see apt.log"
+    exit 1
+  }
+fi
+meson_version="$(meson --version 2>/dev/null || echo 0)"
+if [[ "$(printf '%s\n1.0.0\n' "$meson_version" | sort -V | head -1)" != "1.0.0" ]]; then
+  note "FAIL: meson $meson_version is older than the 1.0.0 this project needs (pip install meson)"
+  exit 1
+fi
+if ! command -v nvcc >/dev/null 2>&1; then
+  note "FAIL: nvcc not found (looked in PATH and /usr/local/cuda/bin)"
+  exit 1
+fi
+note "nvcc: $(nvcc --version | tail -1)"
+
+if [[ -f "$build/build.ninja" ]]; then
+  step configure 30 meson setup --reconfigure "$build" -Dcuda=enabled "-Dgpu_archs=$archs" ||
+    exit 1
+else
+  step configure 30 meson setup "$build" -Dcuda=enabled "-Dgpu_archs=$archs" || exit 1
+fi
+step build 180 ninja -C "$build" || exit 1
+
+step cpu-unit-tests 30 meson test -C "$build" --no-suite gpu --no-suite emu --print-errorlogs || true
+
+step gpu-codec-tests 150 "$build/tests/gpu/codec_gpu_test" \
+  "--gtest_output=xml:$out/codec_gpu_test.xml" || true
+if grep -q '^SKIP:' "$out/gpu-codec-tests.log"; then
+  note "FAIL: gpu-codec-tests skipped every GPU test: $(grep '^SKIP:' "$out/gpu-codec-tests.log")"
+  failed=1
+fi
+grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|test suites? ran' \
+  "$out/gpu-codec-tests.log" | tee -a "$summary" || true
+
+step gpu-bench 60 "$build/perf/gpu_codec_bench" || true
+grep -E 'n=|BENCH|GPU:|SKIP' "$out/gpu-bench.log" | tee -a "$summary" || true
+
+if [[ $failed -eq 0 ]]; then
+  note "PASS: all GPU checks"
+else
+  note "FAIL: some GPU checks failed (see above and $out)"
+fi
+exit $failed
