@@ -1,0 +1,93 @@
+/*
+ * Squall optimizers: APMSqueeze (Adam with a full-precision warmup, then a
+ * frozen variance and 1-bit compressed momentum) and SlowMo (periodic
+ * synchronisation with slow momentum), over one flat fp32 parameter buffer
+ * per optimizer object.
+ *
+ * Every rank creates the optimizer with the same count and configuration,
+ * and calls squallOptimizerStep once per training step with its local
+ * gradient. Ranks end every step with bit-identical parameters whenever the
+ * mode communicates every step (sync, apmsqueeze), and after every SlowMo
+ * synchronisation otherwise.
+ */
+#ifndef SQUALL_OPTIM_H_
+#define SQUALL_OPTIM_H_
+
+#include "squall/squall.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  squallModeApmSqueeze = 0, /* warmup: allreduced gradients into Adam; then 1-bit momentum */
+  squallModeSync = 1,       /* Adam on the full-precision allreduced gradient every step */
+  squallModeLocal = 2       /* Adam on the local gradient; no communication (use SlowMo) */
+} squallOptimMode_t;
+
+typedef enum {
+  squallPhaseWarmup = 0,    /* APMSqueeze: full-precision Adam */
+  squallPhaseCompressed = 1 /* APMSqueeze: frozen variance, compressed momentum */
+} squallOptimPhase_t;
+
+typedef struct {
+  size_t size; /* sizeof(squallOptimConfig_t) */
+  squallOptimMode_t mode;
+  float lr;
+  float beta1, beta2, eps;
+  float weightDecay;       /* decoupled (AdamW) */
+  int64_t warmupSteps;     /* APMSqueeze: steps of full-precision Adam; < 0: use the fraction */
+  double warmupFraction;   /* of totalSteps, when warmupSteps < 0 (the paper uses 0.15) */
+  int64_t totalSteps;      /* planned steps; needed only with warmupFraction */
+  squallCodecSpec_t codec; /* of the compressed momentum (and of compressed SlowMo syncs) */
+  /* SlowMo: every slowmoTau steps (0 = off), average the parameters across ranks and
+   * apply slow momentum: u = beta*u + (x_prev - x_avg)/lr; x_prev -= alpha*lr*u; x = x_prev. */
+  int slowmoTau;
+  float slowmoAlpha;
+  float slowmoBeta;
+  int slowmoCompressed; /* 1: the parameter average goes through the compressed allreduce */
+} squallOptimConfig_t;
+
+#define SQUALL_OPTIM_CONFIG_INIT                                                              \
+  {sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, \
+   0.15, 0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0}
+
+typedef struct squallOptimizer* squallOptimizer_t;
+
+typedef struct {
+  int64_t step;              /* steps taken */
+  squallOptimPhase_t phase;  /* APMSqueeze phase */
+  int64_t warmupSteps;       /* resolved warmup length */
+  uint64_t bytesSent;        /* by this rank over all steps, headers included */
+  uint64_t skippedSteps;     /* compressed steps whose residuals were kept (non-finite input) */
+} squallOptimInfo_t;
+
+SQUALL_API squallResult_t squallOptimizerCreate(squallComm_t comm, size_t count,
+                                                const squallOptimConfig_t* config,
+                                                squallOptimizer_t* optimizer);
+SQUALL_API squallResult_t squallOptimizerDestroy(squallOptimizer_t optimizer);
+
+/* One step: updates `params` (count fp32 values, host memory) in place from this
+ * rank's `grads`. lr > 0 overrides the configured learning rate for this step
+ * (learning-rate schedules); lr <= 0 keeps it. */
+SQUALL_API squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params,
+                                              const float* grads, float lr);
+
+SQUALL_API squallResult_t squallOptimizerGetInfo(squallOptimizer_t optimizer,
+                                                 squallOptimInfo_t* info);
+
+/* State for checkpoints: a versioned, self-describing blob holding this rank's
+ * m, frozen v, residuals, step, phase and SlowMo buffers. Loading a blob saved
+ * with a different number of ranks keeps everything but the server residual,
+ * which is reset with a warning (squallGetLastError is not set: it succeeds). */
+SQUALL_API squallResult_t squallOptimizerStateSize(squallOptimizer_t optimizer, size_t* bytes);
+SQUALL_API squallResult_t squallOptimizerSaveState(squallOptimizer_t optimizer, void* buffer,
+                                                   size_t capacity, size_t* written);
+SQUALL_API squallResult_t squallOptimizerLoadState(squallOptimizer_t optimizer,
+                                                   const void* buffer, size_t bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SQUALL_OPTIM_H_ */
