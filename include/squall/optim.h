@@ -48,18 +48,20 @@ typedef struct {
   int slowmoCompressed; /* 1: the parameter average goes through the compressed allreduce */
 } squallOptimConfig_t;
 
-#define SQUALL_OPTIM_CONFIG_INIT                                                              \
-  {sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, \
-   0.15, 0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0}
+#define SQUALL_OPTIM_CONFIG_INIT                                                                   \
+  {                                                                                                \
+    sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
+        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0                                              \
+  }
 
 typedef struct squallOptimizer* squallOptimizer_t;
 
 typedef struct {
-  int64_t step;              /* steps taken */
-  squallOptimPhase_t phase;  /* APMSqueeze phase */
-  int64_t warmupSteps;       /* resolved warmup length */
-  uint64_t bytesSent;        /* by this rank over all steps, headers included */
-  uint64_t skippedSteps;     /* compressed steps whose residuals were kept (non-finite input) */
+  int64_t step;             /* steps taken */
+  squallOptimPhase_t phase; /* APMSqueeze phase */
+  int64_t warmupSteps;      /* resolved warmup length */
+  uint64_t bytesSent;       /* by this rank over all steps, headers included */
+  uint64_t skippedSteps;    /* compressed steps whose residuals were kept (non-finite input) */
 } squallOptimInfo_t;
 
 SQUALL_API squallResult_t squallOptimizerCreate(squallComm_t comm, size_t count,
@@ -83,8 +85,8 @@ SQUALL_API squallResult_t squallOptimizerGetInfo(squallOptimizer_t optimizer,
 SQUALL_API squallResult_t squallOptimizerStateSize(squallOptimizer_t optimizer, size_t* bytes);
 SQUALL_API squallResult_t squallOptimizerSaveState(squallOptimizer_t optimizer, void* buffer,
                                                    size_t capacity, size_t* written);
-SQUALL_API squallResult_t squallOptimizerLoadState(squallOptimizer_t optimizer,
-                                                   const void* buffer, size_t bytes);
+SQUALL_API squallResult_t squallOptimizerLoadState(squallOptimizer_t optimizer, const void* buffer,
+                                                   size_t bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */
