@@ -194,6 +194,51 @@ TEST(UcxTransport, TimeoutNamesPeerAndSleeps) {
   });
 }
 
+// A blocked rank must wake as soon as its message arrives, not when the
+// wait's safety-net timeout expires: a missed wakeup costs a whole cap per
+// round trip, so 200 ping-pongs of 8 bytes averaging well under the cap
+// catch it. (On loopback a round trip takes tens of microseconds; the bound
+// leaves room for a loaded machine.)
+TEST(UcxTransport, PingPongWakesWithoutWaitingForTheTimeout) {
+  constexpr int kRounds = 200;
+  for (int ranks : {2, 3}) {
+    runThreads(ranks, [](Transport& t, bootstrap::Bootstrap&) {
+      if (t.rank() > 1) return;  // a bystander endpoint, idle
+      const int peer = 1 - t.rank();
+      uint64_t out = 0, in = 0;
+      // Warm up: connections are set up on first use.
+      for (int i = 0; i < 5; ++i) {
+        RequestPtr s, r;
+        ASSERT_EQ(t.send(peer, rawTag(20, i), &out, sizeof(out), &s), Status::kOk);
+        ASSERT_EQ(t.recv(peer, rawTag(20, i), &in, sizeof(in), &r), Status::kOk);
+        RequestPtr both[] = {std::move(s), std::move(r)};
+        ASSERT_EQ(t.waitAll(both, soon()), Status::kOk) << lastError();
+      }
+      auto start = Clock::now();
+      for (int i = 0; i < kRounds; ++i) {
+        RequestPtr s, r;
+        if (t.rank() == 0) {
+          out = i;
+          ASSERT_EQ(t.send(peer, rawTag(21, i), &out, sizeof(out), &s), Status::kOk);
+          ASSERT_EQ(t.waitAll({&s, 1}, soon()), Status::kOk) << lastError();
+          ASSERT_EQ(t.recv(peer, rawTag(21, i), &in, sizeof(in), &r), Status::kOk);
+          ASSERT_EQ(t.waitAll({&r, 1}, soon()), Status::kOk) << lastError();
+          ASSERT_EQ(in, uint64_t(i) + 1000);
+        } else {
+          ASSERT_EQ(t.recv(peer, rawTag(21, i), &in, sizeof(in), &r), Status::kOk);
+          ASSERT_EQ(t.waitAll({&r, 1}, soon()), Status::kOk) << lastError();
+          out = in + 1000;
+          ASSERT_EQ(t.send(peer, rawTag(21, i), &out, sizeof(out), &s), Status::kOk);
+          ASSERT_EQ(t.waitAll({&s, 1}, soon()), Status::kOk) << lastError();
+        }
+      }
+      double perRound = std::chrono::duration<double>(Clock::now() - start).count() / kRounds;
+      std::printf("rank %d: %.1f us per round trip\n", t.rank(), perRound * 1e6);
+      EXPECT_LT(perRound, 2e-3) << "round trips wait for the wakeup timeout";
+    });
+  }
+}
+
 TEST(UcxTransport, CancelledRequestsReleaseTheirBuffers) {
   runThreads(2, [](Transport& t, bootstrap::Bootstrap& b) {
     const int peer = 1 - t.rank();

@@ -13,11 +13,20 @@
 // 2^20 steps); messages between a pair with the same tag match in order, and
 // the header check catches anything that still aliases.
 //
-// Blocking. With UCP_FEATURE_WAKEUP, waitForActivity arms the worker and
-// polls its event fd, so a rank that waits sleeps instead of spinning on a
-// core it may share; the sleep is capped so a missed event costs at most
-// kMaxSleep, and wakeups that keep finding nothing to do turn into short
-// naps. Without wakeup support it yields.
+// Blocking. With UCP_FEATURE_WAKEUP, waitForActivity sleeps on the worker's
+// event fd, so a rank that waits sleeps instead of spinning on a core it may
+// share. The protocol, in order: drain ucp_worker_progress until it returns
+// 0; match waiting receives; if any request moved since waitForActivity last
+// returned (activity_ vs seenActivity_), return without sleeping; otherwise
+// ucp_worker_arm, and on UCS_ERR_BUSY start over; only after a successful arm
+// poll the fd. The "since it last returned" matters: callers such as
+// Transport::waitAll run progress() themselves between waits, and a request
+// that completes there leaves nothing for UCX to signal; comparing against a
+// snapshot taken on entry used to miss it and sleep a whole kMaxSleep per
+// wait. Arming after a full drain means every later UCX event makes the fd
+// readable, so kMaxSleep is only a safety net. Wakeups that keep finding
+// nothing to do (a descriptor that stays readable) turn into short naps.
+// Without wakeup support it yields.
 //
 // Failure. Endpoints use UCP_ERR_HANDLING_MODE_PEER unless
 // SQUALL_UCX_PEER_FAILURE=0 (UCX 1.13's shared-memory transports cannot
@@ -56,7 +65,7 @@ constexpr int kSequenceBits = 24;
 constexpr int kStepBits = 20;
 constexpr int kRankBits = 20;
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-constexpr auto kMaxSleep = std::chrono::milliseconds(1);
+constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 constexpr int kEmptyWakeupsBeforeNap = 4;
 constexpr auto kNap = std::chrono::microseconds(200);
 constexpr auto kCancelGrace = std::chrono::milliseconds(200);
@@ -146,6 +155,7 @@ class UcxTransport final : public Transport {
   std::list<UcxRequest*> waiting_;    // receives without a message, in post order
   std::vector<void*> closing_;        // endpoint-close requests
   uint64_t activity_ = 0;             // bumped whenever a request moves
+  uint64_t seenActivity_ = 0;         // activity_ when waitForActivity last returned
   int emptyWakeups_ = 0;              // wakeups in a row that moved nothing
   bool shuttingDown_ = false;
   const bool peerFailure_ = paramBool(Param::kUcxPeerFailure);
@@ -502,42 +512,55 @@ void UcxTransport::cancel(UcxRequest* r) {
 }
 
 Status UcxTransport::progress() {
-  for (int i = 0; i < 64 && ucp_worker_progress(worker_) != 0; ++i) {
+  // Drain: the worker can only be armed once ucp_worker_progress reports no
+  // more events (a partial drain makes ucp_worker_arm answer busy).
+  while (ucp_worker_progress(worker_) != 0) {
   }
   matchReceives();
   return Status::kOk;
 }
 
 Status UcxTransport::waitForActivity(Deadline until) {
-  uint64_t before = activity_;
-  SQUALL_TRY(progress());
-  Deadline now = Clock::now();
-  if (activity_ != before) emptyWakeups_ = 0;
-  if (activity_ != before || now >= until) return Status::kOk;
-  if (efd_ < 0) {
-    std::this_thread::yield();
-    return Status::kOk;
+  for (;;) {
+    SQUALL_TRY(progress());
+    // activity_ moved since the last return from here: the caller must look
+    // at its requests before anyone sleeps. This includes progress the
+    // caller ran itself between two waits (waitAll calls progress() first),
+    // which a snapshot taken on entry would miss.
+    if (activity_ != seenActivity_) {
+      emptyWakeups_ = 0;
+      break;
+    }
+    Deadline now = Clock::now();
+    if (now >= until) break;
+    if (efd_ < 0) {
+      std::this_thread::yield();
+      break;
+    }
+    ucs_status_t st = ucp_worker_arm(worker_);
+    if (st == UCS_ERR_BUSY) continue;  // events arrived since the drain: progress them
+    SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
+                   "rank %d could not arm its UCX worker for a blocking wait: %s", rank_,
+                   ucs_status_string(st));
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+    pollfd fd{efd_, POLLIN, 0};
+    int timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 1, kMaxSleep.count()));
+    int ready = poll(&fd, 1, timeout);
+    if (ready < 0 && errno != EINTR) {
+      return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
+                         "rank %d could not wait on its UCX event descriptor: %s", rank_,
+                         std::strerror(errno));
+    }
+    // The descriptor can stay readable without anything for us to do (a TCP
+    // connection whose peer is not progressing yet keeps signalling); after a
+    // few such empty wakeups, nap briefly so the wait does not turn into a
+    // spin.
+    if (ready == 0) emptyWakeups_ = 0;
+    if (ready > 0 && ++emptyWakeups_ > kEmptyWakeupsBeforeNap)
+      std::this_thread::sleep_for(std::min<Clock::duration>(kNap, until - Clock::now()));
+    break;
   }
-  ucs_status_t st = ucp_worker_arm(worker_);
-  if (st == UCS_ERR_BUSY) return Status::kOk;  // events arrived since the last progress
-  SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
-                 "rank %d could not arm its UCX worker for a blocking wait: %s", rank_,
-                 ucs_status_string(st));
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
-  pollfd fd{efd_, POLLIN, 0};
-  int timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 1, kMaxSleep.count()));
-  int ready = poll(&fd, 1, timeout);
-  if (ready < 0 && errno != EINTR) {
-    return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
-                       "rank %d could not wait on its UCX event descriptor: %s", rank_,
-                       std::strerror(errno));
-  }
-  // The descriptor can stay readable without anything for us to do (a TCP
-  // connection whose peer is not progressing yet keeps signalling); after a
-  // few such empty wakeups, nap briefly so the wait does not turn into a spin.
-  if (ready == 0) emptyWakeups_ = 0;
-  if (ready > 0 && ++emptyWakeups_ > kEmptyWakeupsBeforeNap)
-    std::this_thread::sleep_for(std::min<Clock::duration>(kNap, until - Clock::now()));
+  seenActivity_ = activity_;
   return Status::kOk;
 }
 
