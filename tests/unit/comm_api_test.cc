@@ -206,20 +206,24 @@ TEST_P(CommApi, BadArgumentsAreReported) {
   EXPECT_NE(std::string(squallGetLastError()).find("SQUALL_CONFIG_INIT"), std::string::npos);
 }
 
-// Ranks as processes started the torchrun way; one of them dies in the
-// middle of a collective and the others must get an error naming it.
+// Ranks as processes; one of them dies in the middle of a job and the others
+// must get an error naming it. Survivors stay alive until the parent has read
+// every report, so no survivor's exit can be mistaken for the death.
 TEST_P(CommApi, KilledPeerIsNamedByTheSurvivors) {
   const int n = 3;
   const int victim = 1;
   squallUniqueId id;
   ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
-  int pipes[n][2];
+  int reports[n][2];
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(pipe(pipes[r]), 0);
+    ASSERT_EQ(pipe(reports[r]), 0);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      close(release[1]);
       squallComm_t comm = nullptr;
       squallConfig_t c = config(/*timeoutSeconds=*/5);
       std::string report;
@@ -237,24 +241,35 @@ TEST_P(CommApi, KilledPeerIsNamedByTheSurvivors) {
         report = std::string(squallGetErrorString(result)) + " after " + std::to_string(seconds) +
                  " s: " + squallGetLastError();
       }
-      if (write(pipes[r][1], report.data(), report.size()) < 0) _exit(3);
+      if (write(reports[r][1], report.data(), report.size()) < 0) _exit(3);
+      close(reports[r][1]);
+      char byte;
+      while (read(release[0], &byte, 1) > 0) {
+      }
       _exit(0);
     }
-    close(pipes[r][1]);
+    close(reports[r][1]);
     pids.push_back(pid);
   }
+  close(release[0]);
   for (int r = 0; r < n; ++r) {
-    int status = 0;
-    waitpid(pids[r], &status, 0);
-    char buffer[2048] = {};
-    ssize_t got = read(pipes[r][0], buffer, sizeof(buffer) - 1);
-    close(pipes[r][0]);
+    std::string report;
+    char buffer[512];
+    ssize_t got;
+    while ((got = read(reports[r][0], buffer, sizeof(buffer))) > 0)
+      report.append(buffer, static_cast<size_t>(got));
+    close(reports[r][0]);
     if (r == victim) continue;
-    const std::string report(buffer, got > 0 ? static_cast<size_t>(got) : 0);
     EXPECT_EQ(report.find("success"), std::string::npos) << "rank " << r << ": " << report;
     EXPECT_NE(report.find("rank 1"), std::string::npos) << "rank " << r << ": " << report;
-    const double seconds = std::atof(report.substr(report.find(" after ") + 7).c_str());
-    EXPECT_LT(seconds, 8.0) << report;
+    const size_t after = report.find(" after ");
+    ASSERT_NE(after, std::string::npos) << report;
+    EXPECT_LT(std::atof(report.c_str() + after + 7), 8.0) << report;
+  }
+  close(release[1]);  // lets the survivors exit
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
   }
 }
 
