@@ -1,4 +1,5 @@
-// The optimizers (src/optim) with ranks as threads over the local transport.
+// The optimizers (src/optim) with ranks as threads over the local transport,
+// and their C API (include/squall/optim.h) over a one-rank communicator.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "squall/optim.h"
 #include "src/optim/optimizer.h"
 #include "src/optim/update_kernels.h"
 #include "tests/unit/coll_harness.h"
@@ -437,6 +439,116 @@ TEST(ApmSqueeze, CompressedSkipLeavesNoTrace) {
     EXPECT_EQ(0, std::memcmp(a[r]->momentumState()->worker().current(),
                              b[r]->momentumState()->worker().current(), count * sizeof(float)));
   }
+}
+
+// ---- The C API ----------------------------------------------------------------
+
+#define EXPECT_OK(call) EXPECT_EQ((call), squallSuccess) << squallGetLastError()
+
+class OptimApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    squallUniqueId id;
+    ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+    squallConfig_t c = SQUALL_CONFIG_INIT;
+    c.timeoutSeconds = 20;
+    ASSERT_EQ(squallCommInitRank(&comm_, 1, id, 0, &c), squallSuccess) << squallGetLastError();
+  }
+  void TearDown() override { squallCommDestroy(comm_); }
+
+  // Expects create to fail with `result` and a last error mentioning `words`.
+  void expectRejected(const squallOptimConfig_t& c, squallResult_t result, const char* words) {
+    squallOptimizer_t o = nullptr;
+    EXPECT_EQ(squallOptimizerCreate(comm_, 10, &c, &o), result);
+    EXPECT_EQ(o, nullptr);
+    EXPECT_NE(std::string(squallGetLastError()).find(words), std::string::npos)
+        << squallGetLastError();
+  }
+
+  static squallOptimConfig_t valid() {
+    squallOptimConfig_t c = SQUALL_OPTIM_CONFIG_INIT;
+    c.totalSteps = 100;
+    return c;
+  }
+
+  squallComm_t comm_ = nullptr;
+};
+
+TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
+  squallOptimConfig_t c = valid();
+  c.lr = 0.0f;
+  expectRejected(c, squallInvalidArgument, "learning rate");
+  c = valid();
+  c.lr = -1.0f;
+  expectRejected(c, squallInvalidArgument, "learning rate");
+  c = valid();
+  c.beta1 = 1.0f;
+  expectRejected(c, squallInvalidArgument, "beta1");
+  c = valid();
+  c.beta2 = -0.1f;
+  expectRejected(c, squallInvalidArgument, "beta2");
+  c = valid();
+  c.totalSteps = 0;  // warmupSteps -1: the fraction needs totalSteps
+  expectRejected(c, squallInvalidArgument, "totalSteps");
+  c = valid();
+  c.codec.codec = static_cast<squallCodec_t>(42);
+  expectRejected(c, squallInvalidArgument, "codec");
+  c = valid();
+  c.codec.blockSize = 3;
+  expectRejected(c, squallInvalidArgument, "block");
+  c = valid();
+  c.mode = static_cast<squallOptimMode_t>(7);
+  expectRejected(c, squallInvalidArgument, "mode");
+  c = valid();
+  c.size = 3;
+  expectRejected(c, squallInvalidArgument, "size");
+  c = valid();
+  c.slowmoTau = 2;
+  c.slowmoBeta = 1.0f;
+  expectRejected(c, squallInvalidArgument, "slowmoBeta");
+  squallOptimizer_t o = nullptr;
+  EXPECT_EQ(squallOptimizerCreate(nullptr, 10, &c, &o), squallInvalidArgument);
+  EXPECT_EQ(squallOptimizerCreate(comm_, 10, nullptr, &o), squallInvalidArgument);
+}
+
+TEST_F(OptimApi, StepInfoSaveAndLoad) {
+  squallOptimConfig_t c = valid();  // warmup = round(0.15 * 100) = 15
+  squallOptimizer_t o = nullptr;
+  const size_t count = 100;
+  ASSERT_EQ(squallOptimizerCreate(comm_, count, &c, &o), squallSuccess) << squallGetLastError();
+  std::vector<float> x = initialParams(count);
+  for (int s = 0; s < 20; ++s) {
+    const std::vector<float> g = gradient(0, s, count);
+    EXPECT_OK(squallOptimizerStep(o, x.data(), g.data(), s == 19 ? 5e-4f : 0.0f));
+  }
+  EXPECT_EQ(squallOptimizerStep(o, x.data(), x.data(), 0.0f), squallInvalidArgument);
+  EXPECT_EQ(squallOptimizerStep(o, nullptr, x.data(), 0.0f), squallInvalidArgument);
+  squallOptimInfo_t info;
+  EXPECT_OK(squallOptimizerGetInfo(o, &info));
+  EXPECT_EQ(info.step, 20);
+  EXPECT_EQ(info.warmupSteps, 15);
+  EXPECT_EQ(info.phase, squallPhaseCompressed);
+  EXPECT_EQ(info.skippedSteps, 0u);
+
+  size_t size = 0, written = 0;
+  EXPECT_OK(squallOptimizerStateSize(o, &size));
+  std::vector<uint8_t> blob(size);
+  EXPECT_OK(squallOptimizerSaveState(o, blob.data(), blob.size(), &written));
+  EXPECT_EQ(written, size);
+  squallOptimizer_t p = nullptr;
+  EXPECT_OK(squallOptimizerCreate(comm_, count, &c, &p));
+  EXPECT_OK(squallOptimizerLoadState(p, blob.data(), blob.size()));
+  blob[blob.size() / 2] ^= 1;
+  EXPECT_EQ(squallOptimizerLoadState(p, blob.data(), blob.size()), squallCorruptData);
+  EXPECT_NE(std::string(squallGetLastError()).find("checksum"), std::string::npos);
+  std::vector<float> y = x;
+  const std::vector<float> g = gradient(0, 99, count);
+  EXPECT_OK(squallOptimizerStep(o, x.data(), g.data(), 0.0f));
+  EXPECT_OK(squallOptimizerStep(p, y.data(), g.data(), 0.0f));
+  EXPECT_TRUE(sameBits(x, y));
+  EXPECT_OK(squallOptimizerDestroy(o));
+  EXPECT_OK(squallOptimizerDestroy(p));
+  EXPECT_EQ(squallOptimizerGetInfo(nullptr, &info), squallInvalidArgument);
 }
 
 }  // namespace
