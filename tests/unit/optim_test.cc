@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "squall/optim.h"
@@ -549,6 +550,48 @@ TEST_F(OptimApi, StepInfoSaveAndLoad) {
   EXPECT_OK(squallOptimizerDestroy(o));
   EXPECT_OK(squallOptimizerDestroy(p));
   EXPECT_EQ(squallOptimizerGetInfo(nullptr, &info), squallInvalidArgument);
+}
+
+// Two ranks through the public API over TCP, each with its own communicator.
+TEST(OptimApiTcp, TwoRanksStayBitIdentical) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+  const size_t count = 4000;
+  std::vector<std::vector<float>> params(2, initialParams(count));
+  std::vector<squallOptimInfo_t> infos(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      squallComm_t comm = nullptr;
+      squallConfig_t cc = SQUALL_CONFIG_INIT;
+      cc.timeoutSeconds = 20;
+      squallOptimConfig_t c = SQUALL_OPTIM_CONFIG_INIT;
+      c.warmupSteps = 3;
+      c.slowmoTau = 4;
+      squallOptimizer_t o = nullptr;
+      if (squallCommInitRank(&comm, 2, id, r, &cc) != squallSuccess ||
+          squallOptimizerCreate(comm, count, &c, &o) != squallSuccess) {
+        errors[r] = squallGetLastError();
+        return;
+      }
+      for (int s = 0; s < 10 && errors[r].empty(); ++s) {
+        const std::vector<float> g = gradient(r, s, count);
+        if (squallOptimizerStep(o, params[r].data(), g.data(), 0.0f) != squallSuccess)
+          errors[r] = squallGetLastError();
+      }
+      squallOptimizerGetInfo(o, &infos[r]);
+      squallOptimizerDestroy(o);
+      squallBarrier(comm);
+      squallCommDestroy(comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_TRUE(sameBits(params[0], params[1]));
+  EXPECT_EQ(infos[0].phase, squallPhaseCompressed);
+  EXPECT_GT(infos[0].bytesSent, 0u);
 }
 
 }  // namespace
