@@ -13,6 +13,9 @@
 namespace squall::codec {
 struct Spec;
 }
+namespace squall::coll {
+class Communicator;
+}
 
 namespace squall::core {
 
@@ -29,6 +32,10 @@ int rawEnum(const Enum& e) {
 
 // Checks a caller's codec spec and converts it.
 Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out);
+
+// Checks a caller's communicator and returns its collective engine (defined
+// in api_comm.cc, which owns struct squallComm).
+Status communicatorOf(squallComm_t comm, coll::Communicator** out);
 
 template <typename Body>
 squallResult_t guard(const char* function, Body&& body) noexcept {

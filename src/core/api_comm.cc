@@ -155,6 +155,16 @@ Status wrapOperation(coll::OperationPtr op, squallRequest_t* request) {
 
 }  // namespace
 
+namespace squall::core {
+
+Status communicatorOf(squallComm_t comm, coll::Communicator** out) {
+  SQUALL_TRY(checkComm(comm));
+  *out = comm->coll.get();
+  return Status::kOk;
+}
+
+}  // namespace squall::core
+
 extern "C" {
 
 squallResult_t squallGetUniqueId(squallUniqueId* id) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "squall/optim.h"
 #include "squall/squall.h"
 
 #define CHECK(call)                                                           \
@@ -39,6 +40,27 @@ int main(void) {
   }
   CHECK(squallResidualDestroy(residual));
   free(wire);
+  {
+    /* One APMSqueeze step through optim.h on a one-rank communicator. */
+    squallUniqueId id;
+    squallComm_t comm;
+    squallOptimizer_t opt;
+    squallOptimConfig_t config = SQUALL_OPTIM_CONFIG_INIT;
+    squallOptimInfo_t info;
+    config.warmupSteps = 1;
+    CHECK(squallGetUniqueId(&id));
+    CHECK(squallCommInitRank(&comm, 1, id, 0, NULL));
+    CHECK(squallOptimizerCreate(comm, kCount, &config, &opt));
+    CHECK(squallOptimizerStep(opt, output, input, 0.0f));
+    CHECK(squallOptimizerStep(opt, output, input, 0.0f));
+    CHECK(squallOptimizerGetInfo(opt, &info));
+    if (info.step != 2 || info.phase != squallPhaseCompressed) {
+      fprintf(stderr, "optimizer info: step %ld phase %d\n", (long)info.step, (int)info.phase);
+      return 1;
+    }
+    CHECK(squallOptimizerDestroy(opt));
+    CHECK(squallCommDestroy(comm));
+  }
   printf("squall %d: %zu bytes for %d floats with %s\n", version, written, kCount,
          squallCodecImplementation());
   return 0;

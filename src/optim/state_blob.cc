@@ -1,0 +1,216 @@
+// Writing and parsing the optimizer state blob (format in state_blob.h).
+//
+// The writer serialises the header field by field and the sections in order,
+// then appends an FNV-1a 64 checksum. The parser walks the same layout with a
+// cursor that refuses to move past the end, checks the magic, version,
+// byte-order mark, total length and checksum first, then every section
+// length against what is left; only a fully valid blob is returned.
+#include "src/optim/state_blob.h"
+
+#include <cstring>
+
+namespace squall::optim {
+namespace {
+
+constexpr char kMagic[8] = {'S', 'Q', 'O', 'P', 'T', 'S', 'T', '1'};
+constexpr uint32_t kByteOrder = 0x01020304u;
+constexpr size_t kPrefixBytes = 8 + 4 + 4 + 8;
+constexpr size_t kHeaderBytes = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
+constexpr size_t kSectionHeadBytes = kSectionNameBytes + 8;
+constexpr size_t kChecksumBytes = 8;
+
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+class Writer {
+ public:
+  explicit Writer(uint8_t* p) : p_(p) {}
+  template <typename T>
+  void put(const T& v) {
+    std::memcpy(p_ + at_, &v, sizeof(T));
+    at_ += sizeof(T);
+  }
+  void bytes(const void* src, size_t n) {
+    if (n != 0) std::memcpy(p_ + at_, src, n);
+    at_ += n;
+  }
+  size_t at() const { return at_; }
+
+ private:
+  uint8_t* p_;
+  size_t at_ = 0;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
+  template <typename T>
+  bool get(T* v) {
+    if (n_ - at_ < sizeof(T)) return false;
+    std::memcpy(v, p_ + at_, sizeof(T));
+    at_ += sizeof(T);
+    return true;
+  }
+  bool bytes(void* dst, size_t n) {
+    if (n_ - at_ < n) return false;
+    if (n != 0) std::memcpy(dst, p_ + at_, n);
+    at_ += n;
+    return true;
+  }
+  size_t left() const { return n_ - at_; }
+
+ private:
+  const uint8_t* p_;
+  size_t n_;
+  size_t at_ = 0;
+};
+
+template <typename Visit>
+void fields(BlobHeader& h, Visit&& visit) {
+  visit(h.count);
+  visit(h.nranks);
+  visit(h.rank);
+  visit(h.mode);
+  visit(h.phase);
+  visit(h.step);
+  visit(h.adamSteps);
+  visit(h.warmupSteps);
+  visit(h.skippedSteps);
+  visit(h.bytesSent);
+  visit(h.lr);
+  visit(h.beta1);
+  visit(h.beta2);
+  visit(h.eps);
+  visit(h.weightDecay);
+  visit(h.slowmoTau);
+  visit(h.slowmoAlpha);
+  visit(h.slowmoBeta);
+  visit(h.slowmoCompressed);
+  visit(h.codec);
+  visit(h.scale);
+  visit(h.block);
+}
+
+#define CORRUPT(...) SQUALL_FAIL(Status::kCorruptData, Subsys::kOptim, __VA_ARGS__)
+
+}  // namespace
+
+const Section* ParsedBlob::find(const char* name) const {
+  for (const Section& s : sections)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+size_t blobSize(const std::vector<SectionView>& sections) {
+  size_t total = kPrefixBytes + kHeaderBytes + 4 + kChecksumBytes;
+  for (const SectionView& s : sections) total += kSectionHeadBytes + s.count * sizeof(float);
+  return total;
+}
+
+Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& sections, void* out,
+                 size_t capacity, size_t* written) {
+  const size_t total = blobSize(sections);
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the state buffer is NULL; allocate squallOptimizerStateSize bytes");
+  SQUALL_REQUIRE(capacity >= total, Status::kInvalidArgument, Subsys::kOptim,
+                 "the state buffer holds %zu bytes but the state needs %zu; ask "
+                 "squallOptimizerStateSize",
+                 capacity, total);
+  SQUALL_REQUIRE(sections.size() <= kMaxSections, Status::kInternal, Subsys::kOptim,
+                 "%zu state sections exceed the format's %zu", sections.size(), kMaxSections);
+  Writer w(static_cast<uint8_t*>(out));
+  w.bytes(kMagic, sizeof(kMagic));
+  w.put(kBlobVersion);
+  w.put(kByteOrder);
+  w.put(static_cast<uint64_t>(total));
+  BlobHeader h = header;
+  fields(h, [&](auto& v) { w.put(v); });
+  w.put(static_cast<uint32_t>(sections.size()));
+  for (const SectionView& s : sections) {
+    char name[kSectionNameBytes] = {};
+    std::strncpy(name, s.name, kSectionNameBytes - 1);
+    w.bytes(name, sizeof(name));
+    w.put(static_cast<uint64_t>(s.count));
+    w.bytes(s.data, s.count * sizeof(float));
+  }
+  w.put(fnv1a(static_cast<const uint8_t*>(out), w.at()));
+  *written = w.at();
+  return Status::kOk;
+}
+
+Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
+  SQUALL_REQUIRE(data != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the state buffer is NULL");
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (bytes < kPrefixBytes + kHeaderBytes + 4 + kChecksumBytes)
+    return CORRUPT(
+        "the optimizer state is %zu bytes, shorter than any valid state (%zu); it "
+        "is truncated or not an optimizer state",
+        bytes, kPrefixBytes + kHeaderBytes + 4 + kChecksumBytes);
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
+    return CORRUPT(
+        "the buffer does not start with the optimizer state magic; it is not a "
+        "state saved by squallOptimizerSaveState");
+  Reader r(p + 8, bytes - 8);
+  uint32_t version = 0, order = 0;
+  uint64_t total = 0;
+  r.get(&version);
+  r.get(&order);
+  r.get(&total);
+  if (order != kByteOrder)
+    return CORRUPT("the optimizer state was saved on a machine of the other byte order");
+  if (version != kBlobVersion)
+    return CORRUPT("the optimizer state has format version %u; this library reads version %u",
+                   version, kBlobVersion);
+  if (total != bytes)
+    return CORRUPT(
+        "the optimizer state says it is %llu bytes but %zu were given; it is "
+        "truncated or has trailing data",
+        static_cast<unsigned long long>(total), bytes);
+  uint64_t stored = 0;
+  std::memcpy(&stored, p + bytes - kChecksumBytes, sizeof(stored));
+  if (stored != fnv1a(p, bytes - kChecksumBytes))
+    return CORRUPT("the optimizer state's checksum does not match its contents; it is corrupt");
+
+  Reader body(p + kPrefixBytes, bytes - kPrefixBytes - kChecksumBytes);
+  ParsedBlob blob;
+  bool ok = true;
+  fields(blob.header, [&](auto& v) { ok = body.get(&v) && ok; });
+  uint32_t nsections = 0;
+  ok = body.get(&nsections) && ok;
+  if (!ok) return CORRUPT("the optimizer state header is truncated");
+  if (nsections > kMaxSections)
+    return CORRUPT("the optimizer state claims %u sections (at most %zu)", nsections, kMaxSections);
+  for (uint32_t i = 0; i < nsections; ++i) {
+    char name[kSectionNameBytes + 1] = {};
+    uint64_t count = 0;
+    if (!body.bytes(name, kSectionNameBytes) || !body.get(&count))
+      return CORRUPT("the optimizer state is truncated in the head of section %u", i);
+    if (name[kSectionNameBytes - 1] != '\0' || name[0] == '\0')
+      return CORRUPT("section %u of the optimizer state has an invalid name", i);
+    if (count > body.left() / sizeof(float))
+      return CORRUPT(
+          "section '%s' of the optimizer state claims %llu values but only %zu bytes "
+          "remain",
+          name, static_cast<unsigned long long>(count), body.left());
+    if (blob.find(name) != nullptr)
+      return CORRUPT("section '%s' appears twice in the optimizer state", name);
+    Section s;
+    s.name = name;
+    s.data.resize(static_cast<size_t>(count));
+    body.bytes(s.data.data(), s.data.size() * sizeof(float));
+    blob.sections.push_back(std::move(s));
+  }
+  if (body.left() != 0)
+    return CORRUPT("the optimizer state has %zu unexplained bytes after its sections", body.left());
+  *out = std::move(blob);
+  return Status::kOk;
+}
+
+}  // namespace squall::optim

@@ -1,0 +1,91 @@
+// Element-wise update kernels (see update_kernels.h).
+//
+// AdamW follows torch.optim.AdamW's single-tensor implementation (torch 2.x,
+// amsgrad off, not fused or foreach) operation by operation:
+//   param.mul_(1 - lr * weight_decay)
+//   exp_avg.lerp_(grad, 1 - beta1)             # m + w * (g - m) for w < 0.5
+//   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+//   denom = (exp_avg_sq.sqrt() / sqrt(1 - beta2^t)).add_(eps)
+//   param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1^t))
+// torch computes the Python-float scalars in double and rounds each to fp32
+// when the CPU kernel takes it; adamScalars does the same. The per-element
+// arithmetic is fp32 in the same order, without fused multiply-adds.
+#include "src/optim/update_kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace squall::optim {
+
+AdamScalars adamScalars(double lr, double beta1, double beta2, double eps, double weightDecay,
+                        int64_t t) {
+  AdamScalars s;
+  const double td = static_cast<double>(t);
+  s.decay = static_cast<float>(1.0 - lr * weightDecay);
+  s.lerpW = static_cast<float>(1.0 - beta1);
+  s.beta2 = static_cast<float>(beta2);
+  s.oneMinusB2 = static_cast<float>(1.0 - beta2);
+  s.bc2Sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, td)));
+  s.eps = static_cast<float>(eps);
+  s.negStep = static_cast<float>(-(lr / (1.0 - std::pow(beta1, td))));
+  return s;
+}
+
+void adamStep(size_t n, float* __restrict x, float* __restrict m, float* __restrict v,
+              const float* __restrict g, const AdamScalars& s) {
+  const float decay = s.decay, w = s.lerpW, b2 = s.beta2, omb2 = s.oneMinusB2;
+  const float bc2 = s.bc2Sqrt, eps = s.eps, neg = s.negStep;
+  // torch's lerp: self + w * (end - self) when |w| < 0.5, else end - (end - self) * (1 - w).
+  const bool low = std::fabs(w) < 0.5f;
+  const float w1 = 1.0f - w;
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = low ? m[i] + w * (gi - m[i]) : gi - (gi - m[i]) * w1;
+    const float vi = v[i] * b2 + omb2 * gi * gi;
+    const float denom = std::sqrt(vi) / bc2 + eps;
+    m[i] = mi;
+    v[i] = vi;
+    x[i] = x[i] * decay + neg * mi / denom;
+  }
+}
+
+void momentumStep(size_t n, float* __restrict out, const float* __restrict m,
+                  const float* __restrict g, float beta1, float oneMinusB1) {
+  for (size_t i = 0; i < n; ++i) out[i] = beta1 * m[i] + oneMinusB1 * g[i];
+}
+
+void scale(size_t n, float* __restrict v, float factor) {
+  for (size_t i = 0; i < n; ++i) v[i] = v[i] / factor;
+}
+
+void frozenStep(size_t n, float* __restrict x, const float* __restrict m,
+                const float* __restrict vHat, float decay, float negLr, float eps) {
+  for (size_t i = 0; i < n; ++i) x[i] = x[i] * decay + negLr * m[i] / (std::sqrt(vHat[i]) + eps);
+}
+
+void slowmoStep(size_t n, float* __restrict x, float* __restrict xPrev, float* __restrict u,
+                const float* __restrict xAvg, float lr, float alpha, float beta) {
+  const float oneMinusAlpha = 1.0f - alpha;
+  const float ab = alpha * beta * lr;
+  for (size_t i = 0; i < n; ++i) {
+    const float d = xPrev[i] - xAvg[i];
+    const float uOld = u[i];
+    const float next = xAvg[i] + oneMinusAlpha * d - ab * uOld;
+    u[i] = beta * uOld + d / lr;
+    xPrev[i] = next;
+    x[i] = next;
+  }
+}
+
+bool allFinite(const float* __restrict p, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace squall::optim

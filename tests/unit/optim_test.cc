@@ -1,0 +1,598 @@
+// The optimizers (src/optim) with ranks as threads over the local transport,
+// and their C API (include/squall/optim.h) over a one-rank communicator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "squall/optim.h"
+#include "src/optim/optimizer.h"
+#include "src/optim/update_kernels.h"
+#include "tests/unit/coll_harness.h"
+
+namespace squall {
+namespace {
+
+using optim::Config;
+using optim::Mode;
+using optim::Optimizer;
+using optim::Phase;
+using testing::Group;
+
+// A deterministic gradient of (rank, step), different on every rank.
+std::vector<float> gradient(int rank, int step, size_t count, float scale = 1.0f) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + rank + 7));
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> g(count);
+  for (float& x : g) x = dist(rng);
+  return g;
+}
+
+std::vector<float> initialParams(size_t count) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(count);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+Config apmConfig(int64_t warmup) {
+  Config c;
+  c.mode = Mode::kApmSqueeze;
+  c.lr = 1e-3f;
+  c.weightDecay = 0.01f;
+  c.warmupSteps = warmup;
+  c.codec.block = 256;
+  return c;
+}
+
+bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Creates one optimizer per rank (on the rank's thread) and runs `steps`
+// steps from `first`, with gradient(rank, step); params[r] are updated.
+void runSteps(Group& group, std::vector<std::unique_ptr<Optimizer>>& opts,
+              std::vector<std::vector<float>>& params, int first, int steps) {
+  const size_t count = params[0].size();
+  group.run([&](coll::Communicator&, int r) {
+    for (int s = first; s < first + steps; ++s) {
+      const std::vector<float> g = gradient(r, s, count);
+      ASSERT_EQ(opts[r]->step(params[r].data(), g.data(), 0.0f), Status::kOk) << lastError();
+    }
+  });
+}
+
+std::vector<std::unique_ptr<Optimizer>> createAll(Group& group, size_t count, const Config& c) {
+  std::vector<std::unique_ptr<Optimizer>> opts(static_cast<size_t>(group.size()));
+  for (int r = 0; r < group.size(); ++r)
+    EXPECT_EQ(Optimizer::create(&group.comm(r), count, c, &opts[r]), Status::kOk) << lastError();
+  return opts;
+}
+
+// The textbook AdamW (Loshchilov & Hutter, as torch.optim.AdamW computes it)
+// in double, on the average of the ranks' gradients.
+struct ReferenceAdamW {
+  std::vector<double> x, m, v;
+  double lr, b1, b2, eps, wd;
+  int t = 0;
+  ReferenceAdamW(const std::vector<float>& x0, const Config& c)
+      : x(x0.begin(), x0.end()),
+        m(x0.size(), 0.0),
+        v(x0.size(), 0.0),
+        lr(c.lr),
+        b1(c.beta1),
+        b2(c.beta2),
+        eps(c.eps),
+        wd(c.weightDecay) {}
+  void step(const std::vector<double>& g) {
+    ++t;
+    const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);
+    for (size_t i = 0; i < x.size(); ++i) {
+      x[i] *= 1.0 - lr * wd;
+      m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+      x[i] -= lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + eps);
+    }
+  }
+};
+
+class WarmupMatchesAdamW : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(WarmupMatchesAdamW, Within1e6) {
+  const int n = 3, steps = 20;
+  const size_t count = 777;
+  Config c = apmConfig(steps);
+  c.mode = GetParam();
+  Group group(n);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  ReferenceAdamW ref(params[0], c);
+  for (int s = 0; s < steps; ++s) {
+    runSteps(group, opts, params, s, 1);
+    std::vector<double> avg(count, 0.0);
+    for (int r = 0; r < n; ++r) {
+      const std::vector<float> g = gradient(r, s, count);
+      for (size_t i = 0; i < count; ++i) avg[i] += g[i] / n;
+    }
+    ref.step(avg);
+    double worst = 0;
+    for (size_t i = 0; i < count; ++i) worst = std::max(worst, std::fabs(params[0][i] - ref.x[i]));
+    ASSERT_LE(worst, 1e-6) << "step " << s + 1;
+    for (int r = 1; r < n; ++r) ASSERT_TRUE(sameBits(params[0], params[r])) << "rank " << r;
+  }
+  EXPECT_EQ(opts[0]->info().phase,
+            c.mode == Mode::kApmSqueeze ? Phase::kCompressed : Phase::kWarmup);
+  EXPECT_EQ(opts[0]->info().step, steps);
+  EXPECT_GT(opts[0]->info().bytesSent, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, WarmupMatchesAdamW,
+                         ::testing::Values(Mode::kApmSqueeze, Mode::kSync));
+
+TEST(AdamKernel, MatchesTorchOrderOfOperations) {
+  // One element through torch's sequence of fp32 operations, written out.
+  const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.01f;
+  float x = 0.5f, m = 0.01f, v = 0.002f;
+  const float g = -0.3f;
+  const int64_t t = 3;
+  const optim::AdamScalars s = optim::adamScalars(lr, b1, b2, eps, wd, t);
+  float xk = x, mk = m, vk = v;
+  optim::adamStep(1, &xk, &mk, &vk, &g, s);
+  x = x * static_cast<float>(1.0 - double{lr} * wd);
+  m = m + static_cast<float>(1.0 - double{b1}) * (g - m);
+  v = v * b2 + static_cast<float>(1.0 - double{b2}) * g * g;
+  const float denom =
+      std::sqrt(v) / static_cast<float>(std::sqrt(1.0 - std::pow(double{b2}, 3))) + eps;
+  x = x + static_cast<float>(-(double{lr} / (1.0 - std::pow(double{b1}, 3)))) * m / denom;
+  EXPECT_EQ(xk, x);
+  EXPECT_EQ(mk, m);
+  EXPECT_EQ(vk, v);
+}
+
+TEST(ApmSqueeze, CompressedStageKeepsRanksBitIdentical) {
+  const int n = 4, warmup = 5, steps = 50;
+  const size_t count = 3000;
+  Group group(n);
+  auto opts = createAll(group, count, apmConfig(warmup));
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  runSteps(group, opts, params, 0, warmup);
+  EXPECT_EQ(opts[0]->info().phase, Phase::kCompressed);
+  const uint64_t warmupBytes = opts[0]->info().bytesSent;
+  const std::vector<float> before = params[0];
+  for (int s = warmup; s < warmup + steps; ++s) {
+    runSteps(group, opts, params, s, 1);
+    for (int r = 1; r < n; ++r) ASSERT_TRUE(sameBits(params[0], params[r])) << "step " << s;
+  }
+  EXPECT_FALSE(sameBits(before, params[0]));
+  for (float x : params[0]) ASSERT_TRUE(std::isfinite(x));
+  // Compressed steps send far less than the full-precision warmup did per step.
+  const uint64_t compressedBytes = opts[0]->info().bytesSent - warmupBytes;
+  EXPECT_GT(compressedBytes, 0u);
+  EXPECT_LT(compressedBytes / steps, warmupBytes / warmup / 8);
+  EXPECT_EQ(opts[0]->info().skippedSteps, 0u);
+}
+
+TEST(SlowMo, AlphaOneBetaZeroIsPeriodicAveraging) {
+  const int n = 3, tau = 4, steps = 13;
+  const size_t count = 501;
+  Config c;
+  c.mode = Mode::kLocal;
+  c.lr = 1e-2f;
+  c.slowmoTau = tau;
+  c.slowmoAlpha = 1.0f;
+  c.slowmoBeta = 0.0f;
+  Config plain = c;
+  plain.slowmoTau = 0;
+  Group group(n);
+  auto slowmo = createAll(group, count, c);
+  auto local = createAll(group, count, plain);
+  std::vector<std::vector<float>> a(n), b(n);
+  for (int r = 0; r < n; ++r) a[r] = b[r] = initialParams(count);
+  group.run([&](coll::Communicator& comm, int r) {
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float> g = gradient(r, s, count);
+      ASSERT_EQ(slowmo[r]->step(a[r].data(), g.data(), 0.0f), Status::kOk);
+      ASSERT_EQ(local[r]->step(b[r].data(), g.data(), 0.0f), Status::kOk);
+      if ((s + 1) % tau == 0) {
+        ASSERT_EQ(comm.allReduce(b[r].data(), b[r].data(), count, DataType::kF32, ReduceOp::kAvg),
+                  Status::kOk);
+      }
+      ASSERT_TRUE(sameBits(a[r], b[r])) << "rank " << r << " step " << s + 1;
+    }
+  });
+  // Step 13 is local: the ranks differ; after step 12 they agreed.
+  EXPECT_FALSE(sameBits(a[0], a[1]));
+}
+
+TEST(SlowMo, CompressedSyncAgreesAcrossRanks) {
+  const int n = 3, tau = 3;
+  const size_t count = 900;
+  Config c = apmConfig(2);
+  c.slowmoTau = tau;
+  c.slowmoCompressed = true;
+  c.slowmoBeta = 0.5f;
+  Group group(n);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  runSteps(group, opts, params, 0, 3 * tau);
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(params[0], params[r]));
+  for (float x : params[0]) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Saves every rank's state after `split` steps, runs on, then restores the
+// state into fresh optimizers and checks the rerun is bit-identical.
+void checkResume(const Config& c, int n, int split, int more) {
+  const size_t count = 1200;
+  Group group(n);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  runSteps(group, opts, params, 0, split);
+  std::vector<std::vector<uint8_t>> blobs(n);
+  for (int r = 0; r < n; ++r) {
+    blobs[r].resize(opts[r]->stateSize());
+    size_t written = 0;
+    ASSERT_EQ(opts[r]->saveState(blobs[r].data(), blobs[r].size(), &written), Status::kOk);
+    ASSERT_EQ(written, blobs[r].size());
+  }
+  const std::vector<std::vector<float>> saved = params;
+  runSteps(group, opts, params, split, more);
+
+  auto fresh = createAll(group, count, c);
+  for (int r = 0; r < n; ++r)
+    ASSERT_EQ(fresh[r]->loadState(blobs[r].data(), blobs[r].size()), Status::kOk) << lastError();
+  EXPECT_EQ(fresh[0]->info().step, split);
+  std::vector<std::vector<float>> again = saved;
+  runSteps(group, fresh, again, split, more);
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(sameBits(params[r], again[r])) << "rank " << r;
+  EXPECT_EQ(fresh[0]->info().phase, opts[0]->info().phase);
+  EXPECT_EQ(fresh[0]->info().bytesSent, opts[0]->info().bytesSent);
+}
+
+TEST(State, ResumeInCompressedPhaseIsBitIdentical) { checkResume(apmConfig(4), 3, 9, 8); }
+
+TEST(State, ResumeAcrossTheSwitchIsBitIdentical) { checkResume(apmConfig(6), 2, 3, 8); }
+
+TEST(State, ResumeWithCompressedSlowMoIsBitIdentical) {
+  Config c = apmConfig(3);
+  c.slowmoTau = 4;
+  c.slowmoCompressed = true;
+  checkResume(c, 3, 6, 9);
+}
+
+TEST(State, ResumeLocalWithSlowMoIsBitIdentical) {
+  Config c;
+  c.mode = Mode::kLocal;
+  c.slowmoTau = 3;
+  checkResume(c, 2, 4, 7);
+}
+
+TEST(State, OtherRankCountResetsTheServerResidualWithAWarning) {
+  const size_t count = 2000;
+  const Config c = apmConfig(2);
+  std::vector<std::vector<uint8_t>> blobs(4);
+  std::vector<std::vector<float>> workers(4);
+  {
+    Group group(4);
+    auto opts = createAll(group, count, c);
+    std::vector<std::vector<float>> params(4, initialParams(count));
+    runSteps(group, opts, params, 0, 6);
+    for (int r = 0; r < 4; ++r) {
+      blobs[r].resize(opts[r]->stateSize());
+      size_t written = 0;
+      ASSERT_EQ(opts[r]->saveState(blobs[r].data(), blobs[r].size(), &written), Status::kOk);
+      const float* w = opts[r]->momentumState()->worker().current();
+      workers[r].assign(w, w + count);
+      bool nonzero = false;
+      for (float x : workers[r]) nonzero = nonzero || x != 0.0f;
+      EXPECT_TRUE(nonzero);
+    }
+  }
+  Group group(2);
+  auto opts = createAll(group, count, c);
+  for (int r = 0; r < 2; ++r) {
+    ::testing::internal::CaptureStderr();
+    ASSERT_EQ(opts[r]->loadState(blobs[r].data(), blobs[r].size()), Status::kOk) << lastError();
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("server residual reset: saved with 4 ranks, loading into 2"),
+              std::string::npos)
+        << log;
+    coll::CompressedState* s = opts[r]->momentumState();
+    for (size_t i = 0; i < s->chunk(); ++i) ASSERT_EQ(s->server().current()[i], 0.0f);
+    EXPECT_EQ(std::memcmp(s->worker().current(), workers[r].data(), count * sizeof(float)), 0);
+    EXPECT_EQ(opts[r]->info().step, 6);
+    EXPECT_EQ(opts[r]->info().phase, Phase::kCompressed);
+  }
+  // And it keeps training in step.
+  std::vector<std::vector<float>> params(2, initialParams(count));
+  runSteps(group, opts, params, 6, 5);
+  EXPECT_TRUE(sameBits(params[0], params[1]));
+}
+
+TEST(State, CorruptTruncatedAndMismatchedBlobsAreRejected) {
+  const size_t count = 300;
+  Config c = apmConfig(2);
+  c.slowmoTau = 2;
+  Group group(1);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(1, initialParams(count));
+  runSteps(group, opts, params, 0, 3);
+  std::vector<uint8_t> blob(opts[0]->stateSize());
+  size_t written = 0;
+  ASSERT_EQ(opts[0]->saveState(blob.data(), blob.size(), &written), Status::kOk);
+  size_t small = 0;
+  EXPECT_EQ(opts[0]->saveState(blob.data(), blob.size() - 1, &small), Status::kInvalidArgument);
+
+  std::unique_ptr<Optimizer> target;
+  ASSERT_EQ(Optimizer::create(&group.comm(0), count, c, &target), Status::kOk);
+  for (size_t len = 0; len < blob.size(); len += (len < 200 ? 1 : 97))
+    ASSERT_EQ(target->loadState(blob.data(), len), Status::kCorruptData) << "length " << len;
+  std::vector<uint8_t> longer = blob;
+  longer.push_back(0);
+  EXPECT_EQ(target->loadState(longer.data(), longer.size()), Status::kCorruptData);
+  for (size_t at = 0; at < blob.size(); at += 13) {
+    std::vector<uint8_t> bad = blob;
+    bad[at] ^= 0x20;
+    ASSERT_EQ(target->loadState(bad.data(), bad.size()), Status::kCorruptData) << "byte " << at;
+  }
+  EXPECT_EQ(target->info().step, 0);  // nothing was half-loaded
+  EXPECT_EQ(target->loadState(blob.data(), blob.size()), Status::kOk) << lastError();
+  EXPECT_EQ(target->info().step, 3);
+
+  std::unique_ptr<Optimizer> other;
+  ASSERT_EQ(Optimizer::create(&group.comm(0), count + 1, c, &other), Status::kOk);
+  EXPECT_EQ(other->loadState(blob.data(), blob.size()), Status::kInvalidUsage);
+  EXPECT_NE(lastError().find("saved for 300 parameters"), std::string::npos) << lastError();
+  Config sync = c;
+  sync.mode = Mode::kSync;
+  ASSERT_EQ(Optimizer::create(&group.comm(0), count, sync, &other), Status::kOk);
+  EXPECT_EQ(other->loadState(blob.data(), blob.size()), Status::kInvalidUsage);
+  Config noSlowmo = c;
+  noSlowmo.slowmoTau = 0;
+  ASSERT_EQ(Optimizer::create(&group.comm(0), count, noSlowmo, &other), Status::kOk);
+  EXPECT_EQ(other->loadState(blob.data(), blob.size()), Status::kInvalidUsage);
+}
+
+TEST(ApmSqueeze, AlwaysZeroGradientsDoNotMoveTheirParameters) {
+  const int n = 3;
+  const size_t count = 2000, zeros = 768;  // three whole codec blocks of 256
+  Config c = apmConfig(3);
+  c.weightDecay = 0.0f;
+  Group group(n);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  const std::vector<float> start = params[0];
+  group.run([&](coll::Communicator&, int r) {
+    for (int s = 0; s < 20; ++s) {
+      std::vector<float> g = gradient(r, s, count);
+      std::fill(g.begin(), g.begin() + zeros, 0.0f);
+      ASSERT_EQ(opts[r]->step(params[r].data(), g.data(), 0.0f), Status::kOk);
+    }
+  });
+  EXPECT_EQ(std::memcmp(params[0].data(), start.data(), zeros * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(params[0].data() + zeros, start.data() + zeros, sizeof(float)), 0);
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(params[0], params[r]));
+}
+
+// A rank's non-finite gradient skips the step on every rank, in the warmup
+// (the averaged gradient is non-finite everywhere) and in the compressed stage
+// (the reduced momentum is).
+TEST(ApmSqueeze, NonFiniteGradientSkipsTheStepOnEveryRank) {
+  const int n = 3, warmup = 3;
+  const size_t count = 1500;
+  const Config c = apmConfig(warmup);
+  Group group(n);
+  auto a = createAll(group, count, c);
+  std::vector<std::vector<float>> pa(n, initialParams(count));
+  group.run([&](coll::Communicator&, int r) {
+    for (int s = 0; s < 12; ++s) {
+      const std::vector<float> g = gradient(r, s, count);
+      // Poisoned calls: one in the warmup (inf on rank 2), one compressed (NaN on rank 1).
+      if (s == 1 || s == 7) {
+        std::vector<float> bad = g;
+        if (s == 1 && r == 2) bad[10] = std::numeric_limits<float>::infinity();
+        if (s == 7 && r == 1) bad[1000] = std::numeric_limits<float>::quiet_NaN();
+        const std::vector<float> before = pa[r];
+        ASSERT_EQ(a[r]->step(pa[r].data(), bad.data(), 0.0f), Status::kOk);
+        ASSERT_TRUE(sameBits(before, pa[r])) << "rank " << r << " moved on a skipped step";
+      }
+      ASSERT_EQ(a[r]->step(pa[r].data(), g.data(), 0.0f), Status::kOk);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(a[r]->info().skippedSteps, 2u) << "rank " << r;
+    EXPECT_EQ(a[r]->info().step, 14);
+    EXPECT_TRUE(sameBits(pa[r], pa[0]));
+  }
+  for (float x : pa[0]) ASSERT_TRUE(std::isfinite(x));
+}
+
+// The compressed skip leaves no trace: m, x and the residuals are as before,
+// so the run continues exactly like one that never made that call.
+TEST(ApmSqueeze, CompressedSkipLeavesNoTrace) {
+  const int n = 3, warmup = 2;
+  const size_t count = 1500;
+  const Config c = apmConfig(warmup);
+  Group group(n);
+  auto a = createAll(group, count, c);
+  auto b = createAll(group, count, c);
+  std::vector<std::vector<float>> pa(n, initialParams(count)), pb(n, initialParams(count));
+  group.run([&](coll::Communicator&, int r) {
+    for (int s = 0; s < 10; ++s) {
+      const std::vector<float> g = gradient(r, s, count);
+      if (s == 5) {
+        std::vector<float> bad = g;
+        if (r == 0) bad[3] = std::numeric_limits<float>::quiet_NaN();
+        ASSERT_EQ(a[r]->step(pa[r].data(), bad.data(), 0.0f), Status::kOk);
+      }
+      ASSERT_EQ(a[r]->step(pa[r].data(), g.data(), 0.0f), Status::kOk);
+      ASSERT_EQ(b[r]->step(pb[r].data(), g.data(), 0.0f), Status::kOk);
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(sameBits(pa[r], pb[r])) << "rank " << r;
+    EXPECT_EQ(a[r]->info().skippedSteps, 1u);
+    EXPECT_EQ(0, std::memcmp(a[r]->momentumState()->worker().current(),
+                             b[r]->momentumState()->worker().current(), count * sizeof(float)));
+  }
+}
+
+// ---- The C API ----------------------------------------------------------------
+
+#define EXPECT_OK(call) EXPECT_EQ((call), squallSuccess) << squallGetLastError()
+
+class OptimApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    squallUniqueId id;
+    ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+    squallConfig_t c = SQUALL_CONFIG_INIT;
+    c.timeoutSeconds = 20;
+    ASSERT_EQ(squallCommInitRank(&comm_, 1, id, 0, &c), squallSuccess) << squallGetLastError();
+  }
+  void TearDown() override { squallCommDestroy(comm_); }
+
+  // Expects create to fail with `result` and a last error mentioning `words`.
+  void expectRejected(const squallOptimConfig_t& c, squallResult_t result, const char* words) {
+    squallOptimizer_t o = nullptr;
+    EXPECT_EQ(squallOptimizerCreate(comm_, 10, &c, &o), result);
+    EXPECT_EQ(o, nullptr);
+    EXPECT_NE(std::string(squallGetLastError()).find(words), std::string::npos)
+        << squallGetLastError();
+  }
+
+  static squallOptimConfig_t valid() {
+    squallOptimConfig_t c = SQUALL_OPTIM_CONFIG_INIT;
+    c.totalSteps = 100;
+    return c;
+  }
+
+  squallComm_t comm_ = nullptr;
+};
+
+TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
+  squallOptimConfig_t c = valid();
+  c.lr = 0.0f;
+  expectRejected(c, squallInvalidArgument, "learning rate");
+  c = valid();
+  c.lr = -1.0f;
+  expectRejected(c, squallInvalidArgument, "learning rate");
+  c = valid();
+  c.beta1 = 1.0f;
+  expectRejected(c, squallInvalidArgument, "beta1");
+  c = valid();
+  c.beta2 = -0.1f;
+  expectRejected(c, squallInvalidArgument, "beta2");
+  c = valid();
+  c.totalSteps = 0;  // warmupSteps -1: the fraction needs totalSteps
+  expectRejected(c, squallInvalidArgument, "totalSteps");
+  c = valid();
+  c.codec.codec = static_cast<squallCodec_t>(42);
+  expectRejected(c, squallInvalidArgument, "codec");
+  c = valid();
+  c.codec.blockSize = 3;
+  expectRejected(c, squallInvalidArgument, "block");
+  c = valid();
+  c.mode = static_cast<squallOptimMode_t>(7);
+  expectRejected(c, squallInvalidArgument, "mode");
+  c = valid();
+  c.size = 3;
+  expectRejected(c, squallInvalidArgument, "size");
+  c = valid();
+  c.slowmoTau = 2;
+  c.slowmoBeta = 1.0f;
+  expectRejected(c, squallInvalidArgument, "slowmoBeta");
+  squallOptimizer_t o = nullptr;
+  EXPECT_EQ(squallOptimizerCreate(nullptr, 10, &c, &o), squallInvalidArgument);
+  EXPECT_EQ(squallOptimizerCreate(comm_, 10, nullptr, &o), squallInvalidArgument);
+}
+
+TEST_F(OptimApi, StepInfoSaveAndLoad) {
+  squallOptimConfig_t c = valid();  // warmup = round(0.15 * 100) = 15
+  squallOptimizer_t o = nullptr;
+  const size_t count = 100;
+  ASSERT_EQ(squallOptimizerCreate(comm_, count, &c, &o), squallSuccess) << squallGetLastError();
+  std::vector<float> x = initialParams(count);
+  for (int s = 0; s < 20; ++s) {
+    const std::vector<float> g = gradient(0, s, count);
+    EXPECT_OK(squallOptimizerStep(o, x.data(), g.data(), s == 19 ? 5e-4f : 0.0f));
+  }
+  EXPECT_EQ(squallOptimizerStep(o, x.data(), x.data(), 0.0f), squallInvalidArgument);
+  EXPECT_EQ(squallOptimizerStep(o, nullptr, x.data(), 0.0f), squallInvalidArgument);
+  squallOptimInfo_t info;
+  EXPECT_OK(squallOptimizerGetInfo(o, &info));
+  EXPECT_EQ(info.step, 20);
+  EXPECT_EQ(info.warmupSteps, 15);
+  EXPECT_EQ(info.phase, squallPhaseCompressed);
+  EXPECT_EQ(info.skippedSteps, 0u);
+
+  size_t size = 0, written = 0;
+  EXPECT_OK(squallOptimizerStateSize(o, &size));
+  std::vector<uint8_t> blob(size);
+  EXPECT_OK(squallOptimizerSaveState(o, blob.data(), blob.size(), &written));
+  EXPECT_EQ(written, size);
+  squallOptimizer_t p = nullptr;
+  EXPECT_OK(squallOptimizerCreate(comm_, count, &c, &p));
+  EXPECT_OK(squallOptimizerLoadState(p, blob.data(), blob.size()));
+  blob[blob.size() / 2] ^= 1;
+  EXPECT_EQ(squallOptimizerLoadState(p, blob.data(), blob.size()), squallCorruptData);
+  EXPECT_NE(std::string(squallGetLastError()).find("checksum"), std::string::npos);
+  std::vector<float> y = x;
+  const std::vector<float> g = gradient(0, 99, count);
+  EXPECT_OK(squallOptimizerStep(o, x.data(), g.data(), 0.0f));
+  EXPECT_OK(squallOptimizerStep(p, y.data(), g.data(), 0.0f));
+  EXPECT_TRUE(sameBits(x, y));
+  EXPECT_OK(squallOptimizerDestroy(o));
+  EXPECT_OK(squallOptimizerDestroy(p));
+  EXPECT_EQ(squallOptimizerGetInfo(nullptr, &info), squallInvalidArgument);
+}
+
+// Two ranks through the public API over TCP, each with its own communicator.
+TEST(OptimApiTcp, TwoRanksStayBitIdentical) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+  const size_t count = 4000;
+  std::vector<std::vector<float>> params(2, initialParams(count));
+  std::vector<squallOptimInfo_t> infos(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      squallComm_t comm = nullptr;
+      squallConfig_t cc = SQUALL_CONFIG_INIT;
+      cc.timeoutSeconds = 20;
+      squallOptimConfig_t c = SQUALL_OPTIM_CONFIG_INIT;
+      c.warmupSteps = 3;
+      c.slowmoTau = 4;
+      squallOptimizer_t o = nullptr;
+      if (squallCommInitRank(&comm, 2, id, r, &cc) != squallSuccess ||
+          squallOptimizerCreate(comm, count, &c, &o) != squallSuccess) {
+        errors[r] = squallGetLastError();
+        return;
+      }
+      for (int s = 0; s < 10 && errors[r].empty(); ++s) {
+        const std::vector<float> g = gradient(r, s, count);
+        if (squallOptimizerStep(o, params[r].data(), g.data(), 0.0f) != squallSuccess)
+          errors[r] = squallGetLastError();
+      }
+      squallOptimizerGetInfo(o, &infos[r]);
+      squallOptimizerDestroy(o);
+      squallBarrier(comm);
+      squallCommDestroy(comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_TRUE(sameBits(params[0], params[1]));
+  EXPECT_EQ(infos[0].phase, squallPhaseCompressed);
+  EXPECT_GT(infos[0].bytesSent, 0u);
+}
+
+}  // namespace
+}  // namespace squall
