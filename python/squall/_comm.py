@@ -46,7 +46,7 @@ def get_unique_id():
     and send it to the others."""
     uid = _lib.UniqueId()
     check(lib.squallGetUniqueId(ctypes.byref(uid)), "squallGetUniqueId")
-    return bytes(uid.internal)
+    return ctypes.string_at(ctypes.addressof(uid), _lib.SQUALL_UNIQUE_ID_BYTES)
 
 
 class Communicator:
@@ -77,7 +77,7 @@ class Communicator:
             raise SquallInvalidArgument(
                 f"squall: a unique id has {_lib.SQUALL_UNIQUE_ID_BYTES} bytes, not {len(unique_id)}")
         uid = _lib.UniqueId()
-        ctypes.memmove(uid.internal, unique_id, len(unique_id))
+        ctypes.memmove(ctypes.addressof(uid), unique_id, len(unique_id))
         cfg = _config(transport, timeout)
         h = ctypes.c_void_p()
         check(lib.squallCommInitRank(ctypes.byref(h), int(nranks), uid, int(rank),
