@@ -5,7 +5,8 @@ The library is looked up, in order, at:
 1. ``$SQUALL_LIBRARY`` (a path to ``libsquall.so``);
 2. the build tree of a checkout, relative to this package
    (``<repo>/build/src/core/libsquall.so``, also ``libsquall.so.0``);
-3. the system loader (``libsquall.so.0``, then ``libsquall.so``).
+3. the library directory meson installed next to it (``_config.LIBDIR``);
+4. the system loader (``libsquall.so.0``, then ``libsquall.so``).
 
 Every C call goes through :func:`check`, which turns a non-zero result into
 the matching :class:`SquallError` subclass carrying ``squallGetLastError()``.
@@ -225,6 +226,11 @@ def _candidates():
     for up in (os.path.join(here, "..", ".."), os.path.join(here, "..")):
         for name in ("libsquall.so", "libsquall.so.0"):
             paths.append(os.path.normpath(os.path.join(up, "build", "src", "core", name)))
+    try:  # written by meson when it installs the package (-Dpython=true)
+        from ._config import LIBDIR
+        paths.append(os.path.join(LIBDIR, "libsquall.so.0"))
+    except ImportError:
+        pass
     return [p for p in paths if os.path.exists(p)] + ["libsquall.so.0", "libsquall.so"], False
 
 
