@@ -355,8 +355,11 @@ class SlowMo(torch.optim.Optimizer):
         self.base.add_param_group(param_group)
         self._add_group(self.base.param_groups[-1], True)
 
-    def zero_grad(self, set_to_none=True):
-        self.base.zero_grad(set_to_none=set_to_none)
+    def zero_grad(self, set_to_none=None):
+        if set_to_none is None:  # the base optimizer's own default
+            self.base.zero_grad()
+        else:
+            self.base.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         loss = self.base.step(closure) if closure is not None else self.base.step()

@@ -64,7 +64,7 @@ def _slowmo_run(rank, steps, tau, alpha, beta, mode):
         opt.step()
         if (s + 1) % tau == 0:
             synced.append([p.detach().clone() for p in ps])
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=True)
     assert all(p.grad is None for p in ps)
     return {"final": [p.detach().clone() for p in ps], "synced": synced}
 
@@ -144,3 +144,22 @@ def test_slowmo_state_dict_resumes_bit_identically(tmp_path):
     again = _dist.run(_slowmo_ckpt, world=2, args=(path, True))
     for a, b in zip(first, again):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_slowmo_single_rank_with_lr_scheduler():
+    import squall
+    from squall.optim import SlowMo
+
+    with squall.Communicator.from_unique_id(squall.get_unique_id(), 1, 0, transport="tcp") as c:
+        p = torch.ones(4, requires_grad=True)
+        opt = SlowMo(torch.optim.SGD([p], lr=0.5), tau=2, alpha=1.0, beta=0.0, comm=c)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for _ in range(4):
+            p.grad = torch.ones(4)
+            opt.step()
+            sched.step()
+        # lr 0.5, 0.25, 0.125, 0.0625: one rank, so averaging changes nothing
+        assert torch.allclose(p.detach(), torch.full((4,), 1 - 0.9375))
+        assert opt.param_groups[0]["lr"] == 0.03125 and opt.steps == 4
+        sd = opt.state_dict()
+        assert sd["slowmo"]["steps"] == 4 and "base" in sd
