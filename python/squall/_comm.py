@@ -7,7 +7,7 @@ import weakref
 from . import _lib
 from ._buffers import ALL, FLOATS, host_buffer, is_tensor
 from ._lib import (SquallInvalidArgument, SquallInvalidUsage, check, lib)
-from .codec import CodecSpec as _CodecSpecT, parse_codec, codec_string
+from .codec import codec_string, parse_codec
 
 _OPS = {"sum": _lib.SUM, "avg": _lib.AVG, "mean": _lib.AVG, "min": _lib.MIN, "max": _lib.MAX}
 _TRANSPORTS = {None: _lib.TRANSPORT_DEFAULT, "default": _lib.TRANSPORT_DEFAULT,
@@ -36,7 +36,8 @@ def _config(transport, timeout):
     else:
         seconds = int(getattr(timeout, "total_seconds", lambda: timeout)())
         if seconds <= 0:
-            raise SquallInvalidArgument(f"squall: timeout must be positive seconds, not {timeout!r}")
+            raise SquallInvalidArgument(
+                f"squall: timeout must be positive seconds, not {timeout!r}")
     return _lib.Config(_TRANSPORTS[key], seconds)
 
 
@@ -75,7 +76,8 @@ class Communicator:
         unique_id = bytes(unique_id)
         if len(unique_id) != _lib.SQUALL_UNIQUE_ID_BYTES:
             raise SquallInvalidArgument(
-                f"squall: a unique id has {_lib.SQUALL_UNIQUE_ID_BYTES} bytes, not {len(unique_id)}")
+                f"squall: a unique id has {_lib.SQUALL_UNIQUE_ID_BYTES} bytes, "
+                f"not {len(unique_id)}")
         uid = _lib.UniqueId()
         ctypes.memmove(ctypes.addressof(uid), unique_id, len(unique_id))
         cfg = _config(transport, timeout)

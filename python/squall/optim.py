@@ -77,9 +77,11 @@ class APMSqueeze(torch.optim.Optimizer):
         if not lr > 0:
             raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be positive, not {lr}")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-            raise SquallInvalidArgument(f"squall.optim.APMSqueeze: betas must be in [0, 1): {betas}")
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: betas must be in [0, 1): {betas}")
         if not eps > 0 or weight_decay < 0:
-            raise SquallInvalidArgument("squall.optim.APMSqueeze: eps must be > 0, weight_decay >= 0")
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze: eps must be > 0 and weight_decay >= 0")
         if mode not in _MODES:
             raise SquallInvalidArgument(
                 f"squall.optim.APMSqueeze: mode must be one of {', '.join(_MODES)}, not {mode!r}")

@@ -9,8 +9,6 @@ import _dist
 
 
 def _world(rank, world):
-    import torch.distributed as dist
-
     import squall
 
     comm = squall.init(timeout=30)

@@ -1,7 +1,5 @@
 """SlowMo (pure Python over squall.allreduce): runs with any libsquall."""
 
-import os
-
 import pytest
 import torch
 
