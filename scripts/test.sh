@@ -15,6 +15,12 @@ ninja -C build
 echo "== tests"
 meson test -C build --print-errorlogs --num-processes "$jobs" --no-suite gpu
 
+echo "== python"
+# The ctypes binding against this build's library; exit code 5 (no tests
+# collected) is a failure too.
+SQUALL_LIBRARY="$PWD/build/src/core/libsquall.so" /usr/bin/python3 -m pytest python/tests -q ||
+  { rc=$?; echo "python tests failed (pytest exit code $rc)" >&2; exit 1; }
+
 echo "== format"
 scripts/check_format.sh
 

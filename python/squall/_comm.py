@@ -1,0 +1,408 @@
+"""Communicators, the full-precision and compressed allreduce, requests."""
+
+import ctypes
+import threading
+import weakref
+
+from . import _lib
+from ._buffers import ALL, FLOATS, host_buffer, is_tensor
+from ._lib import (SquallInvalidArgument, SquallInvalidUsage, check, lib)
+from .codec import codec_string, parse_codec
+
+_OPS = {"sum": _lib.SUM, "avg": _lib.AVG, "mean": _lib.AVG, "min": _lib.MIN, "max": _lib.MAX}
+_TRANSPORTS = {None: _lib.TRANSPORT_DEFAULT, "default": _lib.TRANSPORT_DEFAULT,
+               "auto": _lib.TRANSPORT_DEFAULT, "ucx": _lib.TRANSPORT_UCX,
+               "tcp": _lib.TRANSPORT_TCP}
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def _op_code(op, allowed=("sum", "avg", "mean", "min", "max")):
+    if isinstance(op, str) and op.lower() in allowed:
+        return _OPS[op.lower()]
+    raise SquallInvalidArgument(
+        f"squall: unknown or unsupported reduction {op!r}; use one of {', '.join(allowed)}")
+
+
+def _config(transport, timeout):
+    key = transport.lower() if isinstance(transport, str) else transport
+    if key not in _TRANSPORTS:
+        raise SquallInvalidArgument(
+            f"squall: unknown transport {transport!r}; use 'ucx', 'tcp' or None (SQUALL_TRANSPORT,"
+            " else ucx when built in, else tcp)")
+    if timeout is None:
+        seconds = 0
+    else:
+        seconds = int(getattr(timeout, "total_seconds", lambda: timeout)())
+        if seconds <= 0:
+            raise SquallInvalidArgument(
+                f"squall: timeout must be positive seconds, not {timeout!r}")
+    return _lib.Config(_TRANSPORTS[key], seconds)
+
+
+def get_unique_id():
+    """128 bytes of rendezvous information (the root's address and a random
+    job secret) for :meth:`Communicator.from_unique_id`. Create it on one rank
+    and send it to the others."""
+    uid = _lib.UniqueId()
+    check(lib.squallGetUniqueId(ctypes.byref(uid)), "squallGetUniqueId")
+    return ctypes.string_at(ctypes.addressof(uid), _lib.SQUALL_UNIQUE_ID_BYTES)
+
+
+class Communicator:
+    """A Squall communicator. Create it with :func:`squall.init` (through
+    torch.distributed), :meth:`from_env` or :meth:`from_unique_id`. Close it
+    with :meth:`close` (or let it be garbage collected)."""
+
+    def __init__(self, handle, process_group=None):
+        self._h = handle
+        self.process_group = process_group
+        self._children = weakref.WeakSet()  # compressors and optimizers to close first
+        self._rank = self._query(lib.squallCommRank)
+        self._size = self._query(lib.squallCommSize)
+
+    def _query(self, fn):
+        v = ctypes.c_int()
+        check(fn(self._h, ctypes.byref(v)))
+        return v.value
+
+    # -- creation ----------------------------------------------------------
+    @classmethod
+    def from_unique_id(cls, unique_id, nranks, rank, transport=None, timeout=None,
+                       process_group=None):
+        """Collective over `nranks` ranks that all pass the same `unique_id`
+        (from :func:`get_unique_id`)."""
+        unique_id = bytes(unique_id)
+        if len(unique_id) != _lib.SQUALL_UNIQUE_ID_BYTES:
+            raise SquallInvalidArgument(
+                f"squall: a unique id has {_lib.SQUALL_UNIQUE_ID_BYTES} bytes, "
+                f"not {len(unique_id)}")
+        uid = _lib.UniqueId()
+        ctypes.memmove(ctypes.addressof(uid), unique_id, len(unique_id))
+        cfg = _config(transport, timeout)
+        h = ctypes.c_void_p()
+        check(lib.squallCommInitRank(ctypes.byref(h), int(nranks), uid, int(rank),
+                                     ctypes.byref(cfg)), "squallCommInitRank")
+        return cls(h, process_group)
+
+    @classmethod
+    def from_env(cls, transport=None, timeout=None):
+        """torchrun / launcher style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET)
+        or SQUALL_PORT, RANK, WORLD_SIZE. No torch needed."""
+        cfg = _config(transport, timeout)
+        h = ctypes.c_void_p()
+        check(lib.squallCommInitFromEnv(ctypes.byref(h), ctypes.byref(cfg)),
+              "squallCommInitFromEnv")
+        return cls(h)
+
+    def split(self, color, key=None):
+        """Collective: ranks with the same color form a new communicator, ordered
+        by (key, rank). color None or negative: takes part, returns None."""
+        c = -1 if color is None or color < 0 else int(color)
+        k = self.rank if key is None else int(key)
+        h = ctypes.c_void_p()
+        check(lib.squallCommSplit(self.handle, c, k, ctypes.byref(h)), "squallCommSplit")
+        return Communicator(h) if h.value else None
+
+    # -- properties --------------------------------------------------------
+    @property
+    def handle(self):
+        if self._h is None:
+            raise SquallInvalidUsage("squall: the communicator was closed")
+        return self._h
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def transport(self):
+        name = ctypes.c_char_p()
+        check(lib.squallCommTransport(self.handle, ctypes.byref(name)))
+        return name.value.decode()
+
+    @property
+    def closed(self):
+        return self._h is None
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        return f"<squall.Communicator {state}>"
+
+    # -- collectives -------------------------------------------------------
+    def allreduce(self, tensor, op="avg", async_op=False):
+        """Full-precision allreduce in place. fp32, fp64, fp16, bf16 (accumulated
+        in fp32), int32, int64; op 'sum', 'avg', 'min' or 'max'."""
+        o = _op_code(op)
+        buf = host_buffer(tensor, "tensor", ALL)
+        if async_op:
+            req = ctypes.c_void_p()
+            check(lib.squallAllReduceAsync(buf.ptr, buf.ptr, buf.numel, buf.dtype, o, self.handle,
+                                           ctypes.byref(req)), "squallAllReduceAsync")
+            return Request(req, tensor, [buf, self])
+        check(lib.squallAllReduce(buf.ptr, buf.ptr, buf.numel, buf.dtype, o, self.handle),
+              "squallAllReduce")
+        buf.finish()
+        return tensor
+
+    def broadcast(self, tensor, root=0):
+        buf = host_buffer(tensor, "tensor", ALL, stage_in=(self.rank == root))
+        check(lib.squallBroadcast(buf.ptr, buf.numel, buf.dtype, int(root), self.handle),
+              "squallBroadcast")
+        buf.finish()
+        return tensor
+
+    def allgather(self, tensor, out):
+        """`out` holds size * tensor.numel() elements of the same dtype, in rank order."""
+        src = host_buffer(tensor, "tensor", ALL, writable=False)
+        dst = host_buffer(out, "out", ALL, stage_in=False)
+        if dst.dtype != src.dtype or dst.numel != src.numel * self.size:
+            raise SquallInvalidArgument(
+                f"squall: allgather output must hold {self.size} x {src.numel} elements of the "
+                f"input's dtype; it holds {dst.numel}")
+        check(lib.squallAllGather(src.ptr, dst.ptr, src.numel, src.dtype, self.handle),
+              "squallAllGather")
+        dst.finish()
+        return out
+
+    def barrier(self):
+        check(lib.squallBarrier(self.handle), "squallBarrier")
+
+    # -- lifetime ----------------------------------------------------------
+    def close(self):
+        """Destroys the communicator (and the compressors and optimizers made
+        on it). Local: no communication."""
+        global _default
+        if self._h is None:
+            return
+        for child in list(self._children):
+            child.close()
+        h, self._h = self._h, None
+        lib.squallCommDestroy(h)
+        with _default_lock:
+            if _default is self:
+                _default = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Request:
+    """An allreduce running in the background. The buffer must stay untouched
+    until :meth:`wait` has returned."""
+
+    def __init__(self, handle, result, keep):
+        self._h, self._result, self._keep = handle, result, keep
+
+    def test(self):
+        """True when the operation has finished (call wait() to get its result)."""
+        if self._h is None:
+            return True
+        done = ctypes.c_int()
+        check(lib.squallTest(self._h, ctypes.byref(done)), "squallTest")
+        return bool(done.value)
+
+    def wait(self):
+        """Blocks until done; raises the operation's error; returns the tensor."""
+        if self._h is not None:
+            h, self._h = self._h, None
+            check(lib.squallWait(h), "allreduce")
+            for k in self._keep:
+                if hasattr(k, "finish"):
+                    k.finish()
+            self._keep = None
+        return self._result
+
+    def __del__(self):
+        if getattr(self, "_h", None) is not None:  # never free buffers under a running op
+            try:
+                lib.squallWait(self._h)
+            except Exception:
+                pass
+
+
+class Compressor:
+    """The error-feedback state of one buffer for the compressed allreduce.
+
+    Create one per buffer you compress (per gradient bucket, per parameter
+    group) on every rank, with the same `numel` and codec, and reuse it every
+    step: the residuals carry what the compression lost into the next call.
+    """
+
+    def __init__(self, comm=None, numel=None, codec="onebit"):
+        comm = comm if comm is not None else get_default()
+        if numel is None or int(numel) < 0:
+            raise SquallInvalidArgument("squall: Compressor needs numel >= 0")
+        self.comm = comm
+        self.numel = int(numel)
+        self.spec = parse_codec(codec)
+        self.codec = codec_string(self.spec)
+        h = ctypes.c_void_p()
+        check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
+                                         ctypes.byref(h)), "squallCompressorCreate")
+        self._h = h
+        comm._children.add(self)
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise SquallInvalidUsage("squall: the compressor was closed")
+        return self._h
+
+    def allreduce(self, tensor, op="avg", out=None, async_op=False):
+        """Error-compensated compressed allreduce of `tensor` (fp32, fp16 or bf16,
+        numel elements) into `out` (default: in place). Every rank ends with
+        bit-identical values. op: 'avg' or 'sum'."""
+        o = _op_code(op, ("sum", "avg", "mean"))
+        src = host_buffer(tensor, "tensor", FLOATS, writable=out is None)
+        if out is None:
+            dst, result = src, tensor
+        else:
+            dst, result = host_buffer(out, "out", FLOATS, stage_in=False), out
+            if dst.dtype != src.dtype:
+                raise SquallInvalidArgument("squall: out must have the input's dtype")
+        for b, what in ((src, "tensor"), (dst, "out")):
+            if b.numel != self.numel:
+                raise SquallInvalidArgument(
+                    f"squall: {what} has {b.numel} elements but the compressor was created for "
+                    f"{self.numel}; create one Compressor per buffer")
+        if async_op:
+            req = ctypes.c_void_p()
+            check(lib.squallCompressedAllReduceAsync(src.ptr, dst.ptr, src.dtype, o, self.handle,
+                                                     self.comm.handle, ctypes.byref(req)),
+                  "squallCompressedAllReduceAsync")
+            return Request(req, result, [src, dst, self])
+        check(lib.squallCompressedAllReduce(src.ptr, dst.ptr, src.dtype, o, self.handle,
+                                            self.comm.handle), "squallCompressedAllReduce")
+        dst.finish()
+        return result
+
+    def reset(self):
+        """Zeroes the residuals (e.g. after loading parameters from elsewhere)."""
+        check(lib.squallCompressorReset(self.handle), "squallCompressorReset")
+
+    @property
+    def stats(self):
+        s = _lib.CompressorStats()
+        check(lib.squallCompressorGetStats(self.handle, ctypes.byref(s)))
+        return {"calls": s.calls, "skipped_calls": s.skippedCalls, "bytes_sent": s.bytesSent,
+                "bytes_received": s.bytesReceived}
+
+    def close(self):
+        if self._h is not None:
+            h, self._h = self._h, None
+            lib.squallCompressorDestroy(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"<squall.Compressor {self.codec} numel={self.numel}>"
+
+
+# ---- the default communicator and torch.distributed ----------------------
+
+
+def get_default():
+    """The communicator made by the last :func:`init` (or set_default)."""
+    if _default is None or _default.closed:
+        raise SquallInvalidUsage(
+            "squall: no default communicator; call squall.init() (after "
+            "torch.distributed.init_process_group) or pass comm=")
+    return _default
+
+
+def set_default(comm):
+    global _default
+    with _default_lock:
+        _default = comm
+
+
+def _global_rank(dist, group, group_rank):
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    if hasattr(dist, "get_global_rank"):  # torch >= 2.0
+        return dist.get_global_rank(group, group_rank)
+    return dist.distributed_c10d._get_global_rank(group, group_rank)  # torch 1.13
+
+
+def init(process_group=None, transport=None, timeout=None, set_as_default=True):
+    """Creates a Communicator over the ranks of a torch.distributed process group
+    (default: the world) and makes it the default one.
+
+    torch.distributed must be initialised. The group's first member creates the
+    unique id; it reaches the others through broadcast_object_list on the group.
+    Collective over the group's members; a process outside the group gets None.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise SquallInvalidUsage(
+            "squall.init: torch.distributed is not initialised; call "
+            "torch.distributed.init_process_group first (or use squall.Communicator.from_env)")
+    group = process_group if process_group is not None else dist.group.WORLD
+    rank = dist.get_rank(group)
+    if rank < 0:  # not a member of the subgroup
+        return None
+    size = dist.get_world_size(group)
+    obj = [get_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(obj, src=_global_rank(dist, process_group, 0), group=group)
+    comm = Communicator.from_unique_id(obj[0], size, rank, transport, timeout,
+                                       process_group=process_group)
+    if set_as_default:
+        set_default(comm)
+    return comm
+
+
+def shutdown():
+    """Closes the default communicator."""
+    if _default is not None:
+        _default.close()
+
+
+def allreduce(tensor, op="avg", codec=None, compressor=None, comm=None, async_op=False):
+    """Allreduce `tensor` in place across the ranks of `comm` (default: the
+    communicator of the last squall.init()).
+
+    * no codec, no compressor: full precision (fp32/fp64/fp16/bf16/int32/int64;
+      'sum', 'avg', 'min', 'max');
+    * compressor=squall.Compressor(...): error-compensated compressed allreduce
+      (fp32/fp16/bf16; 'sum' or 'avg'), bit-identical on every rank. The
+      compressor holds the residuals; reuse it for this buffer every step.
+      `codec`, if also given, must match the compressor's.
+
+    Passing a codec without a compressor is an error: compression without its
+    residuals is biased, so the state is explicit. Returns the tensor (or a
+    Request with async_op=True).
+    """
+    if compressor is not None:
+        if comm is not None and comm is not compressor.comm:
+            raise SquallInvalidUsage("squall: the compressor belongs to another communicator")
+        if codec is not None and codec_string(parse_codec(codec)) != compressor.codec:
+            raise SquallInvalidUsage(
+                f"squall: codec {codec!r} differs from the compressor's {compressor.codec!r}")
+        return compressor.allreduce(tensor, op, async_op=async_op)
+    if codec is not None and codec_string(parse_codec(codec)) != "none":
+        n = tensor.numel() if is_tensor(tensor) else getattr(tensor, "size", "n")
+        raise SquallInvalidUsage(
+            f"squall: a compressed allreduce needs its error-feedback state: create "
+            f"c = squall.Compressor(comm, {n}, {codec!r}) once and call "
+            "squall.allreduce(t, compressor=c) every step")
+    return (comm if comm is not None else get_default()).allreduce(tensor, op, async_op)

@@ -1,0 +1,297 @@
+"""Loads libsquall and declares the C API for ctypes.
+
+The library is looked up, in order, at:
+
+1. ``$SQUALL_LIBRARY`` (a path to ``libsquall.so``);
+2. the build tree of a checkout, relative to this package
+   (``<repo>/build/src/core/libsquall.so``, also ``libsquall.so.0``);
+3. the library directory meson installed next to it (``_config.LIBDIR``);
+4. the system loader (``libsquall.so.0``, then ``libsquall.so``).
+
+Every C call goes through :func:`check`, which turns a non-zero result into
+the matching :class:`SquallError` subclass carrying ``squallGetLastError()``.
+"""
+
+import ctypes
+import os
+
+# ---- errors -----------------------------------------------------------------
+
+
+class SquallError(RuntimeError):
+    """A Squall call failed. ``code`` is the squallResult_t value (or None for
+    errors detected in Python before any C call)."""
+
+    code = None
+    name = "error"
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class SquallInvalidArgument(SquallError, ValueError):
+    code, name = 1, "invalid argument"
+
+
+class SquallInvalidUsage(SquallError, ValueError):
+    code, name = 2, "invalid usage"
+
+
+class SquallUnsupported(SquallError, NotImplementedError):
+    code, name = 3, "unsupported"
+
+
+class SquallOutOfMemory(SquallError, MemoryError):
+    code, name = 4, "out of memory"
+
+
+class SquallCorruptData(SquallError, ValueError):
+    code, name = 5, "corrupt data"
+
+
+class SquallSystemError(SquallError, OSError):
+    code, name = 6, "system error"
+
+
+class SquallRemoteError(SquallError):
+    code, name = 7, "remote error"
+
+
+class SquallTimeout(SquallError, TimeoutError):
+    code, name = 8, "timeout"
+
+
+class SquallInternalError(SquallError):
+    code, name = 9, "internal error"
+
+
+class SquallInProgress(SquallError):
+    code, name = 10, "in progress"
+
+
+_ERRORS = {
+    cls.code: cls
+    for cls in (SquallInvalidArgument, SquallInvalidUsage, SquallUnsupported, SquallOutOfMemory,
+                SquallCorruptData, SquallSystemError, SquallRemoteError, SquallTimeout,
+                SquallInternalError, SquallInProgress)
+}
+
+# ---- C types ----------------------------------------------------------------
+
+SQUALL_UNIQUE_ID_BYTES = 128
+SQUALL_DEFAULT_BLOCK_SIZE = 2048
+
+# squallDataType_t
+FLOAT32, FLOAT16, BFLOAT16, FLOAT64, INT32, INT64 = range(6)
+# squallRedOp_t
+SUM, AVG, MIN, MAX = range(4)
+# squallTransport_t
+TRANSPORT_DEFAULT, TRANSPORT_UCX, TRANSPORT_TCP, TRANSPORT_MPI = range(4)
+# squallCodec_t
+CODEC_NONE, CODEC_ONEBIT, CODEC_FP16, CODEC_BF16, CODEC_INT8 = range(5)
+# squallScale_t
+SCALE_MEAN_ABS, SCALE_RMS = range(2)
+# squallOptimMode_t
+MODE_APMSQUEEZE, MODE_SYNC, MODE_LOCAL = range(3)
+# squallOptimPhase_t
+PHASE_WARMUP, PHASE_COMPRESSED = range(2)
+
+c_result = ctypes.c_int
+c_enum = ctypes.c_int
+
+
+class CodecSpec(ctypes.Structure):
+    _fields_ = [("codec", c_enum), ("scale", c_enum), ("blockSize", ctypes.c_uint32)]
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * SQUALL_UNIQUE_ID_BYTES)]
+
+
+class Config(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("transport", c_enum), ("timeoutSeconds", ctypes.c_int)]
+
+    def __init__(self, transport=TRANSPORT_DEFAULT, timeout=0):
+        super().__init__(ctypes.sizeof(Config), transport, timeout)
+
+
+class CompressorStats(ctypes.Structure):
+    _fields_ = [("calls", ctypes.c_uint64), ("skippedCalls", ctypes.c_uint64),
+                ("bytesSent", ctypes.c_uint64), ("bytesReceived", ctypes.c_uint64)]
+
+
+class OptimConfig(ctypes.Structure):
+    """squallOptimConfig_t; a fresh instance holds SQUALL_OPTIM_CONFIG_INIT."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("mode", c_enum),
+        ("lr", ctypes.c_float),
+        ("beta1", ctypes.c_float),
+        ("beta2", ctypes.c_float),
+        ("eps", ctypes.c_float),
+        ("weightDecay", ctypes.c_float),
+        ("warmupSteps", ctypes.c_int64),
+        ("warmupFraction", ctypes.c_double),
+        ("totalSteps", ctypes.c_int64),
+        ("codec", CodecSpec),
+        ("slowmoTau", ctypes.c_int),
+        ("slowmoAlpha", ctypes.c_float),
+        ("slowmoBeta", ctypes.c_float),
+        ("slowmoCompressed", ctypes.c_int),
+    ]
+
+    def __init__(self):
+        super().__init__(ctypes.sizeof(OptimConfig), MODE_APMSQUEEZE, 1e-3, 0.9, 0.999, 1e-8, 0.0,
+                         -1, 0.15, 0, CodecSpec(CODEC_ONEBIT, SCALE_MEAN_ABS,
+                                                SQUALL_DEFAULT_BLOCK_SIZE), 0, 1.0, 0.5, 0)
+
+
+class OptimInfo(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("phase", c_enum), ("warmupSteps", ctypes.c_int64),
+                ("bytesSent", ctypes.c_uint64), ("skippedSteps", ctypes.c_uint64)]
+
+
+P = ctypes.c_void_p
+SZ = ctypes.c_size_t
+PSZ = ctypes.POINTER(ctypes.c_size_t)
+PF = ctypes.c_void_p  # float* passed as raw addresses
+PI = ctypes.POINTER(ctypes.c_int)
+
+# name: (restype, argtypes)
+_CORE = {
+    "squallGetVersion": (c_result, [PI]),
+    "squallGetErrorString": (ctypes.c_char_p, [c_result]),
+    "squallGetLastError": (ctypes.c_char_p, []),
+    "squallCodecSpecParse": (c_result, [ctypes.c_char_p, ctypes.POINTER(CodecSpec)]),
+    "squallResidualCreate": (c_result, [SZ, ctypes.POINTER(P)]),
+    "squallResidualDestroy": (c_result, [P]),
+    "squallResidualGetCount": (c_result, [P, PSZ]),
+    "squallResidualReset": (c_result, [P]),
+    "squallResidualRead": (c_result, [P, PF, SZ]),
+    "squallResidualWrite": (c_result, [P, PF, SZ]),
+    "squallResidualGetSkipped": (c_result, [P, ctypes.POINTER(ctypes.c_uint64)]),
+    "squallEncodedSize": (c_result, [ctypes.POINTER(CodecSpec), SZ, PSZ]),
+    "squallEncode": (c_result, [ctypes.POINTER(CodecSpec), P, c_enum, SZ, P, P, SZ, PSZ]),
+    "squallDecode": (c_result, [P, SZ, PF, SZ]),
+    "squallDecodeAccumulate": (c_result, [P, SZ, PF, SZ]),
+    "squallEncodedInspect": (c_result, [P, SZ, ctypes.POINTER(CodecSpec), PSZ]),
+    "squallCodecImplementation": (ctypes.c_char_p, []),
+    "squallGetUniqueId": (c_result, [ctypes.POINTER(UniqueId)]),
+    "squallCommInitRank": (c_result, [ctypes.POINTER(P), ctypes.c_int, UniqueId, ctypes.c_int,
+                                      ctypes.POINTER(Config)]),
+    "squallCommInitFromEnv": (c_result, [ctypes.POINTER(P), ctypes.POINTER(Config)]),
+    "squallCommInitFromMpi": (c_result, [ctypes.POINTER(P), P, ctypes.POINTER(Config)]),
+    "squallCommSplit": (c_result, [P, ctypes.c_int, ctypes.c_int, ctypes.POINTER(P)]),
+    "squallCommDestroy": (c_result, [P]),
+    "squallCommRank": (c_result, [P, PI]),
+    "squallCommSize": (c_result, [P, PI]),
+    "squallCommTransport": (c_result, [P, ctypes.POINTER(ctypes.c_char_p)]),
+    "squallAllReduce": (c_result, [P, P, SZ, c_enum, c_enum, P]),
+    "squallAllGather": (c_result, [P, P, SZ, c_enum, P]),
+    "squallAllToAll": (c_result, [P, P, SZ, c_enum, P]),
+    "squallBroadcast": (c_result, [P, SZ, c_enum, ctypes.c_int, P]),
+    "squallBarrier": (c_result, [P]),
+    "squallCompressorCreate": (c_result, [P, SZ, ctypes.POINTER(CodecSpec), ctypes.POINTER(P)]),
+    "squallCompressorDestroy": (c_result, [P]),
+    "squallCompressorReset": (c_result, [P]),
+    "squallCompressorGetStats": (c_result, [P, ctypes.POINTER(CompressorStats)]),
+    "squallCompressedAllReduce": (c_result, [P, P, c_enum, c_enum, P, P]),
+    "squallAllReduceAsync": (c_result, [P, P, SZ, c_enum, c_enum, P, ctypes.POINTER(P)]),
+    "squallCompressedAllReduceAsync": (c_result, [P, P, c_enum, c_enum, P, P, ctypes.POINTER(P)]),
+    "squallTest": (c_result, [P, PI]),
+    "squallWait": (c_result, [P]),
+}
+
+# include/squall/optim.h: bound only when the loaded library has them.
+_OPTIM = {
+    "squallOptimizerCreate": (c_result, [P, SZ, ctypes.POINTER(OptimConfig), ctypes.POINTER(P)]),
+    "squallOptimizerDestroy": (c_result, [P]),
+    "squallOptimizerStep": (c_result, [P, PF, PF, ctypes.c_float]),
+    "squallOptimizerGetInfo": (c_result, [P, ctypes.POINTER(OptimInfo)]),
+    "squallOptimizerStateSize": (c_result, [P, PSZ]),
+    "squallOptimizerSaveState": (c_result, [P, P, SZ, PSZ]),
+    "squallOptimizerLoadState": (c_result, [P, P, SZ]),
+}
+
+
+def _candidates():
+    env = os.environ.get("SQUALL_LIBRARY")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = []
+    for up in (os.path.join(here, "..", ".."), os.path.join(here, "..")):
+        for name in ("libsquall.so", "libsquall.so.0"):
+            paths.append(os.path.normpath(os.path.join(up, "build", "src", "core", name)))
+    try:  # written by meson when it installs the package (-Dpython=true)
+        from ._config import LIBDIR
+        paths.append(os.path.join(LIBDIR, "libsquall.so.0"))
+    except ImportError:
+        pass
+    return [p for p in paths if os.path.exists(p)] + ["libsquall.so.0", "libsquall.so"], False
+
+
+def _load():
+    paths, explicit = _candidates()
+    errors = []
+    for path in paths:
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            if explicit:
+                break
+    raise ImportError("squall: cannot load libsquall (" + "; ".join(errors) + "). Build it "
+                      "(meson setup build && ninja -C build), install it, or set SQUALL_LIBRARY "
+                      "to the path of libsquall.so.")
+
+
+lib, path = _load()
+
+for _name, (_res, _args) in _CORE.items():
+    _f = getattr(lib, _name)
+    _f.restype, _f.argtypes = _res, _args
+
+HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
+if HAVE_OPTIM:
+    for _name, (_res, _args) in _OPTIM.items():
+        _f = getattr(lib, _name)
+        _f.restype, _f.argtypes = _res, _args
+
+
+def last_error():
+    msg = lib.squallGetLastError()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def error_for(result, context=None):
+    cls = _ERRORS.get(result, SquallError)
+    msg = last_error()
+    if not msg:
+        s = lib.squallGetErrorString(result)
+        msg = s.decode() if s else f"squall error {result}"
+    if context:
+        msg = f"{context}: {msg}"
+    return cls(msg, code=result)
+
+
+def check(result, context=None):
+    """Raises the SquallError subclass of a non-zero squallResult_t."""
+    if result != 0:
+        raise error_for(result, context)
+
+
+def require_optim():
+    if not HAVE_OPTIM:
+        raise SquallUnsupported(
+            f"the loaded libsquall ({path}) has no optimizer API (squallOptimizerCreate, "
+            "include/squall/optim.h); build a newer Squall")
+
+
+def version():
+    v = ctypes.c_int()
+    check(lib.squallGetVersion(ctypes.byref(v)))
+    return v.value

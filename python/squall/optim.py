@@ -1,0 +1,422 @@
+"""Optimizers over Squall's communicators: APMSqueeze (C core) and SlowMo.
+
+APMSqueeze copies each parameter group into one contiguous fp32 host buffer
+every step (and the gradients into another), runs the C optimizer on it and
+copies the result back into the parameters. Parameters stay ordinary tensors
+(any device, any storage); the price is two copies of the group per step.
+"""
+
+import ctypes
+import hashlib
+import math
+
+import torch
+
+from . import _lib
+from ._comm import Compressor, get_default
+from ._lib import SquallInvalidArgument, SquallInvalidUsage, check, lib
+from .codec import parse_codec
+
+_MODES = {"apmsqueeze": _lib.MODE_APMSQUEEZE, "sync": _lib.MODE_SYNC, "local": _lib.MODE_LOCAL}
+_TINY_LR = 1.1754943508222875e-38  # smallest normal fp32: stands for lr == 0 (0 means "configured")
+
+
+def _check_same_across_ranks(comm, params_groups, what):
+    """Collective: raises on every rank when the parameter shapes differ."""
+    shapes = [[tuple(p.shape) for p in g] for g in params_groups]
+    digest = int.from_bytes(hashlib.sha256(repr(shapes).encode()).digest()[:7], "little")
+    v = torch.tensor([digest, -digest], dtype=torch.int64)
+    comm.allreduce(v, "max")
+    if int(v[0]) != digest or int(-v[1]) != digest:
+        raise SquallInvalidUsage(
+            f"squall: {what}: the parameter groups differ across ranks (number of groups, "
+            f"parameters or shapes); this rank has {shapes if len(repr(shapes)) < 300 else '...'}."
+            " Every rank must build the same model and the same parameter groups")
+
+
+def _flatten_into(flat, tensors):
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        flat[off:off + n].copy_(t.detach().reshape(-1))
+        off += n
+    return flat
+
+
+def _unflatten_from(flat, params, mask=None):
+    off = 0
+    for i, p in enumerate(params):
+        n = p.numel()
+        if mask is None or mask[i]:
+            p.detach().copy_(flat[off:off + n].view_as(p))
+        off += n
+
+
+class APMSqueeze(torch.optim.Optimizer):
+    """Adam with a full-precision warmup, then frozen variance and 1-bit
+    compressed momentum (the C core's squallOptimizer, include/squall/optim.h).
+
+    Every rank builds the same model and parameter groups and calls step()
+    with its local gradients; the optimizer does the communication (do not
+    average gradients yourself, or use squall.ddp.apmsqueeze_hook with DDP).
+
+    warmup: an int is a number of steps; a float in (0, 1) is a fraction of
+    total_steps (required then). Only `lr` may change after construction (LR
+    schedulers work: each step passes the group's current lr); betas, eps and
+    weight_decay are fixed when the group is created.
+
+    Parameters are copied into a flat fp32 host buffer and back each step;
+    all parameters of a group must be fp32 (master weights). A parameter whose
+    .grad is None takes a zero gradient and is not written back (it does not
+    move, as in torch's optimizers); every rank must agree on which ones.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 warmup=0.15, total_steps=None, codec="onebit", comm=None, mode="apmsqueeze"):
+        _lib.require_optim()
+        if not lr > 0:
+            raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be positive, not {lr}")
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: betas must be in [0, 1): {betas}")
+        if not eps > 0 or weight_decay < 0:
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze: eps must be > 0 and weight_decay >= 0")
+        if mode not in _MODES:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        self.mode = mode
+        self.codec = codec
+        self._spec = parse_codec(codec)
+        self._warmup_steps, self._warmup_fraction, self._total_steps = self._resolve_warmup(
+            warmup, total_steps, mode)
+        self.comm = comm if comm is not None else get_default()
+        self._opts = []
+        self._created = []  # the hyperparameters each C optimizer was made with
+        self._flat = []  # (params fp32, grads fp32) host buffers per group
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+        _check_same_across_ranks(self.comm, [g["params"] for g in self.param_groups],
+                                 "APMSqueeze")
+        for group in self.param_groups:
+            self._create(group)
+        self._ready = True
+        self.comm._children.add(self)
+
+    @staticmethod
+    def _resolve_warmup(warmup, total_steps, mode):
+        if total_steps is not None and (int(total_steps) != total_steps or total_steps < 0):
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: total_steps must be a non-negative int: {total_steps}")
+        total = int(total_steps or 0)
+        if isinstance(warmup, bool):
+            raise SquallInvalidArgument("squall.optim.APMSqueeze: warmup is an int or a float")
+        if isinstance(warmup, int):
+            if warmup < 0:
+                raise SquallInvalidArgument(
+                    f"squall.optim.APMSqueeze: warmup steps must be >= 0, not {warmup}")
+            return warmup, 0.15, total
+        if isinstance(warmup, float):
+            if not 0.0 < warmup < 1.0:
+                raise SquallInvalidArgument(
+                    f"squall.optim.APMSqueeze: a float warmup is a fraction of total_steps in "
+                    f"(0, 1), not {warmup}; pass an int for a number of steps")
+            if total_steps is None and mode == "apmsqueeze":
+                raise SquallInvalidArgument(
+                    f"squall.optim.APMSqueeze: warmup={warmup} is a fraction of total_steps; "
+                    "pass total_steps=<planned steps> or an int warmup")
+            return -1, warmup, total
+        raise SquallInvalidArgument(
+            f"squall.optim.APMSqueeze: warmup must be an int or a float, not {warmup!r}")
+
+    def _hyper(self, group):
+        return (tuple(float(b) for b in group["betas"]), float(group["eps"]),
+                float(group["weight_decay"]))
+
+    def _create(self, group):
+        params = group["params"]
+        dtypes = {p.dtype for p in params}
+        if dtypes != {torch.float32}:
+            detail = ("mixes " + ", ".join(sorted(str(d) for d in dtypes))) if len(dtypes) > 1 \
+                else f"holds {next(iter(dtypes))}"
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: param group {len(self._opts)} {detail}; APMSqueeze "
+                "keeps fp32 master parameters, so every parameter must be torch.float32")
+        for p in params:
+            if p.layout != torch.strided:
+                raise SquallInvalidArgument("squall.optim.APMSqueeze: sparse parameters are "
+                                            "not supported")
+        numel = sum(p.numel() for p in params)
+        cfg = _lib.OptimConfig()
+        cfg.mode = _MODES[self.mode]
+        cfg.lr = float(group["lr"])
+        (cfg.beta1, cfg.beta2), cfg.eps, cfg.weightDecay = self._hyper(group)
+        cfg.warmupSteps = self._warmup_steps
+        cfg.warmupFraction = self._warmup_fraction
+        cfg.totalSteps = self._total_steps
+        cfg.codec = self._spec
+        h = ctypes.c_void_p()
+        check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
+                                        ctypes.byref(h)), "squallOptimizerCreate")
+        self._opts.append(h)
+        self._created.append(self._hyper(group))
+        self._flat.append((torch.zeros(numel, dtype=torch.float32),
+                           torch.zeros(numel, dtype=torch.float32)))
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if getattr(self, "_ready", False):  # after construction: collective on every rank
+            _check_same_across_ranks(self.comm, [param_group["params"]],
+                                     "APMSqueeze.add_param_group")
+            self._create(self.param_groups[-1])
+
+    def _handle(self, i):
+        h = self._opts[i]
+        if h is None:
+            raise SquallInvalidUsage("squall.optim.APMSqueeze: the optimizer was closed")
+        return h
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for i, group in enumerate(self.param_groups):
+            if self._hyper(group) != self._created[i]:
+                raise SquallInvalidUsage(
+                    f"squall.optim.APMSqueeze: param group {i}: betas, eps and weight_decay are "
+                    "fixed when the optimizer is created; only lr may change")
+            lr = float(group["lr"])
+            if lr < 0 or math.isnan(lr):
+                raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be >= 0, not {lr}")
+            params = group["params"]
+            flat_p, flat_g = self._flat[i]
+            has_grad = []
+            off = 0
+            for p in params:
+                n = p.numel()
+                flat_p[off:off + n].copy_(p.detach().reshape(-1))
+                g = p.grad
+                if g is None:
+                    flat_g[off:off + n].zero_()
+                else:
+                    if g.layout != torch.strided:
+                        raise SquallInvalidArgument(
+                            "squall.optim.APMSqueeze: sparse gradients are not supported (use "
+                            "dense embeddings: sparse=False)")
+                    if g.shape != p.shape:
+                        raise SquallInvalidArgument(
+                            f"squall.optim.APMSqueeze: a gradient of shape {tuple(g.shape)} "
+                            f"belongs to a parameter of shape {tuple(p.shape)}")
+                    flat_g[off:off + n].copy_(g.reshape(-1))  # any layout, device, float dtype
+                has_grad.append(g is not None)
+                off += n
+            check(lib.squallOptimizerStep(self._handle(i), flat_p.data_ptr(), flat_g.data_ptr(),
+                                          lr if lr > 0 else _TINY_LR), "squallOptimizerStep")
+            _unflatten_from(flat_p, params, has_grad)
+        return loss
+
+    # -- introspection -----------------------------------------------------
+    def info(self, group=0):
+        """step, phase ('warmup'/'compressed'), warmup_steps, bytes_sent, skipped_steps."""
+        inf = _lib.OptimInfo()
+        check(lib.squallOptimizerGetInfo(self._handle(group), ctypes.byref(inf)))
+        return {"step": inf.step,
+                "phase": "compressed" if inf.phase == _lib.PHASE_COMPRESSED else "warmup",
+                "warmup_steps": inf.warmupSteps, "bytes_sent": inf.bytesSent,
+                "skipped_steps": inf.skippedSteps}
+
+    @property
+    def in_warmup(self):
+        """True while APMSqueeze runs its full-precision warmup (the next step
+        is a warmup step). Always False in the 'sync' and 'local' modes."""
+        if self.mode != "apmsqueeze":
+            return False
+        return any(self.info(i)["phase"] == "warmup" for i in range(len(self._opts)))
+
+    # -- checkpoints -------------------------------------------------------
+    def state_dict(self):
+        """torch's state dict (param_groups) plus 'squall': one uint8 tensor per
+        group holding squallOptimizerSaveState's blob."""
+        sd = super().state_dict()
+        blobs = []
+        for i in range(len(self._opts)):
+            size = ctypes.c_size_t()
+            check(lib.squallOptimizerStateSize(self._handle(i), ctypes.byref(size)))
+            blob = torch.zeros(max(size.value, 1), dtype=torch.uint8)
+            written = ctypes.c_size_t()
+            check(lib.squallOptimizerSaveState(self._handle(i), blob.data_ptr(), size.value,
+                                               ctypes.byref(written)), "squallOptimizerSaveState")
+            blobs.append(blob[:written.value].clone())
+        sd["squall"] = {"format": 1, "mode": self.mode, "blobs": blobs,
+                        "numels": [f[0].numel() for f in self._flat]}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("squall", None)
+        if extra is None or "blobs" not in extra:
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze.load_state_dict: not an APMSqueeze state dict (no "
+                "'squall' entry)")
+        if len(extra["blobs"]) != len(self._opts):
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze.load_state_dict: the state holds {len(extra['blobs'])}"
+                f" param groups, this optimizer {len(self._opts)}")
+        for i, (n, f) in enumerate(zip(extra["numels"], self._flat)):
+            if n != f[0].numel():
+                raise SquallInvalidArgument(
+                    f"squall.optim.APMSqueeze.load_state_dict: param group {i} held {n} "
+                    f"elements when saved, {f[0].numel()} now")
+        super().load_state_dict(state_dict)
+        for i, blob in enumerate(extra["blobs"]):
+            b = torch.as_tensor(blob, dtype=torch.uint8).contiguous().cpu() \
+                if not isinstance(blob, (bytes, bytearray)) else torch.frombuffer(
+                    bytearray(blob), dtype=torch.uint8)
+            check(lib.squallOptimizerLoadState(self._handle(i), b.data_ptr(), b.numel()),
+                  "squallOptimizerLoadState")
+        self._created = [self._hyper(g) for g in self.param_groups]
+
+    def close(self):
+        for i, h in enumerate(self._opts):
+            if h is not None:
+                self._opts[i] = None
+                lib.squallOptimizerDestroy(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class SlowMo(torch.optim.Optimizer):
+    """Slow momentum (Wang et al., 2020) around any torch optimizer.
+
+    step() runs base.step() (local: no communication); every `tau` steps the
+    parameters are averaged across ranks and, per param group with lr the
+    group's current lr:
+
+        u      = beta * u + (x_prev - x_avg) / lr
+        x_prev = x_prev - alpha * lr * u
+        x      = x_prev
+
+    alpha=1, beta=0 is exactly periodic averaging (Local SGD / local Adam).
+    mode 'full' averages in full precision; 'compressed' through an
+    error-compensated compressed allreduce with `codec` (its residuals are
+    not checkpointed). The base optimizer's own state (e.g. Adam moments)
+    stays local. With broadcast_initial (default), rank 0's parameters are
+    broadcast at construction so all ranks start equal. With lr == 0 a sync
+    sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
+    average gradients otherwise): SlowMo only communicates parameters.
+    """
+
+    def __init__(self, base, tau=12, alpha=1.0, beta=0.5, mode="full", codec="onebit",
+                 comm=None, broadcast_initial=True):
+        if not isinstance(base, torch.optim.Optimizer):
+            raise SquallInvalidArgument("squall.optim.SlowMo wraps a torch.optim.Optimizer")
+        if int(tau) != tau or tau < 1:
+            raise SquallInvalidArgument(f"squall.optim.SlowMo: tau must be an int >= 1: {tau}")
+        if mode not in ("full", "compressed"):
+            raise SquallInvalidArgument(
+                f"squall.optim.SlowMo: mode is 'full' or 'compressed', not {mode!r}")
+        # Deliberately not calling Optimizer.__init__: groups and state are base's.
+        self.base = base
+        self.tau, self.alpha, self.beta = int(tau), float(alpha), float(beta)
+        self.mode, self.codec = mode, codec
+        self.comm = comm if comm is not None else get_default()
+        self.steps = 0
+        _check_same_across_ranks(self.comm, [g["params"] for g in base.param_groups], "SlowMo")
+        self._x_prev, self._u, self._compressors = [], [], []
+        for group in base.param_groups:
+            self._add_group(group, broadcast_initial)
+
+    param_groups = property(lambda self: self.base.param_groups)
+    state = property(lambda self: self.base.state)
+    defaults = property(lambda self: self.base.defaults)
+
+    def _add_group(self, group, broadcast):
+        params = group["params"]
+        for p in params:
+            if p.layout != torch.strided or not p.is_floating_point():
+                raise SquallInvalidArgument("squall.optim.SlowMo: parameters must be dense "
+                                            "floating-point tensors")
+        numel = sum(p.numel() for p in params)
+        x = _flatten_into(torch.zeros(numel, dtype=torch.float32), params)
+        if broadcast:
+            self.comm.broadcast(x, 0)
+            with torch.no_grad():
+                _unflatten_from(x, params)
+        self._x_prev.append(x)
+        self._u.append(torch.zeros(numel, dtype=torch.float32))
+        self._compressors.append(
+            Compressor(self.comm, numel, self.codec) if self.mode == "compressed" else None)
+
+    def add_param_group(self, param_group):
+        self.base.add_param_group(param_group)
+        self._add_group(self.base.param_groups[-1], True)
+
+    def zero_grad(self, set_to_none=None):
+        if set_to_none is None:  # the base optimizer's own default
+            self.base.zero_grad()
+        else:
+            self.base.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        loss = self.base.step(closure) if closure is not None else self.base.step()
+        self.steps += 1
+        if self.steps % self.tau == 0:
+            self.sync()
+        return loss
+
+    @torch.no_grad()
+    def sync(self):
+        """Averages the parameters and applies the slow momentum now (collective)."""
+        for i, group in enumerate(self.param_groups):
+            params = group["params"]
+            x = _flatten_into(torch.empty_like(self._x_prev[i]), params)
+            if self._compressors[i] is not None:
+                self._compressors[i].allreduce(x, "avg")
+            else:
+                self.comm.allreduce(x, "avg")
+            lr = float(group["lr"])
+            xp, u = self._x_prev[i], self._u[i]
+            if lr > 0:
+                u.mul_(self.beta).add_((xp - x) / lr)
+                if self.alpha == 1.0 and self.beta == 0.0:
+                    xp.copy_(x)  # exactly the average (no rounding through u)
+                else:
+                    xp.sub_(u * (self.alpha * lr))
+            else:
+                xp.copy_(x)
+            _unflatten_from(xp, params)
+
+    def state_dict(self):
+        return {"base": self.base.state_dict(),
+                "slowmo": {"steps": self.steps, "tau": self.tau, "alpha": self.alpha,
+                           "beta": self.beta, "x_prev": [t.clone() for t in self._x_prev],
+                           "u": [t.clone() for t in self._u]}}
+
+    def load_state_dict(self, state_dict):
+        if "slowmo" not in state_dict or "base" not in state_dict:
+            raise SquallInvalidArgument("squall.optim.SlowMo.load_state_dict: not a SlowMo "
+                                        "state dict (needs 'base' and 'slowmo')")
+        s = state_dict["slowmo"]
+        if len(s["x_prev"]) != len(self._x_prev) or any(
+                a.numel() != b.numel() for a, b in zip(s["x_prev"], self._x_prev)):
+            raise SquallInvalidArgument("squall.optim.SlowMo.load_state_dict: the parameter "
+                                        "groups differ from the saved ones")
+        self.base.load_state_dict(state_dict["base"])
+        self.steps = int(s["steps"])
+        for dst, src in zip(self._x_prev + self._u, list(s["x_prev"]) + list(s["u"])):
+            dst.copy_(src)
+        for c in self._compressors:
+            if c is not None:
+                c.reset()
+
+    def __repr__(self):
+        return f"SlowMo(tau={self.tau}, alpha={self.alpha}, beta={self.beta}, base={self.base!r})"
+
+    def __getstate__(self):
+        raise TypeError("squall.optim.SlowMo cannot be pickled; save state_dict() instead")

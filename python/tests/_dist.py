@@ -1,0 +1,62 @@
+"""Multi-process test helper: spawns `world` processes that join a gloo
+process group on 127.0.0.1 and run fn(rank, world, *args); returns the list
+of their return values. A join timeout kills stragglers."""
+
+import datetime
+import os
+import shutil
+import socket
+import tempfile
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+ENV = {
+    "SQUALL_SOCKET_IFNAME": "lo",
+    "SQUALL_TRANSPORT": "tcp",
+    "SQUALL_TIMEOUT_S": "30",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, world, port, tmpdir, args, env):
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    result = fn(rank, world, *args)
+    torch.save(result, os.path.join(tmpdir, f"result{rank}.pt"))
+    # Exit without destroying the group: a straggler must not hang the others.
+
+
+def run(fn, world=2, args=(), timeout=90, env=None):
+    tmpdir = tempfile.mkdtemp(prefix="squall-test-")
+    full_env = dict(ENV)
+    full_env.update(env or {})
+    try:
+        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), tmpdir, args, full_env),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise AssertionError(f"{fn.__name__}: ranks still running after {timeout} s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        return [torch.load(os.path.join(tmpdir, f"result{r}.pt")) for r in range(world)]
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)

@@ -1,0 +1,163 @@
+"""SlowMo (pure Python over squall.allreduce): runs with any libsquall."""
+
+import pytest
+import torch
+
+import _dist
+
+
+def _grad(rank, step, p, salt):
+    g = torch.Generator().manual_seed(100000 * salt + 1000 * rank + step)
+    return torch.randn(p.shape, generator=g) + 0.1 * p.detach()
+
+
+def _params():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randn(10, 5, generator=g).requires_grad_(),
+            torch.randn(7, generator=g).requires_grad_()]
+
+
+def _groups(ps):
+    return [{"params": [ps[0]], "lr": 0.1}, {"params": [ps[1]], "lr": 0.05}]
+
+
+def _reference(world, steps, tau, alpha, beta):
+    """All ranks simulated in one process with plain torch."""
+    replicas = [_params() for _ in range(world)]
+    opts = [torch.optim.SGD(_groups(ps), momentum=0.9) for ps in replicas]
+    x_prev = [p.detach().clone() for p in replicas[0]]
+    u = [torch.zeros_like(p) for p in x_prev]
+    lrs = [0.1, 0.05]
+    for s in range(steps):
+        for r in range(world):
+            for i, p in enumerate(replicas[r]):
+                p.grad = _grad(r, s, p, i)
+            opts[r].step()
+        if (s + 1) % tau == 0:
+            with torch.no_grad():
+                for i in range(2):
+                    avg = sum(replicas[r][i].detach() for r in range(world)) / world
+                    u[i] = beta * u[i] + (x_prev[i] - avg) / lrs[i]
+                    x_prev[i] = avg.clone() if (alpha == 1 and beta == 0) else \
+                        x_prev[i] - u[i] * (alpha * lrs[i])
+                    for r in range(world):
+                        replicas[r][i].copy_(x_prev[i])
+    return [p.detach() for p in replicas[0]]
+
+
+def _slowmo_run(rank, steps, tau, alpha, beta, mode):
+    from squall.optim import SlowMo
+
+    ps = _params()
+    if rank == 1:  # a different start: SlowMo broadcasts rank 0's parameters
+        with torch.no_grad():
+            ps[0].add_(1.0)
+    opt = SlowMo(torch.optim.SGD(_groups(ps), momentum=0.9), tau=tau, alpha=alpha, beta=beta,
+                 mode=mode)
+    assert opt.param_groups[1]["lr"] == 0.05
+    synced = []
+    for s in range(steps):
+        for i, p in enumerate(ps):
+            p.grad = _grad(rank, s, p, i)
+        opt.step()
+        if (s + 1) % tau == 0:
+            synced.append([p.detach().clone() for p in ps])
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in ps)
+    return {"final": [p.detach().clone() for p in ps], "synced": synced}
+
+
+def _slowmo_bad(rank):
+    import squall
+    from squall.optim import SlowMo
+
+    with pytest.raises(squall.SquallInvalidArgument, match="tau"):
+        SlowMo(torch.optim.SGD(_params(), lr=0.1), tau=0)
+    with pytest.raises(squall.SquallInvalidArgument, match="mode"):
+        SlowMo(torch.optim.SGD(_params(), lr=0.1), mode="fast")
+    shape = (3,) if rank == 0 else (4,)
+    with pytest.raises(squall.SquallInvalidUsage, match="differ across ranks"):
+        SlowMo(torch.optim.SGD([torch.zeros(shape, requires_grad=True)], lr=0.1))
+    return True
+
+
+CONFIGS = [(1.0, 0.0, "full"), (0.7, 0.5, "full"), (1.0, 0.5, "compressed")]
+
+
+def _slowmo_worker(rank, world, steps, tau):
+    import squall
+
+    squall.init()
+    out = [_slowmo_run(rank, steps, tau, *cfg) for cfg in CONFIGS]
+    return out, _slowmo_bad(rank)
+
+
+def test_slowmo_periodic_averaging_reference_and_bad_input():
+    steps, tau, world = 9, 3, 2
+    res = _dist.run(_slowmo_worker, world=world, args=(steps, tau))
+    assert res[0][1] and res[1][1]  # bad input raised on both ranks
+    for k, (alpha, beta, mode) in enumerate(CONFIGS):
+        r0, r1 = res[0][0][k], res[1][0][k]
+        # after every synchronisation all ranks hold bit-identical parameters
+        for a, b in zip(r0["synced"], r1["synced"]):
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), (alpha, beta, mode)
+        if mode == "compressed":
+            continue
+        ref = _reference(world, steps, tau, alpha, beta)
+        for got, want in zip(r0["final"], ref):
+            if alpha == 1.0 and beta == 0.0:
+                assert torch.equal(got, want)  # exactly periodic averaging
+            else:
+                assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _slowmo_ckpt(rank, world, path, resume):
+    import squall
+    from squall.optim import SlowMo
+
+    squall.init()
+    ps = _params()
+    opt = SlowMo(torch.optim.AdamW(_groups(ps), weight_decay=0.01), tau=4, alpha=0.8, beta=0.5)
+    start = 0
+    if resume:
+        ck = torch.load(f"{path}.{rank}")
+        with torch.no_grad():
+            for p, v in zip(ps, ck["params"]):
+                p.copy_(v)
+        opt.load_state_dict(ck["opt"])
+        start = 6
+    for s in range(start, 14):
+        if s == 6 and not resume:
+            torch.save({"params": [p.detach().clone() for p in ps], "opt": opt.state_dict()},
+                       f"{path}.{rank}")
+        for i, p in enumerate(ps):
+            p.grad = _grad(rank, s, p, i)
+        opt.step()
+    return [p.detach().clone() for p in ps]
+
+
+def test_slowmo_state_dict_resumes_bit_identically(tmp_path):
+    path = str(tmp_path / "slowmo.pt")
+    first = _dist.run(_slowmo_ckpt, world=2, args=(path, False))
+    again = _dist.run(_slowmo_ckpt, world=2, args=(path, True))
+    for a, b in zip(first, again):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_slowmo_single_rank_with_lr_scheduler():
+    import squall
+    from squall.optim import SlowMo
+
+    with squall.Communicator.from_unique_id(squall.get_unique_id(), 1, 0, transport="tcp") as c:
+        p = torch.ones(4, requires_grad=True)
+        opt = SlowMo(torch.optim.SGD([p], lr=0.5), tau=2, alpha=1.0, beta=0.0, comm=c)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for _ in range(4):
+            p.grad = torch.ones(4)
+            opt.step()
+            sched.step()
+        # lr 0.5, 0.25, 0.125, 0.0625: one rank, so averaging changes nothing
+        assert torch.allclose(p.detach(), torch.full((4,), 1 - 0.9375))
+        assert opt.param_groups[0]["lr"] == 0.03125 and opt.steps == 4
+        sd = opt.state_dict()
+        assert sd["slowmo"]["steps"] == 4 and "base" in sd
