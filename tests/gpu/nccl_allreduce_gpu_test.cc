@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     for (int n : {2, 4}) {
       std::printf("== %d processes sharing the GPU\n", n);
       std::fflush(stdout);
-      const int code = squall::gpu_test::spawn(n, {}, 240);
+      const int code = squall::gpu_test::spawn(n, {}, 27);
       if (code == squall::gpu_test::kSkip) {
         std::printf("SKIP: no usable GPU (see the ranks' messages above)\n");
         return 0;
