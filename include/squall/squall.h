@@ -261,6 +261,38 @@ SQUALL_API squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, vo
 SQUALL_API squallResult_t squallTest(squallRequest_t request, int* done);
 SQUALL_API squallResult_t squallWait(squallRequest_t request);
 
+/* ---- GPU (CUDA) buffers ------------------------------------------------- */
+
+/* These need Squall built with CUDA and NCCL; otherwise they return
+ * squallUnsupported. No device code of them has run on hardware yet (see
+ * docs/cuda.md). */
+
+/* Wraps an existing NCCL communicator: `ncclComm` is the ncclComm_t itself
+ * (a pointer), cast to void*. It is not owned: destroy the squallComm before
+ * ncclCommDestroy. Such a communicator runs squallCompressedAllReduceOnStream
+ * (and squallCommRank/Size, squallCompressorCreate/Reset/GetStats/Destroy);
+ * use NCCL directly for uncompressed collectives. */
+SQUALL_API squallResult_t squallCommInitFromNccl(squallComm_t* comm, void* ncclComm);
+
+/* The compressed allreduce of device buffers, enqueued on `cudaStream` (a
+ * cudaStream_t cast to void*; NULL is the legacy default stream).
+ *  - On a communicator from squallCommInitFromNccl everything runs on the
+ *    stream (codec kernels, NCCL send/recv and all-gather); the call does not
+ *    wait for the device and may be captured into a CUDA graph. The
+ *    compressor's state lives in device memory. Outputs are bit-identical to
+ *    the host algorithm's.
+ *  - On a host communicator (UCX, TCP, MPI) the buffers are staged through
+ *    pinned host memory: copy to the host on the stream, synchronise the
+ *    stream, run squallCompressedAllReduce, copy back on the stream and
+ *    synchronise again. Not capturable.
+ * dtype: fp32, fp16 or bf16; op: squallSum or squallAvg. sendbuf may equal
+ * recvbuf. */
+SQUALL_API squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recvbuf,
+                                                            squallDataType_t dtype,
+                                                            squallRedOp_t op,
+                                                            squallCompressor_t compressor,
+                                                            squallComm_t comm, void* cudaStream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -33,8 +33,8 @@ int rawEnum(const Enum& e) {
 // Checks a caller's codec spec and converts it.
 Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out);
 
-// Checks a caller's communicator and returns its collective engine (defined
-// in api_comm.cc, which owns struct squallComm).
+// Checks a caller's communicator and returns its collective engine (for the API
+// files that need no more of struct squallComm, see api_objects.h).
 Status communicatorOf(squallComm_t comm, coll::Communicator** out);
 
 template <typename Body>

@@ -14,6 +14,7 @@
 #include "src/coll/compressed_state.h"
 #include "src/common/params.h"
 #include "src/core/api.h"
+#include "src/core/api_objects.h"
 #include "src/core/transports.h"
 
 using squall::DataType;
@@ -23,25 +24,6 @@ using squall::Subsys;
 namespace bootstrap = squall::bootstrap;
 namespace coll = squall::coll;
 namespace core = squall::core;
-
-struct squallComm {
-  std::unique_ptr<bootstrap::Bootstrap> bootstrap;  // null over MPI
-  std::unique_ptr<squall::transport::Transport> transport;
-  std::unique_ptr<coll::Communicator> coll;
-  core::TransportKind kind = core::TransportKind::kTcp;
-  std::chrono::milliseconds timeout{0};
-  ~squallComm() {
-    coll.reset();  // stops the worker before the transport goes
-    transport.reset();
-    bootstrap.reset();
-  }
-};
-
-struct squallCompressor {
-  squallComm_t comm = nullptr;
-  std::unique_ptr<coll::CompressedState> state;
-  uint64_t calls = 0;
-};
 
 struct squallRequest {
   coll::OperationPtr operation;
@@ -59,6 +41,9 @@ static_assert(static_cast<int>(squallInt64) == static_cast<int>(DataType::kI64))
 namespace {
 
 Status checkComm(squallComm_t comm) {
+  SQUALL_REQUIRE(comm == nullptr || comm->nccl == nullptr, Status::kInvalidUsage, Subsys::kApi,
+                 "this communicator was built from NCCL with squallCommInitFromNccl; it runs "
+                 "squallCompressedAllReduceOnStream only (use NCCL itself for the others)");
   SQUALL_REQUIRE(comm != nullptr && comm->coll != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the communicator is NULL; create one with squallCommInitRank, "
                  "squallCommInitFromEnv or squallCommInitFromMpi");
@@ -267,6 +252,10 @@ squallResult_t squallCommDestroy(squallComm_t comm) {
 
 squallResult_t squallCommRank(squallComm_t comm, int* rank) {
   return SQUALL_API_GUARD({
+    if (comm != nullptr && comm->nccl != nullptr && rank != nullptr) {
+      *rank = comm->ncclRank;
+      return Status::kOk;
+    }
     SQUALL_TRY(checkComm(comm));
     SQUALL_REQUIRE(rank != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the rank output pointer is NULL");
@@ -277,6 +266,10 @@ squallResult_t squallCommRank(squallComm_t comm, int* rank) {
 
 squallResult_t squallCommSize(squallComm_t comm, int* size) {
   return SQUALL_API_GUARD({
+    if (comm != nullptr && comm->nccl != nullptr && size != nullptr) {
+      *size = comm->ncclSize;
+      return Status::kOk;
+    }
     SQUALL_TRY(checkComm(comm));
     SQUALL_REQUIRE(size != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the size output pointer is NULL");
@@ -287,6 +280,10 @@ squallResult_t squallCommSize(squallComm_t comm, int* size) {
 
 squallResult_t squallCommTransport(squallComm_t comm, const char** name) {
   return SQUALL_API_GUARD({
+    if (comm != nullptr && comm->nccl != nullptr && name != nullptr) {
+      *name = "nccl";
+      return Status::kOk;
+    }
     SQUALL_TRY(checkComm(comm));
     SQUALL_REQUIRE(name != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the name output pointer is NULL");
@@ -348,13 +345,19 @@ squallResult_t squallCompressorCreate(squallComm_t comm, size_t count,
                                       const squallCodecSpec_t* spec,
                                       squallCompressor_t* compressor) {
   return SQUALL_API_GUARD({
-    SQUALL_TRY(checkComm(comm));
+    const bool device = comm != nullptr && comm->nccl != nullptr;
+    if (!device) SQUALL_TRY(checkComm(comm));
     SQUALL_REQUIRE(compressor != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the compressor output pointer is NULL");
     squall::codec::Spec s;
     SQUALL_TRY(core::toCodecSpec(spec, &s));
     auto c = std::make_unique<squallCompressor>();
     c->comm = comm;
+    if (device) {  // a communicator from NCCL: the state lives on the device
+      SQUALL_TRY(core::createDeviceCompressor(comm, count, s, c.get()));
+      *compressor = c.release();
+      return Status::kOk;
+    }
     SQUALL_TRY(coll::CompressedState::create(comm->coll->size(), count, s, &c->state));
     *compressor = c.release();
     return Status::kOk;
@@ -370,8 +373,9 @@ squallResult_t squallCompressorDestroy(squallCompressor_t compressor) {
 
 squallResult_t squallCompressorReset(squallCompressor_t compressor) {
   return SQUALL_API_GUARD({
-    SQUALL_REQUIRE(compressor != nullptr && compressor->state != nullptr, Status::kInvalidArgument,
-                   Subsys::kApi, "the compressor is NULL");
+    SQUALL_REQUIRE(compressor != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the compressor is NULL");
+    if (compressor->state == nullptr) return core::resetDeviceCompressor(compressor);
     compressor->state->reset();
     return Status::kOk;
   });
@@ -380,10 +384,11 @@ squallResult_t squallCompressorReset(squallCompressor_t compressor) {
 squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
                                         squallCompressorStats_t* stats) {
   return SQUALL_API_GUARD({
-    SQUALL_REQUIRE(compressor != nullptr && compressor->state != nullptr, Status::kInvalidArgument,
-                   Subsys::kApi, "the compressor is NULL");
+    SQUALL_REQUIRE(compressor != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the compressor is NULL");
     SQUALL_REQUIRE(stats != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the stats output pointer is NULL");
+    if (compressor->state == nullptr) return core::deviceCompressorStats(compressor, stats);
     const coll::CompressedStats& last = compressor->state->lastStats();
     stats->calls = compressor->calls;
     stats->skippedCalls = compressor->state->worker().skipped();

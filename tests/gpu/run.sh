@@ -6,14 +6,16 @@
 # It installs missing build tools with apt-get (skipped when they are already
 # there, so it works offline on a prepared machine), configures a CUDA build
 # (-Dcuda=enabled), builds, runs the CPU unit tests, the GPU codec tests
-# (CUDA against the scalar reference) and the GPU throughput benchmark, and
+# (CUDA against the scalar reference), the GPU throughput benchmark, the
+# compressed allreduce of device buffers over NCCL (2 and 4 processes on the
+# GPU) and its benchmark against ncclAllReduce, and
 # prints one PASS/FAIL line per step. Exit status 0 only if every step passed.
 #
 # Environment:
 #   SQUALL_GPU_OUT    folder for summary.txt and the logs (default: a mktemp dir)
 #   SQUALL_GPU_BUILD  build directory (default: build-gpu)
 #   SQUALL_GPU_ARCHS  gpu_archs option (default: 80;90)
-# Budget: the steps' timeouts add up to under 8 minutes.
+# Budget: the steps' timeouts add up to 470 s, under 8 minutes.
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -88,16 +90,16 @@ fi
 note "nvcc: $(nvcc --version | tail -1)"
 
 if [[ -f "$build/build.ninja" ]]; then
-  step configure 30 meson setup --reconfigure "$build" -Dcuda=enabled "-Dgpu_archs=$archs" ||
+  step configure 20 meson setup --reconfigure "$build" -Dcuda=enabled "-Dgpu_archs=$archs" ||
     exit 1
 else
-  step configure 30 meson setup "$build" -Dcuda=enabled "-Dgpu_archs=$archs" || exit 1
+  step configure 20 meson setup "$build" -Dcuda=enabled "-Dgpu_archs=$archs" || exit 1
 fi
-step build 180 ninja -C "$build" || exit 1
+step build 160 ninja -C "$build" || exit 1
 
-step cpu-unit-tests 30 meson test -C "$build" --no-suite gpu --no-suite emu --print-errorlogs || true
+step cpu-unit-tests 25 meson test -C "$build" --no-suite gpu --no-suite emu --print-errorlogs || true
 
-step gpu-codec-tests 150 "$build/tests/gpu/codec_gpu_test" \
+step gpu-codec-tests 120 "$build/tests/gpu/codec_gpu_test" \
   "--gtest_output=xml:$out/codec_gpu_test.xml" || true
 if grep -q '^SKIP:' "$out/gpu-codec-tests.log"; then
   note "FAIL: gpu-codec-tests skipped every GPU test: $(grep '^SKIP:' "$out/gpu-codec-tests.log")"
@@ -106,8 +108,21 @@ fi
 grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests?,|test suites? ran' \
   "$out/gpu-codec-tests.log" | tee -a "$summary" || true
 
-step gpu-bench 60 "$build/perf/gpu_codec_bench" || true
+step gpu-bench 45 "$build/perf/gpu_codec_bench" || true
 grep -E 'n=|BENCH|GPU:|SKIP' "$out/gpu-bench.log" | tee -a "$summary" || true
+
+# The compressed allreduce of device buffers: 2 and 4 processes sharing the
+# GPU over NCCL (with graph replay) and the host-staging path over TCP. The
+# binary kills its ranks after 27 s per group size, inside this step's limit.
+step nccl-allreduce-tests 60 "$build/tests/gpu/nccl_allreduce_gpu_test" || true
+if grep -q '^SKIP:' "$out/nccl-allreduce-tests.log"; then
+  note "FAIL: nccl-allreduce-tests skipped: $(grep '^SKIP:' "$out/nccl-allreduce-tests.log")"
+  failed=1
+fi
+grep -E '^(PASS|FAIL)|FAIL ' "$out/nccl-allreduce-tests.log" | tee -a "$summary" || true
+
+step gpu-allreduce-bench 40 "$build/perf/gpu_allreduce_bench" || true
+grep -E 'BENCH|SKIP|FAIL' "$out/gpu-allreduce-bench.log" | tee -a "$summary" || true
 
 if [[ $failed -eq 0 ]]; then
   note "PASS: all GPU checks"

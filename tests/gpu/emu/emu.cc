@@ -4,6 +4,7 @@
 
 #include <barrier>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 namespace squall_emu {
@@ -43,6 +44,10 @@ Warp& warpOf(unsigned thread) { return pool().warps[thread / 32]; }
 void syncBlock() { pool().blockBarrier->arrive_and_wait(); }
 
 void runGrid(unsigned grid, unsigned threads, const std::function<void()>& block) {
+  // One grid at a time: several host threads (the emulated ranks of a
+  // collective test) may launch at once, and there is one pool.
+  static std::mutex gridMutex;
+  std::lock_guard<std::mutex> lock(gridMutex);
   if (threads == 0 || threads > kMaxThreads || (threads > 32 && threads % 32 != 0)) std::abort();
   Pool& p = pool();
   p.blockBarrier = std::make_unique<std::barrier<>>(threads);

@@ -1,0 +1,295 @@
+// The device two-phase compressed allreduce over NCCL; see device_allreduce.h
+// and docs/cuda.md. The codec work is the CUDA codec's (cuda_codec.h); this
+// file adds the NCCL exchange, two small element-wise kernels (avg division,
+// fp32 -> fp16/bf16 rounding of the output) and the state.
+//
+// Compiled by nvcc for the real build, and by the host compiler against the
+// CPU emulation of CUDA and NCCL in tests/gpu/emu for the logic test.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "src/codec/numeric.h"
+#include "src/coll/device/device_allreduce.h"
+
+namespace squall::coll::device {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kMaxGrid = 4096;
+
+__global__ void divideKernel(float* acc, size_t count, float divisor) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    acc[i] = __fdiv_rn(acc[i], divisor);
+  }
+}
+
+template <bool kBf16>
+__global__ void roundKernel(const float* in, uint16_t* out, size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = kBf16 ? codec::floatToBf16(in[i]) : codec::floatToHalf(in[i]);
+  }
+}
+
+#if !defined(SQUALL_CUDA_EMULATION)
+template <typename... Params, typename... Args>
+void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
+                  Args... args) {
+  kernel<<<grid, threads, 0, stream>>>(args...);
+}
+#endif
+
+unsigned gridFor(size_t items) {
+  return static_cast<unsigned>(std::clamp<size_t>((items + kThreads - 1) / kThreads, 1, kMaxGrid));
+}
+
+Status cudaFailure(cudaError_t err, const char* what) {
+  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
+                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
+                     cudaGetErrorString(err));
+}
+
+#define SQUALL_CUDA_TRY(expr)                                                         \
+  do {                                                                                \
+    const cudaError_t squall_cuda_err_ = (expr);                                      \
+    if (squall_cuda_err_ != cudaSuccess) return cudaFailure(squall_cuda_err_, #expr); \
+  } while (0)
+
+#define SQUALL_NCCL_TRY(expr)                                                         \
+  do {                                                                                \
+    const ncclResult_t squall_nccl_res_ = (expr);                                     \
+    if (squall_nccl_res_ != ncclSuccess) {                                            \
+      return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl, "%s failed: %s", #expr, \
+                         ncclGetErrorString(squall_nccl_res_));                       \
+    }                                                                                 \
+  } while (0)
+
+Status launchFailure(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? Status::kOk : cudaFailure(err, what);
+}
+
+template <typename T>
+Status allocate(T** p, size_t bytes) {
+  void* raw = nullptr;
+  SQUALL_CUDA_TRY(cudaMalloc(&raw, std::max<size_t>(bytes, 8)));
+  *p = static_cast<T*>(raw);
+  SQUALL_CUDA_TRY(cudaMemset(raw, 0, std::max<size_t>(bytes, 8)));
+  return Status::kOk;
+}
+
+Status encodedSize(const codec::Spec& spec, size_t count, size_t* bytes) {
+  codec::Layout layout;
+  SQUALL_TRY(codec::layoutFor(spec, count, &layout));
+  *bytes = layout.totalBytes;
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status DeviceCompressedState::create(int nranks, int rank, size_t count, const codec::Spec& spec,
+                                     std::unique_ptr<DeviceCompressedState>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed-state output pointer is NULL");
+  SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kColl,
+                 "rank %d of %d is not a valid position in a communicator", rank, nranks);
+  SQUALL_TRY(codec::validateSpec(spec));
+  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
+  s->nranks_ = nranks;
+  s->rank_ = rank;
+  s->count_ = count;
+  s->spec_ = spec;
+  const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
+  const size_t group = unit * static_cast<size_t>(nranks);
+  SQUALL_REQUIRE(count <= SIZE_MAX / 8 - group, Status::kInvalidArgument, Subsys::kColl,
+                 "a compressed allreduce of %zu elements is too large for this machine", count);
+  const size_t padded = (count + group - 1) / group * group;
+  s->chunk_ = padded / static_cast<size_t>(nranks);
+  if (nranks == 1 || count == 0) {  // the identity: no state on the device
+    *out = std::move(s);
+    return Status::kOk;
+  }
+  SQUALL_TRY(encodedSize(spec, s->chunk_, &s->slot_));
+  const auto nn = static_cast<size_t>(nranks);
+  SQUALL_TRY(codec::cudaResidualCreate(padded, &s->worker_));
+  SQUALL_TRY(codec::cudaResidualCreate(s->chunk_, &s->server_));
+  SQUALL_TRY(allocate(&s->send_, nn * s->slot_));
+  SQUALL_TRY(allocate(&s->recv_, nn * s->slot_));
+  SQUALL_TRY(allocate(&s->gather_, nn * s->slot_));
+  SQUALL_TRY(allocate(&s->acc_, s->chunk_ * sizeof(float)));
+  SQUALL_TRY(allocate(&s->error_, sizeof(int)));
+  // Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
+  // all-gather moves (n-1) whole slots each way.
+  const size_t r = static_cast<size_t>(rank);
+  for (size_t j = 0; j < nn; ++j) {
+    if (j == r) continue;
+    size_t bytes = 0;
+    if (s->realCount(j) != 0) {
+      SQUALL_TRY(encodedSize(spec, s->realCount(j), &bytes));
+      s->bytesSent_ += bytes;
+    }
+    if (s->realCount(r) != 0) {
+      SQUALL_TRY(encodedSize(spec, s->realCount(r), &bytes));
+      s->bytesReceived_ += bytes;
+    }
+    s->bytesSent_ += s->slot_;
+    s->bytesReceived_ += s->slot_;
+  }
+  *out = std::move(s);
+  return Status::kOk;
+}
+
+DeviceCompressedState::~DeviceCompressedState() {
+  codec::cudaResidualDestroy(worker_);
+  codec::cudaResidualDestroy(server_);
+  cudaFree(send_);
+  cudaFree(recv_);
+  cudaFree(gather_);
+  cudaFree(acc_);
+  cudaFree(error_);
+}
+
+size_t DeviceCompressedState::realCount(size_t c) const {
+  const size_t begin = c * chunk_;
+  const size_t end = std::min(begin + chunk_, count_);
+  return begin < end ? end - begin : 0;
+}
+
+Status DeviceCompressedState::reset(cudaStream_t stream) {
+  if (worker_ != nullptr) SQUALL_TRY(codec::cudaResidualReset(*worker_, stream));
+  if (server_ != nullptr) SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
+  return Status::kOk;
+}
+
+Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) {
+  *error = false;
+  if (error_ == nullptr) return Status::kOk;
+  int value = 0;
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(&value, error_, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  SQUALL_CUDA_TRY(cudaMemsetAsync(error_, 0, sizeof(int), stream));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  *error = value != 0;
+  return Status::kOk;
+}
+
+Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in, void* out,
+                           DataType dtype, ReduceOp op, DeviceCompressedState* state) {
+  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed state is NULL");
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kColl,
+                 "the compressed allreduce takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
+  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
+                 Subsys::kColl, "the compressed allreduce supports sum and avg, not %s",
+                 reduceOpName(op));
+  const size_t count = state->count_;
+  const size_t esize = dataTypeSize(dtype);
+  SQUALL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
+                 Subsys::kColl, "the send and receive buffers must be set");
+  const int n = state->nranks_;
+  if (n == 1 || count == 0) {
+    if (out != in && count != 0) {
+      SQUALL_CUDA_TRY(cudaMemcpyAsync(out, in, count * esize, cudaMemcpyDeviceToDevice, stream));
+    }
+    return Status::kOk;
+  }
+  SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the NCCL communicator is NULL");
+  const auto nn = static_cast<size_t>(n);
+  const auto rr = static_cast<size_t>(state->rank_);
+  const size_t chunk = state->chunk_;
+  const size_t slot = state->slot_;
+  const codec::Spec spec = state->spec_;
+  const codec::DType inType = dtype == DataType::kF16    ? codec::DType::kF16
+                              : dtype == DataType::kBf16 ? codec::DType::kBf16
+                                                         : codec::DType::kF32;
+  const auto* input = static_cast<const uint8_t*>(in);
+  auto encodedOf = [&](size_t m, size_t* bytes) { return encodedSize(spec, m, bytes); };
+
+  // 1. Worker: encode every chunk (own chunk included) into its slot.
+  for (size_t c = 0; c < nn; ++c) {
+    const size_t m = state->realCount(c);
+    if (m == 0) continue;
+    size_t bytes = 0;
+    SQUALL_TRY(codec::cudaEncodeChunk(spec, input + c * chunk * esize, inType, m, state->worker_,
+                                      c * chunk, state->send_ + c * slot, slot, stream, &bytes));
+  }
+  SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
+
+  // 2. All-to-all of the encoded chunks: chunk j to rank j.
+  const size_t mine = state->realCount(rr);
+  size_t mineBytes = 0;
+  SQUALL_TRY(encodedOf(mine, &mineBytes));
+  SQUALL_NCCL_TRY(ncclGroupStart());
+  for (size_t j = 0; j < nn; ++j) {
+    if (j == rr) continue;
+    const size_t m = state->realCount(j);
+    if (m != 0) {
+      size_t bytes = 0;
+      SQUALL_TRY(encodedOf(m, &bytes));
+      SQUALL_NCCL_TRY(
+          ncclSend(state->send_ + j * slot, bytes, ncclUint8, static_cast<int>(j), comm, stream));
+    }
+    if (mine != 0) {
+      SQUALL_NCCL_TRY(ncclRecv(state->recv_ + j * slot, mineBytes, ncclUint8, static_cast<int>(j),
+                               comm, stream));
+    }
+  }
+  SQUALL_NCCL_TRY(ncclGroupEnd());
+
+  // 3. Server: sum the pieces of my chunk in rank order, divide, encode.
+  if (mine != 0) {
+    for (size_t j = 0; j < nn; ++j) {
+      const uint8_t* piece = j == rr ? state->send_ + rr * slot : state->recv_ + j * slot;
+      SQUALL_TRY(j == 0 ? codec::cudaDecode(spec, piece, mineBytes, state->acc_, mine, stream,
+                                            state->error_)
+                        : codec::cudaDecodeAccumulate(spec, piece, mineBytes, state->acc_, mine,
+                                                      stream, state->error_));
+    }
+    if (op == ReduceOp::kAvg) {
+      launchKernel(divideKernel, gridFor(mine), kThreads, stream, state->acc_, mine,
+                   static_cast<float>(n));
+      SQUALL_TRY(launchFailure("the avg division kernel"));
+    }
+    size_t bytes = 0;
+    SQUALL_TRY(codec::cudaEncodeChunk(spec, state->acc_, codec::DType::kF32, mine, state->server_,
+                                      0, state->gather_ + rr * slot, slot, stream, &bytes));
+  }
+  SQUALL_TRY(codec::cudaResidualCommit(*state->server_, stream));
+
+  // 4. All-gather the server chunks (in place: mine is already in its slot)
+  // and decode them all.
+  SQUALL_NCCL_TRY(
+      ncclAllGather(state->gather_ + rr * slot, state->gather_, slot, ncclUint8, comm, stream));
+  for (size_t c = 0; c < nn; ++c) {
+    const size_t m = state->realCount(c);
+    if (m == 0) continue;
+    size_t bytes = 0;
+    SQUALL_TRY(encodedOf(m, &bytes));
+    const uint8_t* encoded = state->gather_ + c * slot;
+    if (dtype == DataType::kF32) {
+      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, static_cast<float*>(out) + c * chunk, m,
+                                   stream, state->error_));
+    } else {
+      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, state->acc_, m, stream, state->error_));
+      uint16_t* halves = static_cast<uint16_t*>(out) + c * chunk;
+      if (dtype == DataType::kBf16) {
+        launchKernel(roundKernel<true>, gridFor(m), kThreads, stream,
+                     static_cast<const float*>(state->acc_), halves, m);
+      } else {
+        launchKernel(roundKernel<false>, gridFor(m), kThreads, stream,
+                     static_cast<const float*>(state->acc_), halves, m);
+      }
+      SQUALL_TRY(launchFailure("the output rounding kernel"));
+    }
+  }
+  return Status::kOk;
+}
+
+}  // namespace squall::coll::device

@@ -1,0 +1,93 @@
+// The two-phase compressed allreduce on the GPU, over NCCL, entirely
+// stream-ordered (see docs/cuda.md, "Device compressed allreduce").
+//
+// It follows src/coll/compressed_twophase.cc step for step, unsegmented, and
+// produces the same bits as the host algorithm (and tests/unit/
+// compressed_reference.h) for the same inputs:
+//   1. worker: cudaEncodeChunk of every chunk c (its elements below N) with the
+//      worker residual into slot c of one send buffer; cudaResidualCommit;
+//   2. ncclGroupStart; ncclSend(slot j -> rank j), ncclRecv(rank j -> slot j)
+//      for every j != r; ncclGroupEnd;
+//   3. server: cudaDecode of piece 0, cudaDecodeAccumulate of pieces 1..n-1
+//      (rank order), acc / n for avg, cudaEncodeChunk with the server residual;
+//      cudaResidualCommit;
+//   4. ncclAllGather of the server slots (every slot has the size of a whole
+//      chunk's encoding; a shorter last chunk leaves the tail unused), then
+//      cudaDecode of every chunk into the output (fp16/bf16: decode to fp32
+//      scratch, then a rounding kernel).
+// Nothing waits for the host; a call can be captured in a CUDA graph and
+// replayed (NCCL supports capture of its calls).
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "src/codec/cuda/cuda_codec.h"
+#include "src/common/status.h"
+#include "src/common/types.h"
+
+namespace squall::coll::device {
+
+// The state of one buffer, created once (allocations are synchronous) and
+// reused by every call: worker and server residuals and the scratch buffers.
+class DeviceCompressedState {
+ public:
+  // nranks and rank must be those of the NCCL communicator the calls use.
+  static Status create(int nranks, int rank, size_t count, const codec::Spec& spec,
+                       std::unique_ptr<DeviceCompressedState>* out);
+  ~DeviceCompressedState();
+  DeviceCompressedState(const DeviceCompressedState&) = delete;
+  DeviceCompressedState& operator=(const DeviceCompressedState&) = delete;
+
+  int nranks() const { return nranks_; }
+  int rank() const { return rank_; }
+  size_t count() const { return count_; }
+  size_t chunk() const { return chunk_; }
+  size_t slotBytes() const { return slot_; }
+  const codec::Spec& spec() const { return spec_; }
+  const codec::DeviceResidual* worker() const { return worker_; }
+  const codec::DeviceResidual* server() const { return server_; }
+  // Payload bytes this rank sends per call (headers included).
+  uint64_t bytesSent() const { return bytesSent_; }
+  uint64_t bytesReceived() const { return bytesReceived_; }
+
+  // Zeroes both residuals (stream-ordered).
+  Status reset(cudaStream_t stream);
+  // 1 when a decode saw a header that did not match (device flag; waits for
+  // `stream`, diagnostics only), and clears it.
+  Status takeDecodeError(cudaStream_t stream, bool* error);
+
+ private:
+  friend Status compressedAllReduce(ncclComm_t, cudaStream_t, const void*, void*, DataType,
+                                    ReduceOp, DeviceCompressedState*);
+  DeviceCompressedState() = default;
+  size_t realCount(size_t c) const;
+  int nranks_ = 1;
+  int rank_ = 0;
+  size_t count_ = 0;
+  size_t chunk_ = 0;
+  size_t slot_ = 0;
+  codec::Spec spec_;
+  codec::DeviceResidual* worker_ = nullptr;
+  codec::DeviceResidual* server_ = nullptr;
+  uint8_t* send_ = nullptr;    // n slots: the worker's encoded chunks
+  uint8_t* recv_ = nullptr;    // n slots: the pieces of my chunk from every rank
+  uint8_t* gather_ = nullptr;  // n slots: every server's encoded chunk
+  float* acc_ = nullptr;       // chunk floats: server accumulator, then decode scratch
+  int* error_ = nullptr;       // device decode-error flag
+  uint64_t bytesSent_ = 0;
+  uint64_t bytesReceived_ = 0;
+};
+
+// One compressed allreduce of state->count() elements of `dtype` (fp32, fp16
+// or bf16; device pointers) with op kSum or kAvg, enqueued on `stream` over
+// `comm`. `in` may equal `out`. Every rank of `comm` must call it with a state
+// of the same count and spec. n = 1 is the identity (a copy when out != in).
+Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in, void* out,
+                           DataType dtype, ReduceOp op, DeviceCompressedState* state);
+
+}  // namespace squall::coll::device

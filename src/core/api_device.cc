@@ -1,0 +1,191 @@
+// The GPU entry points of the C API (built with CUDA and NCCL): communicators
+// from NCCL, device compressors, and the compressed allreduce on a CUDA
+// stream, either on the device over NCCL (src/coll/device) or staged through
+// pinned host memory over a host communicator.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "src/coll/device/device_allreduce.h"
+#include "src/core/api.h"
+#include "src/core/api_objects.h"
+
+using squall::DataType;
+using squall::ReduceOp;
+using squall::Status;
+using squall::Subsys;
+namespace core = squall::core;
+namespace device = squall::coll::device;
+
+namespace squall::core {
+namespace {
+
+Status cudaCheck(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::kOk;
+  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
+                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
+                     cudaGetErrorString(err));
+}
+#define SQUALL_CUDA_CHECK(expr) SQUALL_TRY(::squall::core::cudaCheck((expr), #expr))
+
+// The device state of a compressor on a communicator from NCCL.
+struct DeviceState final : DeviceAttachment {
+  std::unique_ptr<device::DeviceCompressedState> state;
+  cudaStream_t lastStream = nullptr;  // for Reset and GetStats
+};
+
+// Pinned staging buffers of a compressor on a host communicator.
+struct Staging final : DeviceAttachment {
+  void* in = nullptr;
+  void* out = nullptr;
+  size_t bytes = 0;
+  ~Staging() override {
+    cudaFreeHost(in);
+    cudaFreeHost(out);
+  }
+  Status reserve(size_t need) {
+    if (need <= bytes) return Status::kOk;
+    cudaFreeHost(in);
+    cudaFreeHost(out);
+    in = out = nullptr;
+    bytes = 0;
+    SQUALL_CUDA_CHECK(cudaMallocHost(&in, need));
+    SQUALL_CUDA_CHECK(cudaMallocHost(&out, need));
+    bytes = need;
+    return Status::kOk;
+  }
+};
+
+Status toTypes(squallDataType_t dtype, squallRedOp_t op, DataType* t, ReduceOp* o) {
+  const int d = rawEnum(dtype);
+  const int r = rawEnum(op);
+  SQUALL_REQUIRE(d == squallFloat32 || d == squallFloat16 || d == squallBfloat16,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "the compressed allreduce takes squallFloat32, squallFloat16 or squallBfloat16, "
+                 "not data type %d",
+                 d);
+  SQUALL_REQUIRE(r == squallSum || r == squallAvg, Status::kInvalidArgument, Subsys::kApi,
+                 "the compressed allreduce supports squallSum and squallAvg, not reduction %d", r);
+  *t = static_cast<DataType>(d);
+  *o = static_cast<ReduceOp>(r);
+  return Status::kOk;
+}
+
+DeviceState* deviceStateOf(squallCompressor* c) {
+  return dynamic_cast<DeviceState*>(c->device.get());
+}
+
+}  // namespace
+
+Status createDeviceCompressor(squallComm_t comm, size_t count, const codec::Spec& spec,
+                              squallCompressor* compressor) {
+  auto d = std::make_unique<DeviceState>();
+  SQUALL_TRY(device::DeviceCompressedState::create(comm->ncclSize, comm->ncclRank, count, spec,
+                                                   &d->state));
+  compressor->device = std::move(d);
+  return Status::kOk;
+}
+
+Status resetDeviceCompressor(squallCompressor* compressor) {
+  DeviceState* d = deviceStateOf(compressor);
+  SQUALL_REQUIRE(d != nullptr, Status::kInvalidArgument, Subsys::kApi, "the compressor is NULL");
+  SQUALL_TRY(d->state->reset(d->lastStream));
+  SQUALL_CUDA_CHECK(cudaStreamSynchronize(d->lastStream));
+  return Status::kOk;
+}
+
+Status deviceCompressorStats(squallCompressor* compressor, squallCompressorStats_t* stats) {
+  DeviceState* d = deviceStateOf(compressor);
+  SQUALL_REQUIRE(d != nullptr, Status::kInvalidArgument, Subsys::kApi, "the compressor is NULL");
+  stats->calls = compressor->calls;
+  stats->skippedCalls = 0;
+  if (d->state->worker() != nullptr) {  // waits for the last stream used
+    int current = 0;
+    unsigned long long skipped = 0;
+    SQUALL_TRY(codec::cudaResidualQuery(*d->state->worker(), d->lastStream, &current, &skipped));
+    stats->skippedCalls = skipped;
+  }
+  stats->bytesSent = compressor->calls != 0 ? d->state->bytesSent() : 0;
+  stats->bytesReceived = compressor->calls != 0 ? d->state->bytesReceived() : 0;
+  return Status::kOk;
+}
+
+}  // namespace squall::core
+
+extern "C" {
+
+squallResult_t squallCommInitFromNccl(squallComm_t* comm, void* ncclComm) {
+  return SQUALL_API_GUARD({
+    SQUALL_REQUIRE(comm != nullptr && ncclComm != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the communicator output and the ncclComm_t must be set");
+    auto nccl = static_cast<ncclComm_t>(ncclComm);
+    int rank = 0, size = 0;
+    ncclResult_t res = ncclCommCount(nccl, &size);
+    if (res == ncclSuccess) res = ncclCommUserRank(nccl, &rank);
+    SQUALL_REQUIRE(res == ncclSuccess, Status::kInvalidArgument, Subsys::kApi,
+                   "the NCCL communicator could not be queried (%s); pass an initialised "
+                   "ncclComm_t",
+                   ncclGetErrorString(res));
+    auto c = std::make_unique<squallComm>();
+    c->nccl = ncclComm;
+    c->ncclRank = rank;
+    c->ncclSize = size;
+    *comm = c.release();
+    return Status::kOk;
+  });
+}
+
+squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recvbuf,
+                                                 squallDataType_t dtype, squallRedOp_t op,
+                                                 squallCompressor_t compressor, squallComm_t comm,
+                                                 void* cudaStream) {
+  return SQUALL_API_GUARD({
+    SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the communicator is NULL");
+    SQUALL_REQUIRE(compressor != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the compressor is NULL; create one with squallCompressorCreate");
+    SQUALL_REQUIRE(compressor->comm == comm, Status::kInvalidUsage, Subsys::kApi,
+                   "the compressor was created for another communicator; create one per "
+                   "communicator and buffer");
+    DataType t = DataType::kF32;
+    ReduceOp o = ReduceOp::kSum;
+    SQUALL_TRY(core::toTypes(dtype, op, &t, &o));
+    auto stream = static_cast<cudaStream_t>(cudaStream);
+
+    if (comm->nccl != nullptr) {
+      core::DeviceState* d = core::deviceStateOf(compressor);
+      SQUALL_REQUIRE(d != nullptr, Status::kInternal, Subsys::kApi,
+                     "a compressor of a communicator from NCCL has no device state");
+      SQUALL_TRY(device::compressedAllReduce(static_cast<ncclComm_t>(comm->nccl), stream, sendbuf,
+                                             recvbuf, t, o, d->state.get()));
+      d->lastStream = stream;
+      ++compressor->calls;
+      return Status::kOk;
+    }
+
+    // Host communicator: stage through pinned memory.
+    SQUALL_REQUIRE(comm->coll != nullptr && compressor->state != nullptr, Status::kInvalidArgument,
+                   Subsys::kApi, "the communicator is not initialised");
+    const size_t bytes = compressor->state->count() * squall::dataTypeSize(t);
+    if (compressor->device == nullptr) compressor->device = std::make_unique<core::Staging>();
+    auto* staging = dynamic_cast<core::Staging*>(compressor->device.get());
+    SQUALL_REQUIRE(staging != nullptr, Status::kInternal, Subsys::kApi,
+                   "a host compressor holds device state");
+    SQUALL_TRY(staging->reserve(bytes));
+    if (bytes != 0) {
+      SQUALL_CUDA_CHECK(cudaMemcpyAsync(staging->in, sendbuf, bytes, cudaMemcpyDefault, stream));
+      SQUALL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    SQUALL_TRY(
+        comm->coll->compressedAllReduce(staging->in, staging->out, t, o, compressor->state.get()));
+    ++compressor->calls;
+    if (bytes != 0) {
+      SQUALL_CUDA_CHECK(cudaMemcpyAsync(recvbuf, staging->out, bytes, cudaMemcpyDefault, stream));
+      SQUALL_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    return Status::kOk;
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,167 @@
+// The device compressed allreduce (src/coll/device) under the CPU emulation of
+// CUDA and NCCL (tests/gpu/emu): n threads play n ranks, and every rank's
+// output must equal the single-process reference simulation
+// (tests/unit/compressed_reference.h) bit for bit, call after call (so the
+// residuals evolve alike), in place and out of place, for sum and avg,
+// onebit/int8/fp16, chunks that are short or empty, bf16 buffers, and a call
+// captured into a (emulated) CUDA graph and replayed. It checks the
+// orchestration's bytes, not the hardware: see docs/cuda.md.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "src/codec/numeric.h"
+#include "src/coll/device/device_allreduce.h"
+#include "tests/unit/compressed_reference.h"
+
+namespace squall::coll::device {
+namespace {
+
+struct Case {
+  int n;
+  size_t count;
+  codec::Spec spec;
+  bool average;
+  bool inPlace;
+  DataType dtype = DataType::kF32;
+  bool graph = false;  // capture the first call, replay it for the others
+};
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Runs `calls` calls on n threads and compares every output with the reference.
+void check(const Case& c, int calls) {
+  std::mt19937 rng(1234 + c.n * 7 + static_cast<int>(c.count));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  testing::CompressedReference ref(c.n, c.count, c.spec);
+  const auto nn = static_cast<size_t>(c.n);
+  // inputs[call][rank], expected[call]
+  std::vector<std::vector<std::vector<float>>> inputs(calls);
+  std::vector<std::vector<float>> expected(calls);
+  for (int t = 0; t < calls; ++t) {
+    inputs[t].assign(nn, std::vector<float>(c.count));
+    for (auto& v : inputs[t])
+      for (float& x : v) {
+        x = dist(rng);
+        // bf16 buffers carry values that bf16 represents exactly.
+        if (c.dtype == DataType::kBf16) x = codec::bf16ToFloat(codec::floatToBf16(x));
+      }
+    expected[t] = ref.twoPhase(inputs[t], c.average);
+  }
+
+  std::vector<ncclComm_t> comms(nn);
+  squall_emu::ncclCreateWorld(c.n, comms.data());
+  std::vector<std::vector<std::vector<float>>> outputs(calls, std::vector<std::vector<float>>(nn));
+  std::vector<std::string> errors(nn);
+  const size_t esize = dataTypeSize(c.dtype);
+  auto rank = [&](int r) {
+    auto fail = [&](const char* what) { errors[r] = what; };
+    cudaStream_t stream = nullptr;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    std::unique_ptr<DeviceCompressedState> state;
+    if (DeviceCompressedState::create(c.n, r, c.count, c.spec, &state) != Status::kOk)
+      return fail("create");
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaMalloc(&in, c.count * esize + 8);
+    cudaMalloc(&out, c.count * esize + 8);
+    void* target = c.inPlace ? in : out;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::vector<uint8_t> staged(c.count * esize);
+    for (int t = 0; t < calls; ++t) {
+      const std::vector<float>& x = inputs[t][static_cast<size_t>(r)];
+      if (c.dtype == DataType::kF32) {
+        std::memcpy(staged.data(), x.data(), staged.size());
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(staged.data());
+        for (size_t i = 0; i < c.count; ++i) h[i] = codec::floatToBf16(x[i]);
+      }
+      cudaMemcpy(in, staged.data(), staged.size(), cudaMemcpyHostToDevice);
+      if (c.graph) {
+        if (t == 0) {
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+          const Status s =
+              compressedAllReduce(comms[r], stream, in, target, c.dtype,
+                                  c.average ? ReduceOp::kAvg : ReduceOp::kSum, state.get());
+          cudaStreamEndCapture(stream, &graph);
+          if (s != Status::kOk) return fail("capture");
+          cudaGraphInstantiate(&exec, graph, 0);
+        }
+        cudaGraphLaunch(exec, stream);
+      } else if (compressedAllReduce(comms[r], stream, in, target, c.dtype,
+                                     c.average ? ReduceOp::kAvg : ReduceOp::kSum,
+                                     state.get()) != Status::kOk) {
+        return fail("allreduce");
+      }
+      cudaStreamSynchronize(stream);
+      cudaMemcpy(staged.data(), target, staged.size(), cudaMemcpyDeviceToHost);
+      std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
+      o.resize(c.count);
+      if (c.dtype == DataType::kF32) {
+        std::memcpy(o.data(), staged.data(), staged.size());
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(staged.data());
+        for (size_t i = 0; i < c.count; ++i) o[i] = codec::bf16ToFloat(h[i]);
+      }
+    }
+    bool decodeError = false;
+    if (state->takeDecodeError(stream, &decodeError) != Status::kOk || decodeError)
+      fail("device decode error flag");
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaFree(in);
+    cudaFree(out);
+    cudaStreamDestroy(stream);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.n; ++r) threads.emplace_back(rank, r);
+  for (auto& th : threads) th.join();
+  squall_emu::ncclDestroyWorld(c.n, comms.data());
+
+  for (size_t r = 0; r < nn; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int t = 0; t < calls; ++t) {
+    for (size_t r = 0; r < nn; ++r) {
+      const std::vector<float>& o = outputs[t][r];
+      ASSERT_EQ(o.size(), c.count);
+      for (size_t i = 0; i < c.count; ++i) {
+        float want = expected[t][i];
+        if (c.dtype == DataType::kBf16) want = codec::bf16ToFloat(codec::floatToBf16(want));
+        ASSERT_EQ(bits(o[i]), bits(want))
+            << "call " << t << " rank " << r << " element " << i << ": " << o[i] << " vs " << want;
+      }
+    }
+  }
+}
+
+const codec::Spec kOnebit64{codec::CodecId::kOnebit, codec::Scale::kMeanAbs, 64};
+const codec::Spec kOnebitRms{codec::CodecId::kOnebit, codec::Scale::kRms, 128};
+const codec::Spec kInt8{codec::CodecId::kInt8, codec::Scale::kMeanAbs, 64};
+const codec::Spec kFp16{codec::CodecId::kFp16, codec::Scale::kMeanAbs, 0};
+
+TEST(DeviceAllReduceEmu, TwoRanksOnebitSum) { check({2, 1000, kOnebit64, false, false}, 3); }
+TEST(DeviceAllReduceEmu, FourRanksOnebitAvgInPlace) { check({4, 1000, kOnebit64, true, true}, 3); }
+TEST(DeviceAllReduceEmu, FourRanksEmptyChunks) { check({4, 100, kOnebit64, true, false}, 2); }
+TEST(DeviceAllReduceEmu, ThreeRanksRmsBlock128) { check({3, 777, kOnebitRms, false, false}, 2); }
+TEST(DeviceAllReduceEmu, FourRanksInt8Avg) { check({4, 600, kInt8, true, false}, 2); }
+TEST(DeviceAllReduceEmu, TwoRanksFp16Sum) { check({2, 301, kFp16, false, true}, 2); }
+TEST(DeviceAllReduceEmu, TwoRanksBf16Buffers) {
+  check({2, 500, kOnebit64, true, false, DataType::kBf16}, 2);
+}
+TEST(DeviceAllReduceEmu, GraphCaptureAndReplay) {
+  check({4, 1000, kOnebit64, true, false, DataType::kF32, true}, 3);
+}
+TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, false}, 1); }
+
+}  // namespace
+}  // namespace squall::coll::device
