@@ -7,7 +7,9 @@ codec.json is `codec_bench --json` output (per-element rates of encode+EF,
 decode and decode-accumulate for each CPU implementation); each RUN.json is
 `squall_perf --vs none --json` output of a compressed run with its
 full-precision baseline. The link rate comes from --rate, else from the file
-name (`1gbit_n2.json`, as perf/run_links.sh names them).
+name (`1gbit_n2_1.json`, as perf/run_links.sh names them). Rows of the same
+link, rank count and size from several files (repeated runs) are combined:
+the median of their (per-run median) times.
 
 For every row it prints:
   time     the measured compressed allreduce (median, slowest rank)
@@ -31,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 
 
@@ -102,42 +105,52 @@ def main():
         return seen[impl][2]
 
     rates_for(a.impl)
-    hdr = ("link", "n", "size", "algo", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
+    hdr = ("link", "n", "size", "algo", "runs", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
            "x bound", "speedup", "wire/ideal", "targets")
     print("| " + " | ".join(hdr) + " |")
-    print("|" + "|".join("---:" if i > 3 and i < 12 else "---" for i in range(len(hdr))) + "|")
-    out, all_met = [], True
+    print("|" + "|".join("---:" if i > 3 and i < 13 else "---" for i in range(len(hdr))) + "|")
+    # Rows of the same link, rank count and size from several files (repeated
+    # runs) are combined by the median of their times.
+    groups = {}
     for path in a.runs:
         with open(path) as f:
             run = json.load(f)
         label, rate = (a.rate, parse_rate(a.rate)) if a.rate else rate_from_name(path)
         if rate is None:
             sys.exit(f"bound.py: no rate for {path}: pass --rate or name it like 1gbit_n2.json")
-        n, block = run["ranks"], run.get("block", 2048)
-        rates = rates_for(run.get("codec_impl", a.impl))
         for row in run["rows"]:
-            count = row["count"]
-            t = row["time_us"] / 1e6
-            base = row["baseline_time_us"] / 1e6
-            algo = algorithm(n, count, block)
-            wire = row["wire_bytes"] * 8 / rate
-            codec = codec_seconds(n, count, algo, rates) * max(1.0, n / a.cores)
-            bound = max(wire, codec)
-            ideal = 2 * (n - 1) / n * count * (1 / 8 + 4 / block)
-            wire_ratio = row["wire_bytes"] / ideal
-            checks = {"wire": abs(wire_ratio - 1) <= 0.03, "bound": t / bound <= 1.3}
-            if label == "1gbit" and row["bytes"] == 256 << 20 and n in (2, 4):
-                checks["speedup"] = base / t >= (10 if n == 2 else 6)
-            met = all(checks.values())
-            all_met = all_met and met
-            verdict = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in checks.items())
-            print(f"| {label} | {n} | {human(row['bytes'])} | {algo} | {t * 1e3:.1f} | "
-                  f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
-                  f"{t / bound:.2f} | {base / t:.1f} | {wire_ratio:.4f} | {verdict} |")
-            out.append({"link": label, "ranks": n, "bytes": row["bytes"], "algorithm": algo,
-                        "time_s": t, "baseline_s": base, "wire_s": wire, "codec_s": codec,
-                        "bound_s": bound, "ratio_to_bound": t / bound, "speedup": base / t,
-                        "wire_over_ideal": wire_ratio, "targets": checks})
+            key = (rate, run["ranks"], row["bytes"])
+            g = groups.setdefault(key, {"label": label, "run": run, "rows": []})
+            g["rows"].append(row)
+    out, all_met = [], True
+    for (rate, n, nbytes), g in sorted(groups.items()):
+        label, run, rows = g["label"], g["run"], g["rows"]
+        block = run.get("block", 2048)
+        rates = rates_for(run.get("codec_impl", a.impl))
+        row = rows[0]
+        count = row["count"]
+        t = statistics.median(r["time_us"] for r in rows) / 1e6
+        base = statistics.median(r["baseline_time_us"] for r in rows) / 1e6
+        wire_bytes = max(r["wire_bytes"] for r in rows)
+        algo = algorithm(n, count, block)
+        wire = wire_bytes * 8 / rate
+        codec = codec_seconds(n, count, algo, rates) * max(1.0, n / a.cores)
+        bound = max(wire, codec)
+        ideal = 2 * (n - 1) / n * count * (1 / 8 + 4 / block)
+        wire_ratio = wire_bytes / ideal
+        checks = {"wire": abs(wire_ratio - 1) <= 0.03, "bound": t / bound <= 1.3}
+        if label == "1gbit" and nbytes == 256 << 20 and n in (2, 4):
+            checks["speedup"] = base / t >= (10 if n == 2 else 6)
+        met = all(checks.values())
+        all_met = all_met and met
+        verdict = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in checks.items())
+        print(f"| {label} | {n} | {human(nbytes)} | {algo} | {len(rows)} | {t * 1e3:.1f} | "
+              f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
+              f"{t / bound:.2f} | {base / t:.1f} | {wire_ratio:.4f} | {verdict} |")
+        out.append({"link": label, "ranks": n, "bytes": nbytes, "algorithm": algo,
+                    "runs": len(rows), "time_s": t, "baseline_s": base, "wire_s": wire,
+                    "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
+                    "speedup": base / t, "wire_over_ideal": wire_ratio, "targets": checks})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out}, f,

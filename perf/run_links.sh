@@ -5,10 +5,13 @@
 # (perf/bound.py) against codec_bench's rates from the same run.
 #
 #   perf/run_links.sh [--out DIR] [--rates "1gbit 10gbit"] [--ranks "2 4"]
-#                     [-b 16M] [-e 256M] [--iters 5] [--transport tcp]
+#                     [-b 16M] [-e 256M] [--iters 5] [--repeat 1] [--transport tcp]
 #
-# Writes DIR/codec.json, DIR/<rate>_n<ranks>.json (squall_perf --json),
-# DIR/<rate>_n<ranks>.txt (its table), DIR/bound.md and DIR/bound.json.
+# Writes DIR/codec.json, DIR/<rate>_n<ranks>_<run>.json (squall_perf --json),
+# DIR/<rate>_n<ranks>_<run>.txt (its table), DIR/bound.md and DIR/bound.json.
+# --repeat R runs the whole matrix R times (interleaved, so that a burst of
+# load from elsewhere hits one run of each cell, not every run of one);
+# bound.py reports the median over the runs of each run's median.
 # Needs root and network namespaces (exits 77 otherwise, like links.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,7 @@ ranks_list="2 4"
 min=16M
 max=256M
 iters=5
+repeat=1
 transport=tcp
 while (($#)); do
   case $1 in
@@ -28,6 +32,7 @@ while (($#)); do
     -b) min=$2; shift 2 ;;
     -e) max=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     --transport) transport=$2; shift 2 ;;
     *) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
@@ -41,18 +46,21 @@ echo "run_links.sh: codec rates (codec_bench, 64M elements)" >&2
 build/perf/codec_bench --sizes=64M --impl=avx2,avx512 --iters=5 --json >"$out/codec.json"
 
 runs=()
-for rate in $rates; do
-  for n in $ranks_list; do
-    name=${rate}_n$n
-    echo "run_links.sh: $name: sizes $min..$max (x4), $iters iterations, transport $transport" >&2
-    rc=0
-    perf/links.sh --rate "$rate" --ranks "$n" -- "$perf" -b "$min" -e "$max" -f 4 -n "$iters" -w 1 \
-      --vs none --transport "$transport" --json "$out/$name.json" >"$out/$name.txt" || rc=$?
-    ((rc == 77)) && exit 77
-    ((rc == 0)) || { echo "run_links.sh: $name failed ($rc)" >&2; cat "$out/$name.txt" >&2; exit 1; }
-    cat "$out/$name.txt"
-    runs+=("$out/$name.json")
+for ((run = 1; run <= repeat; run++)); do
+  for rate in $rates; do
+    for n in $ranks_list; do
+      name=${rate}_n${n}_$run
+      echo "run_links.sh: $name: sizes $min..$max (x4), $iters iterations, transport $transport" >&2
+      rc=0
+      perf/links.sh --rate "$rate" --ranks "$n" -- "$perf" -b "$min" -e "$max" -f 4 -n "$iters" \
+        -w 1 --vs none --transport "$transport" --json "$out/$name.json" >"$out/$name.txt" || rc=$?
+      ((rc == 77)) && exit 77
+      ((rc == 0)) || { echo "run_links.sh: $name failed ($rc)" >&2; cat "$out/$name.txt" >&2; exit 1; }
+      cat "$out/$name.txt"
+      runs+=("$out/$name.json")
+    done
   done
 done
+{ uptime; nproc; } >"$out/machine.txt"
 python3 perf/bound.py --codec "$out/codec.json" --json "$out/bound.json" "${runs[@]}" | tee "$out/bound.md"
 echo "run_links.sh: results in $out" >&2
