@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lower bound of the compressed allreduce on a shaped link, next to what ran.
 
-    perf/bound.py --codec codec.json RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
+    perf/bound.py --codec codec.json [--codec ...] RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
 
 codec.json is `codec_bench --json` output (per-element rates of encode+EF,
 decode and decode-accumulate for each CPU implementation); each RUN.json is
@@ -19,6 +19,9 @@ For every row it prints:
   bound    max(wire, codec): with perfect pipelining one hides the other
   x bound  time / bound (target <= 1.3)
   speedup  full-precision time / compressed time, same run and transport
+  vs fp32 wire  the time a full-precision ring allreduce needs on the wire
+           alone (2(n-1)/n * 4N bytes * 8 / rate) / compressed time: the
+           speedup against an ideal fp32 transport (the targets use speedup)
 and checks the targets: wire bytes within 3% of 2(n-1)/n * N * (1/8 + 4/B)
 (N elements, B the codec block), time within 1.3x of the bound, and on
 1 Gbit at 256 MiB a speedup of at least 10x (2 ranks) or 6x (4 ranks).
@@ -49,17 +52,23 @@ def rate_from_name(path):
     return (m.group(1), parse_rate(m.group(1))) if m else (None, None)
 
 
-def codec_rates(path, impl):
-    """Per-element rates (elements/s) of the largest size measured for impl."""
-    with open(path) as f:
-        rows = json.load(f)
+def codec_rates(paths, impl):
+    """Per-element rates (elements/s) at the largest size measured for impl,
+    the median over the codec_bench files given (one per repeated run)."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += [dict(r, file=path) for r in json.load(f)]
     impls = sorted({r["impl"] for r in rows})
     if impl not in impls:
         # The library picks the best the CPU has; codec_bench names them alike.
         impl = next((i for i in ("avx512", "avx2", "scalar") if i in impls), impls[0])
     rows = [r for r in rows if r["impl"] == impl]
     biggest = max(r["elements"] for r in rows)
-    rates = {r["kernel"]: r["elements_per_s"] for r in rows if r["elements"] == biggest}
+    rates = {}
+    for kernel in ("encode+EF", "decode", "accumulate"):
+        rates[kernel] = statistics.median(r["elements_per_s"] for r in rows
+                                          if r["elements"] == biggest and r["kernel"] == kernel)
     return impl, biggest, rates
 
 
@@ -84,7 +93,8 @@ def human(nbytes):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--codec", required=True, help="codec_bench --json output")
+    ap.add_argument("--codec", required=True, action="append",
+                    help="codec_bench --json output (repeatable: the median rate is used)")
     ap.add_argument("--rate", help="link rate (1gbit, 10gbit, ...); default: from the file name")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share")
     ap.add_argument("--impl", default="avx512",
@@ -106,9 +116,9 @@ def main():
 
     rates_for(a.impl)
     hdr = ("link", "n", "size", "algo", "runs", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
-           "x bound", "speedup", "wire/ideal", "targets")
+           "x bound", "speedup", "vs fp32 wire", "wire/ideal", "targets")
     print("| " + " | ".join(hdr) + " |")
-    print("|" + "|".join("---:" if i > 3 and i < 13 else "---" for i in range(len(hdr))) + "|")
+    print("|" + "|".join("---:" if i > 3 and i < 14 else "---" for i in range(len(hdr))) + "|")
     # Rows of the same link, rank count and size from several files (repeated
     # runs) are combined by the median of their times.
     groups = {}
@@ -138,6 +148,7 @@ def main():
         bound = max(wire, codec)
         ideal = 2 * (n - 1) / n * count * (1 / 8 + 4 / block)
         wire_ratio = wire_bytes / ideal
+        fp32_wire = 2 * (n - 1) / n * nbytes * 8 / rate  # ring fp32 at the line rate
         checks = {"wire": abs(wire_ratio - 1) <= 0.03, "bound": t / bound <= 1.3}
         if label == "1gbit" and nbytes == 256 << 20 and n in (2, 4):
             checks["speedup"] = base / t >= (10 if n == 2 else 6)
@@ -146,11 +157,13 @@ def main():
         verdict = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in checks.items())
         print(f"| {label} | {n} | {human(nbytes)} | {algo} | {len(rows)} | {t * 1e3:.1f} | "
               f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
-              f"{t / bound:.2f} | {base / t:.1f} | {wire_ratio:.4f} | {verdict} |")
+              f"{t / bound:.2f} | {base / t:.1f} | {fp32_wire / t:.1f} | {wire_ratio:.4f} | "
+              f"{verdict} |")
         out.append({"link": label, "ranks": n, "bytes": nbytes, "algorithm": algo,
                     "runs": len(rows), "time_s": t, "baseline_s": base, "wire_s": wire,
                     "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
-                    "speedup": base / t, "wire_over_ideal": wire_ratio, "targets": checks})
+                    "speedup": base / t, "speedup_vs_fp32_wire": fp32_wire / t,
+                        "wire_over_ideal": wire_ratio, "targets": checks})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out}, f,

@@ -7,7 +7,7 @@
 #   perf/run_links.sh [--out DIR] [--rates "1gbit 10gbit"] [--ranks "2 4"]
 #                     [-b 16M] [-e 256M] [--iters 5] [--repeat 1] [--transport tcp]
 #
-# Writes DIR/codec.json, DIR/<rate>_n<ranks>_<run>.json (squall_perf --json),
+# Writes DIR/codec_<run>.json (codec_bench --json before each run), DIR/<rate>_n<ranks>_<run>.json (squall_perf --json),
 # DIR/<rate>_n<ranks>_<run>.txt (its table), DIR/bound.md and DIR/bound.json.
 # --repeat R runs the whole matrix R times (interleaved, so that a burst of
 # load from elsewhere hits one run of each cell, not every run of one);
@@ -42,11 +42,14 @@ perf=build/perf/squall_perf
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-echo "run_links.sh: codec rates (codec_bench, 64M elements)" >&2
-build/perf/codec_bench --sizes=64M --impl=avx2,avx512 --iters=5 --json >"$out/codec.json"
-
 runs=()
+codecs=()
+{ date; uptime; nproc; } >"$out/machine.txt"
 for ((run = 1; run <= repeat; run++)); do
+  # The codec's rates in the same conditions as the run that follows.
+  echo "run_links.sh: codec rates (codec_bench, 64M elements)" >&2
+  build/perf/codec_bench --sizes=64M --impl=avx2,avx512 --iters=5 --json >"$out/codec_$run.json"
+  codecs+=(--codec "$out/codec_$run.json")
   for rate in $rates; do
     for n in $ranks_list; do
       name=${rate}_n${n}_$run
@@ -61,6 +64,6 @@ for ((run = 1; run <= repeat; run++)); do
     done
   done
 done
-{ uptime; nproc; } >"$out/machine.txt"
-python3 perf/bound.py --codec "$out/codec.json" --json "$out/bound.json" "${runs[@]}" | tee "$out/bound.md"
+uptime >>"$out/machine.txt"
+python3 perf/bound.py "${codecs[@]}" --json "$out/bound.json" "${runs[@]}" | tee "$out/bound.md"
 echo "run_links.sh: results in $out" >&2
