@@ -19,6 +19,9 @@ For every row it prints:
   bound    max(wire, codec): with perfect pipelining one hides the other
   x bound  time / bound (target <= 1.3)
   speedup  full-precision time / compressed time, same run and transport
+  x shared time / the bound with the codec rates of --codec-shared runs
+           (one codec_bench per core, all at once: they share memory
+           bandwidth, as the ranks do); informational, not a target
   vs fp32 wire  the time a full-precision ring allreduce needs on the wire
            alone (2(n-1)/n * 4N bytes * 8 / rate) / compressed time: the
            speedup against an ideal fp32 transport (the targets use speedup)
@@ -95,6 +98,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--codec", required=True, action="append",
                     help="codec_bench --json output (repeatable: the median rate is used)")
+    ap.add_argument("--codec-shared", action="append", default=[],
+                    help="codec_bench --json of one of --cores instances run at once (repeatable):"
+                         " the rates when every core runs a codec and they share memory")
     ap.add_argument("--rate", help="link rate (1gbit, 10gbit, ...); default: from the file name")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share")
     ap.add_argument("--impl", default="avx512",
@@ -116,9 +122,10 @@ def main():
 
     rates_for(a.impl)
     hdr = ("link", "n", "size", "algo", "runs", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
-           "x bound", "speedup", "vs fp32 wire", "wire/ideal", "targets")
+           "x bound", "speedup", "vs fp32 wire", "wire/ideal")
+    hdr += ("x shared", "targets") if a.codec_shared else ("targets",)
     print("| " + " | ".join(hdr) + " |")
-    print("|" + "|".join("---:" if i > 3 and i < 14 else "---" for i in range(len(hdr))) + "|")
+    print("|" + "|".join("---:" if i > 3 and i < len(hdr) - 1 else "---" for i in range(len(hdr))) + "|")
     # Rows of the same link, rank count and size from several files (repeated
     # runs) are combined by the median of their times.
     groups = {}
@@ -146,6 +153,11 @@ def main():
         wire = wire_bytes * 8 / rate
         codec = codec_seconds(n, count, algo, rates) * max(1.0, n / a.cores)
         bound = max(wire, codec)
+        shared = None
+        if a.codec_shared:
+            shared_rates = codec_rates(a.codec_shared, run.get("codec_impl", a.impl))[2]
+            # n/cores ranks per core, each at the rate of one of `cores` concurrent codecs.
+            shared = max(wire, codec_seconds(n, count, algo, shared_rates) * max(1.0, n / a.cores))
         ideal = 2 * (n - 1) / n * count * (1 / 8 + 4 / block)
         wire_ratio = wire_bytes / ideal
         fp32_wire = 2 * (n - 1) / n * nbytes * 8 / rate  # ring fp32 at the line rate
@@ -158,12 +170,12 @@ def main():
         print(f"| {label} | {n} | {human(nbytes)} | {algo} | {len(rows)} | {t * 1e3:.1f} | "
               f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
               f"{t / bound:.2f} | {base / t:.1f} | {fp32_wire / t:.1f} | {wire_ratio:.4f} | "
-              f"{verdict} |")
+              + (f"{t / shared:.2f} | " if shared else "") + f"{verdict} |")
         out.append({"link": label, "ranks": n, "bytes": nbytes, "algorithm": algo,
                     "runs": len(rows), "time_s": t, "baseline_s": base, "wire_s": wire,
                     "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
                     "speedup": base / t, "speedup_vs_fp32_wire": fp32_wire / t,
-                        "wire_over_ideal": wire_ratio, "targets": checks})
+                        "wire_over_ideal": wire_ratio, "shared_bound_s": shared, "targets": checks})
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out}, f,

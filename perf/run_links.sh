@@ -7,7 +7,8 @@
 #   perf/run_links.sh [--out DIR] [--rates "1gbit 10gbit"] [--ranks "2 4"]
 #                     [-b 16M] [-e 256M] [--iters 5] [--repeat 1] [--transport tcp]
 #
-# Writes DIR/codec_<run>.json (codec_bench --json before each run), DIR/<rate>_n<ranks>_<run>.json (squall_perf --json),
+# Writes DIR/codec_<run>.json (codec_bench --json before each run) and
+# DIR/codec_shared_<run>_<core>.json (one codec_bench per core, at once), DIR/<rate>_n<ranks>_<run>.json (squall_perf --json),
 # DIR/<rate>_n<ranks>_<run>.txt (its table), DIR/bound.md and DIR/bound.json.
 # --repeat R runs the whole matrix R times (interleaved, so that a burst of
 # load from elsewhere hits one run of each cell, not every run of one);
@@ -50,6 +51,15 @@ for ((run = 1; run <= repeat; run++)); do
   echo "run_links.sh: codec rates (codec_bench, 64M elements)" >&2
   build/perf/codec_bench --sizes=64M --impl=avx2,avx512 --iters=5 --json >"$out/codec_$run.json"
   codecs+=(--codec "$out/codec_$run.json")
+  # And one instance per core at once: the ranks share memory bandwidth too.
+  cpids=()
+  for ((c = 1; c <= $(nproc); c++)); do
+    build/perf/codec_bench --sizes=64M --impl=avx2,avx512 --iters=5 --json \
+      >"$out/codec_shared_${run}_$c.json" &
+    cpids+=($!)
+    codecs+=(--codec-shared "$out/codec_shared_${run}_$c.json")
+  done
+  wait "${cpids[@]}"
   for rate in $rates; do
     for n in $ranks_list; do
       name=${rate}_n${n}_$run
