@@ -75,18 +75,17 @@ fi
   *mbit) burst=$(( ${rate%mbit} * 5 / 4 + 64 ))kb ;;
   *) echo "--rate takes Nmbit or Ngbit" >&2; exit 2 ;;
 esac
-if [[ -n $delay ]]; then
-  ip netns exec "$bridge_ns" ip link add sqprobe type dummy
-  if ! ip netns exec "$bridge_ns" tc qdisc add dev sqprobe root netem delay "$delay" 2>/dev/null; then
-    echo "links.sh: --delay needs the netem qdisc (kernel module sch_netem), which this kernel lacks" >&2
-    exit 2
-  fi
-  ip netns exec "$bridge_ns" ip link del sqprobe
-fi
 
 ip -n "$bridge_ns" link add br0 type bridge
 ip -n "$bridge_ns" link set br0 up
 ip -n "$bridge_ns" link set lo up
+if [[ -n $delay ]]; then  # probe on the bridge, which carries no shaping of its own
+  if ! ip netns exec "$bridge_ns" tc qdisc add dev br0 root netem delay "$delay" 2>/dev/null; then
+    echo "links.sh: --delay needs the netem qdisc (kernel module sch_netem), which this kernel lacks" >&2
+    exit 2
+  fi
+  ip netns exec "$bridge_ns" tc qdisc del dev br0 root
+fi
 shape() {  # namespace device
   if [[ -n $delay ]]; then
     ip netns exec "$1" tc qdisc add dev "$2" root handle 1: netem delay "$delay"
