@@ -18,8 +18,9 @@ rate=1gbit
 ranks=2
 burst=""
 delay=""
+case ${1:-} in -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 usage() {
-  echo "usage: $0 [--rate 1gbit|10gbit|...] [--ranks N] [--delay 100us] -- command [args...]" >&2
+  echo "usage: $0 [--rate 1gbit|10gbit|...] [--ranks N] [--delay 100us] [--burst 1250kb] -- command [args...]" >&2
   exit 2
 }
 while (($#)); do
@@ -27,6 +28,7 @@ while (($#)); do
     --rate) rate=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
+    --burst) burst=$2; shift 2 ;;
     --) shift; break ;;
     *) usage ;;
   esac
@@ -41,26 +43,49 @@ command -v ip >/dev/null && command -v tc >/dev/null ||
 job=$(( $$ % 200 + 20 ))   # a per-run subnet and name prefix, so runs never collide
 prefix="sq${job}"
 bridge_ns="${prefix}br"
+pids=()
 cleanup() {
-  for ((i = 0; i < ranks; i++)); do ip netns del "${prefix}r$i" 2>/dev/null || true; done
+  local p
+  # Ranks first (a deleted namespace lives on while a process is inside it),
+  # then the namespaces; deleting a namespace deletes its veth ends and their
+  # peers. A veth end still in this namespace (a failure before it moved) is
+  # deleted by name.
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for ((i = 0; i < ranks; i++)); do
+    ip netns del "${prefix}r$i" 2>/dev/null || true
+    ip link del "${prefix}h$i" 2>/dev/null || true
+  done
   ip netns del "$bridge_ns" 2>/dev/null || true
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 if ! ip netns add "$bridge_ns" 2>/dev/null; then
   echo "links.sh: skipped: cannot create network namespaces here" >&2
   exit 77
 fi
-# Token bucket depth: at least one 10 ms worth of traffic, so TCP can reach the rate.
-case $rate in
+# Token bucket depth: 10 ms of traffic at the rate (1.25 MB at 1 Gbit), so
+# that TCP, which sends in bursts of up to 64 KiB GSO segments paced by ACKs,
+# reaches the rate instead of stalling on an empty bucket; never below 64 KiB
+# (one GSO segment must fit). --delay needs the netem qdisc (sch_netem).
+[[ -n $burst ]] || case $rate in
   *gbit) burst=$(( ${rate%gbit} * 1250 ))kb ;;
-  *mbit) burst=$(( ${rate%mbit} * 2 + 64 ))kb ;;
-  *) burst=1mb ;;
+  *mbit) burst=$(( ${rate%mbit} * 5 / 4 + 64 ))kb ;;
+  *) echo "--rate takes Nmbit or Ngbit" >&2; exit 2 ;;
 esac
 
 ip -n "$bridge_ns" link add br0 type bridge
 ip -n "$bridge_ns" link set br0 up
 ip -n "$bridge_ns" link set lo up
+if [[ -n $delay ]]; then  # probe on the bridge, which carries no shaping of its own
+  if ! ip netns exec "$bridge_ns" tc qdisc add dev br0 root netem delay "$delay" 2>/dev/null; then
+    echo "links.sh: --delay needs the netem qdisc (kernel module sch_netem), which this kernel lacks" >&2
+    exit 2
+  fi
+  ip netns exec "$bridge_ns" tc qdisc del dev br0 root
+fi
 shape() {  # namespace device
   if [[ -n $delay ]]; then
     ip netns exec "$1" tc qdisc add dev "$2" root handle 1: netem delay "$delay"
@@ -87,13 +112,27 @@ done
 
 port=$(( 20000 + RANDOM % 20000 ))
 echo "links.sh: $ranks ranks, $rate per rank${delay:+, +$delay latency}, master 10.77.$job.1:$port" >&2
-pids=()
 for ((i = 0; i < ranks; i++)); do
   ip netns exec "${prefix}r$i" env RANK=$i WORLD_SIZE=$ranks LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
     MASTER_ADDR="10.77.$job.1" MASTER_PORT=$port SQUALL_SOCKET_IFNAME=eth0 UCX_NET_DEVICES=eth0 \
     "$@" &
   pids+=($!)
 done
+# The first rank to fail stops the others (they would wait for it until
+# SQUALL_TIMEOUT_S otherwise); the exit status is the first failure's.
 rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+live=("${pids[@]}")
+while ((${#live[@]})); do
+  status=0
+  done_pid=""
+  wait -n -p done_pid "${live[@]}" || status=$?
+  live=("${live[@]/#$done_pid/}")
+  live=(${live[@]})
+  if ((status != 0 && rc == 0)); then
+    rc=$status
+    echo "links.sh: a rank exited with status $status; stopping the others" >&2
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  fi
+done
+pids=()
 exit $rc

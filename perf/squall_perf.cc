@@ -319,8 +319,8 @@ int run(const Args& a, squallComm_t comm) {
     }
     std::fprintf(f,
                  "{\"ranks\": %d, \"transport\": \"%s\", \"codec\": \"%s\", \"block\": %u, "
-                 "\"rows\": [\n",
-                 n, transport, a.codec.c_str(), spec.blockSize);
+                 "\"codec_impl\": \"%s\", \"rows\": [\n",
+                 n, transport, a.codec.c_str(), spec.blockSize, squallCodecImplementation());
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,

@@ -59,7 +59,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   size_t slot = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
   state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
-  state->scratch().accumulator.resize(seg);
+  if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
   auto slotOf = [&](size_t j, size_t k) {
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
@@ -94,8 +94,11 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       ++stats.messagesSent;
     }
   }
-  float* acc = state->scratch().accumulator.data();
   for (size_t k = 0; k < segments; ++k) {
+    // fp32 output is its own accumulator: decoding straight into it saves a
+    // copy of every output byte (the input is no longer read, see above).
+    float* acc = dtype == DataType::kF32 ? static_cast<float*>(out) + k * seg
+                                         : state->scratch().accumulator.data();
     SQUALL_TRY(ctx.waitAll(std::span<const transport::RequestPtr>(received.data() + k * nn, nn)));
     const size_t m = length(k);
     size_t bytes = 0;
@@ -108,11 +111,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       const auto divisor = static_cast<float>(n);
       for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
     }
-    if (dtype == DataType::kF32) {
-      std::memcpy(static_cast<float*>(out) + k * seg, acc, m * sizeof(float));
-    } else {
-      storeDecoded(dtype, acc, out, k * seg, m);
-    }
+    if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, k * seg, m);
   }
   SQUALL_TRY(ctx.waitAll(sends));
   worker.commit(finite);

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Lower bound of the compressed allreduce on a shaped link, next to what ran.
+
+    perf/bound.py --codec codec.json [--codec ...] RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
+
+codec.json is `codec_bench --json` output (per-element rates of encode+EF,
+decode and decode-accumulate for each CPU implementation); each RUN.json is
+`squall_perf --vs none --json` output of a compressed run with its
+full-precision baseline. The link rate comes from --rate, else from the file
+name (`1gbit_n2_1.json`, as perf/run_links.sh names them). Rows of the same
+link, rank count and size from several files (repeated runs) are combined:
+the median of their (per-run median) times.
+
+For every row it prints:
+  time     the measured compressed allreduce (median, slowest rank)
+  wire     wire bytes (this rank's, per call) * 8 / rate
+  codec    the codec work one rank does per call, at codec_bench's rates,
+           times the ranks sharing a core (max(1, n / cores))
+  bound    max(wire, codec): with perfect pipelining one hides the other
+  x bound  time / bound (target <= 1.3)
+  speedup  full-precision time / compressed time, same run and transport
+  x shared time / the bound with the codec rates of --codec-shared runs
+           (one codec_bench per core, all at once: they share memory
+           bandwidth, as the ranks do); informational, not a target
+  vs fp32 wire  the time a full-precision ring allreduce needs on the wire
+           alone (2(n-1)/n * 4N bytes * 8 / rate) / compressed time: the
+           speedup against an ideal fp32 transport (the targets use speedup)
+and checks the targets: wire bytes within 3% of 2(n-1)/n * N * (1/8 + 4/B)
+(N elements, B the codec block), time within 1.3x of the bound, and on
+1 Gbit at 256 MiB a speedup of at least 10x (2 ranks) or 6x (4 ranks).
+
+Codec work per rank, by algorithm (the auto choice is reproduced from
+src/coll/compressed_allgather.cc): twophase encodes N(1 + 1/n) elements,
+decodes N(1 + 1/n) and accumulates N(n-1)/n; allgather (always at n = 2)
+encodes N, decodes N and accumulates N(n-1). At n = 2 both are
+encode + decode + accumulate of N.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def parse_rate(text):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(g|m)bit", text)
+    if not m:
+        raise ValueError(f"bad rate {text!r} (want e.g. 1gbit, 500mbit)")
+    return float(m.group(1)) * (1e9 if m.group(2) == "g" else 1e6)
+
+
+def rate_from_name(path):
+    m = re.search(r"(\d+(?:\.\d+)?(?:g|m)bit)", os.path.basename(path))
+    return (m.group(1), parse_rate(m.group(1))) if m else (None, None)
+
+
+def codec_rates(paths, impl):
+    """Per-element rates (elements/s) at the largest size measured for impl,
+    the median over the codec_bench files given (one per repeated run)."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += [dict(r, file=path) for r in json.load(f)]
+    impls = sorted({r["impl"] for r in rows})
+    if impl not in impls:
+        # The library picks the best the CPU has; codec_bench names them alike.
+        impl = next((i for i in ("avx512", "avx2", "scalar") if i in impls), impls[0])
+    rows = [r for r in rows if r["impl"] == impl]
+    biggest = max(r["elements"] for r in rows)
+    rates = {}
+    for kernel in ("encode+EF", "decode", "accumulate"):
+        rates[kernel] = statistics.median(r["elements_per_s"] for r in rows
+                                          if r["elements"] == biggest and r["kernel"] == kernel)
+    return impl, biggest, rates
+
+
+def algorithm(n, count, block):
+    encoded = count / 8 + 4 * count / block  # bytes, onebit with fp32 scales
+    return "allgather" if encoded * (n - 2) / n <= 50e-6 * 1.25e9 else "twophase"
+
+
+def codec_seconds(n, count, algo, rates):
+    enc, dec, acc = rates["encode+EF"], rates["decode"], rates["accumulate"]
+    if algo == "twophase":
+        return count * (1 + 1 / n) / enc + count * (1 + 1 / n) / dec + count * (n - 1) / n / acc
+    return count / enc + count / dec + count * (n - 1) / acc
+
+
+def human(nbytes):
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--codec", required=True, action="append",
+                    help="codec_bench --json output (repeatable: the median rate is used)")
+    ap.add_argument("--codec-shared", action="append", default=[],
+                    help="codec_bench --json of one of --cores instances run at once (repeatable):"
+                         " the rates when every core runs a codec and they share memory")
+    ap.add_argument("--rate", help="link rate (1gbit, 10gbit, ...); default: from the file name")
+    ap.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share")
+    ap.add_argument("--impl", default="avx512",
+                    help="codec implementation, when the run files do not name it")
+    ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("runs", nargs="+")
+    a = ap.parse_args()
+
+    seen = {}
+
+    def rates_for(impl):
+        if impl not in seen:
+            seen[impl] = codec_rates(a.codec, impl)
+            used, elems, r = seen[impl]
+            print(f"# codec {used} at {elems >> 20}M elements: encode+EF "
+                  f"{r['encode+EF'] / 1e9:.3f}, decode {r['decode'] / 1e9:.3f}, accumulate "
+                  f"{r['accumulate'] / 1e9:.3f} Gelem/s per thread; {a.cores} cores")
+        return seen[impl][2]
+
+    rates_for(a.impl)
+    hdr = ("link", "n", "size", "algo", "runs", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
+           "x bound", "speedup", "vs fp32 wire", "wire/ideal")
+    hdr += ("x shared", "targets") if a.codec_shared else ("targets",)
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "|".join("---:" if i > 3 and i < len(hdr) - 1 else "---" for i in range(len(hdr))) + "|")
+    # Rows of the same link, rank count and size from several files (repeated
+    # runs) are combined by the median of their times.
+    groups = {}
+    for path in a.runs:
+        with open(path) as f:
+            run = json.load(f)
+        label, rate = (a.rate, parse_rate(a.rate)) if a.rate else rate_from_name(path)
+        if rate is None:
+            sys.exit(f"bound.py: no rate for {path}: pass --rate or name it like 1gbit_n2.json")
+        for row in run["rows"]:
+            key = (rate, run["ranks"], row["bytes"])
+            g = groups.setdefault(key, {"label": label, "run": run, "rows": []})
+            g["rows"].append(row)
+    out, all_met = [], True
+    for (rate, n, nbytes), g in sorted(groups.items()):
+        label, run, rows = g["label"], g["run"], g["rows"]
+        block = run.get("block", 2048)
+        rates = rates_for(run.get("codec_impl", a.impl))
+        row = rows[0]
+        count = row["count"]
+        t = statistics.median(r["time_us"] for r in rows) / 1e6
+        base = statistics.median(r["baseline_time_us"] for r in rows) / 1e6
+        wire_bytes = max(r["wire_bytes"] for r in rows)
+        algo = algorithm(n, count, block)
+        wire = wire_bytes * 8 / rate
+        codec = codec_seconds(n, count, algo, rates) * max(1.0, n / a.cores)
+        bound = max(wire, codec)
+        shared = None
+        if a.codec_shared:
+            shared_rates = codec_rates(a.codec_shared, run.get("codec_impl", a.impl))[2]
+            # n/cores ranks per core, each at the rate of one of `cores` concurrent codecs.
+            shared = max(wire, codec_seconds(n, count, algo, shared_rates) * max(1.0, n / a.cores))
+        ideal = 2 * (n - 1) / n * count * (1 / 8 + 4 / block)
+        wire_ratio = wire_bytes / ideal
+        fp32_wire = 2 * (n - 1) / n * nbytes * 8 / rate  # ring fp32 at the line rate
+        checks = {"wire": abs(wire_ratio - 1) <= 0.03, "bound": t / bound <= 1.3}
+        if label == "1gbit" and nbytes == 256 << 20 and n in (2, 4):
+            checks["speedup"] = base / t >= (10 if n == 2 else 6)
+        met = all(checks.values())
+        all_met = all_met and met
+        verdict = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in checks.items())
+        print(f"| {label} | {n} | {human(nbytes)} | {algo} | {len(rows)} | {t * 1e3:.1f} | "
+              f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
+              f"{t / bound:.2f} | {base / t:.1f} | {fp32_wire / t:.1f} | {wire_ratio:.4f} | "
+              + (f"{t / shared:.2f} | " if shared else "") + f"{verdict} |")
+        out.append({"link": label, "ranks": n, "bytes": nbytes, "algorithm": algo,
+                    "runs": len(rows), "time_s": t, "baseline_s": base, "wire_s": wire,
+                    "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
+                    "speedup": base / t, "speedup_vs_fp32_wire": fp32_wire / t,
+                        "wire_over_ideal": wire_ratio, "shared_bound_s": shared, "targets": checks})
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out}, f,
+                      indent=1)
+    print(f"# all targets met: {'yes' if all_met else 'no'}")
+
+
+if __name__ == "__main__":
+    main()
