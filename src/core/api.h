@@ -21,7 +21,8 @@ namespace squall::core {
 
 // The numeric value of an enum the caller filled in. Read through memcpy: a C
 // caller may store any int in it, and loading an out-of-range value as the
-// C++ enum type would be undefined behaviour.
+// C++ enum type would be undefined behaviour. Helpers therefore take such
+// enums by reference and read them only through this function.
 template <typename Enum>
 int rawEnum(const Enum& e) {
   static_assert(sizeof(Enum) == sizeof(int));

@@ -53,7 +53,7 @@ squallCodecSpec_t fromSpec(const codec::Spec& s) {
   return out;
 }
 
-Status toDType(squallDataType_t dtype, codec::DType* out) {
+Status toDType(const squallDataType_t& dtype, codec::DType* out) {
   const int id = squall::core::rawEnum(dtype);
   SQUALL_REQUIRE(id == squallFloat32 || id == squallFloat16 || id == squallBfloat16,
                  Status::kInvalidArgument, Subsys::kApi,

@@ -50,7 +50,7 @@ Status checkComm(squallComm_t comm) {
   return Status::kOk;
 }
 
-Status toDataType(squallDataType_t dtype, DataType* out) {
+Status toDataType(const squallDataType_t& dtype, DataType* out) {
   const int id = core::rawEnum(dtype);
   SQUALL_REQUIRE(id >= 0 && id < squallNumDataTypes, Status::kInvalidArgument, Subsys::kApi,
                  "unknown data type %d; use a squallDataType_t value", id);
@@ -58,7 +58,7 @@ Status toDataType(squallDataType_t dtype, DataType* out) {
   return Status::kOk;
 }
 
-Status toReduceOp(squallRedOp_t op, ReduceOp* out) {
+Status toReduceOp(const squallRedOp_t& op, ReduceOp* out) {
   const int id = core::rawEnum(op);
   SQUALL_REQUIRE(id >= 0 && id < squallNumRedOps, Status::kInvalidArgument, Subsys::kApi,
                  "unknown reduction %d; use squallSum, squallAvg, squallMin or squallMax", id);

@@ -57,7 +57,7 @@ struct Staging final : DeviceAttachment {
   }
 };
 
-Status toTypes(squallDataType_t dtype, squallRedOp_t op, DataType* t, ReduceOp* o) {
+Status toTypes(const squallDataType_t& dtype, const squallRedOp_t& op, DataType* t, ReduceOp* o) {
   const int d = rawEnum(dtype);
   const int r = rawEnum(op);
   SQUALL_REQUIRE(d == squallFloat32 || d == squallFloat16 || d == squallBfloat16,
