@@ -88,6 +88,28 @@ SQUALL_API squallResult_t squallOptimizerSaveState(squallOptimizer_t optimizer, 
 SQUALL_API squallResult_t squallOptimizerLoadState(squallOptimizer_t optimizer, const void* buffer,
                                                    size_t bytes);
 
+/* ---- Device buffers (CUDA) ------------------------------------------------
+ * One step on device memory: `dParams` and `dGrads` are count fp32 values in
+ * CUDA device memory, and the work is enqueued on `cudaStream` (a
+ * cudaStream_t; NULL is the legacy default stream).
+ *
+ * On a communicator from squallCommInitFromNccl the optimizer lives on the
+ * device: m, v and the SlowMo buffers are device memory, gradients are
+ * averaged with ncclAllReduce, the compressed momentum goes through the
+ * device compressed allreduce, and the results are bit-identical to
+ * squallOptimizerStep on the same inputs. The call waits for the stream once
+ * per step (twice on SlowMo synchronisations): the skip decision for
+ * non-finite values is read on the host, so a step cannot be captured in a
+ * CUDA graph. squallOptimizerStep is refused for such an optimizer.
+ *
+ * On a host communicator (TCP, UCX, MPI) the buffers are staged through host
+ * memory: copy to the host, wait, squallOptimizerStep, copy back, wait.
+ *
+ * Without CUDA and NCCL in the build it returns squallUnsupported. */
+SQUALL_API squallResult_t squallOptimizerStepOnStream(squallOptimizer_t optimizer, float* dParams,
+                                                      const float* dGrads, float lr,
+                                                      void* cudaStream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -6,10 +6,13 @@
 #include <nccl.h>
 
 #include <memory>
+#include <vector>
 
 #include "src/coll/device/device_allreduce.h"
 #include "src/core/api.h"
 #include "src/core/api_objects.h"
+#include "src/optim/cuda/device_optimizer.h"
+#include "src/optim/optimizer.h"
 
 using squall::DataType;
 using squall::ReduceOp;
@@ -109,6 +112,83 @@ Status deviceCompressorStats(squallCompressor* compressor, squallCompressorStats
   stats->bytesSent = compressor->calls != 0 ? d->state->bytesSent() : 0;
   stats->bytesReceived = compressor->calls != 0 ? d->state->bytesReceived() : 0;
   return Status::kOk;
+}
+
+namespace {
+struct DeviceOptimizerState final : DeviceAttachment {
+  std::unique_ptr<optim::cuda::DeviceOptimizer> impl;
+};
+
+optim::cuda::DeviceOptimizer* deviceOptimizerOf(DeviceAttachment* a) {
+  auto* d = dynamic_cast<DeviceOptimizerState*>(a);
+  return d != nullptr ? d->impl.get() : nullptr;
+}
+#define SQUALL_DEVICE_OPTIMIZER(var, attachment)                         \
+  optim::cuda::DeviceOptimizer* var = deviceOptimizerOf(attachment);     \
+  SQUALL_REQUIRE(var != nullptr, Status::kInvalidArgument, Subsys::kApi, \
+                 "the optimizer has no device state")
+}  // namespace
+
+Status createDeviceOptimizer(squallComm_t comm, size_t count, const optim::Config& config,
+                             std::unique_ptr<DeviceAttachment>* out) {
+  auto d = std::make_unique<DeviceOptimizerState>();
+  SQUALL_TRY(optim::cuda::DeviceOptimizer::create(static_cast<ncclComm_t>(comm->nccl),
+                                                  comm->ncclSize, comm->ncclRank, count, config,
+                                                  &d->impl));
+  *out = std::move(d);
+  return Status::kOk;
+}
+
+Status deviceOptimizerStep(DeviceAttachment* a, float* dParams, const float* dGrads, float lr,
+                           void* stream) {
+  SQUALL_DEVICE_OPTIMIZER(o, a);
+  return o->step(dParams, dGrads, lr, static_cast<cudaStream_t>(stream));
+}
+
+// Host staging: copy in, wait, step on the host, copy back, wait. Two
+// pageable copies and two stream synchronisations per step.
+Status stagedOptimizerStep(optim::Optimizer* o, float* dParams, const float* dGrads, float lr,
+                           void* stream) {
+  const size_t n = o->count();
+  auto s = static_cast<cudaStream_t>(stream);
+  std::vector<float> x(n), g(n);
+  if (n != 0) {
+    SQUALL_CUDA_CHECK(
+        cudaMemcpyAsync(x.data(), dParams, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    SQUALL_CUDA_CHECK(
+        cudaMemcpyAsync(g.data(), dGrads, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    SQUALL_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  SQUALL_TRY(o->step(x.data(), g.data(), lr));
+  if (n != 0) {
+    SQUALL_CUDA_CHECK(
+        cudaMemcpyAsync(dParams, x.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
+    SQUALL_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+  return Status::kOk;
+}
+
+Status deviceOptimizerInfo(DeviceAttachment* a, optim::Info* info) {
+  SQUALL_DEVICE_OPTIMIZER(o, a);
+  *info = o->info();
+  return Status::kOk;
+}
+
+Status deviceOptimizerStateSize(DeviceAttachment* a, size_t* bytes) {
+  SQUALL_DEVICE_OPTIMIZER(o, a);
+  *bytes = o->stateSize();
+  return Status::kOk;
+}
+
+Status deviceOptimizerSaveState(DeviceAttachment* a, void* buffer, size_t capacity,
+                                size_t* written) {
+  SQUALL_DEVICE_OPTIMIZER(o, a);
+  return o->saveState(buffer, capacity, written);
+}
+
+Status deviceOptimizerLoadState(DeviceAttachment* a, const void* buffer, size_t bytes) {
+  SQUALL_DEVICE_OPTIMIZER(o, a);
+  return o->loadState(buffer, bytes);
 }
 
 }  // namespace squall::core

@@ -27,6 +27,29 @@ Status deviceCompressorStats(squallCompressor*, squallCompressorStats_t*) {
   return unsupported("squallCompressorGetStats of a device compressor");
 }
 
+Status createDeviceOptimizer(squallComm_t, size_t, const optim::Config&,
+                             std::unique_ptr<DeviceAttachment>*) {
+  return unsupported("an optimizer on a communicator from NCCL");
+}
+Status deviceOptimizerStep(DeviceAttachment*, float*, const float*, float, void*) {
+  return unsupported("squallOptimizerStepOnStream");
+}
+Status stagedOptimizerStep(optim::Optimizer*, float*, const float*, float, void*) {
+  return unsupported("squallOptimizerStepOnStream");
+}
+Status deviceOptimizerInfo(DeviceAttachment*, optim::Info*) {
+  return unsupported("a device optimizer");
+}
+Status deviceOptimizerStateSize(DeviceAttachment*, size_t*) {
+  return unsupported("a device optimizer");
+}
+Status deviceOptimizerSaveState(DeviceAttachment*, void*, size_t, size_t*) {
+  return unsupported("a device optimizer");
+}
+Status deviceOptimizerLoadState(DeviceAttachment*, const void*, size_t) {
+  return unsupported("a device optimizer");
+}
+
 }  // namespace squall::core
 
 extern "C" {

@@ -45,6 +45,12 @@ struct squallCompressor {
   uint64_t calls = 0;
 };
 
+namespace squall::optim {
+class Optimizer;
+struct Config;
+struct Info;
+}  // namespace squall::optim
+
 namespace squall::core {
 // Implemented in api_device.cc (CUDA and NCCL built in) or api_device_stub.cc.
 // Creates the device state of a compressor on a communicator built from NCCL.
@@ -52,4 +58,19 @@ Status createDeviceCompressor(squallComm_t comm, size_t count, const codec::Spec
                               squallCompressor* compressor);
 Status resetDeviceCompressor(squallCompressor* compressor);
 Status deviceCompressorStats(squallCompressor* compressor, squallCompressorStats_t* stats);
+
+// The device optimizer of a squallOptimizer on a communicator from NCCL
+// (src/optim/cuda), and the host staging of device buffers for an optimizer
+// on a host communicator. Without CUDA they return squallUnsupported.
+Status createDeviceOptimizer(squallComm_t comm, size_t count, const optim::Config& config,
+                             std::unique_ptr<DeviceAttachment>* out);
+Status deviceOptimizerStep(DeviceAttachment* optimizer, float* dParams, const float* dGrads,
+                           float lr, void* stream);
+Status stagedOptimizerStep(optim::Optimizer* optimizer, float* dParams, const float* dGrads,
+                           float lr, void* stream);
+Status deviceOptimizerInfo(DeviceAttachment* optimizer, optim::Info* info);
+Status deviceOptimizerStateSize(DeviceAttachment* optimizer, size_t* bytes);
+Status deviceOptimizerSaveState(DeviceAttachment* optimizer, void* buffer, size_t capacity,
+                                size_t* written);
+Status deviceOptimizerLoadState(DeviceAttachment* optimizer, const void* buffer, size_t bytes);
 }  // namespace squall::core

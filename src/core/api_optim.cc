@@ -14,6 +14,7 @@
 #include "src/codec/codec.h"
 #include "src/coll/communicator.h"
 #include "src/core/api.h"
+#include "src/core/api_objects.h"
 #include "src/optim/optimizer.h"
 
 using squall::Status;
@@ -24,7 +25,9 @@ namespace optim = squall::optim;
 
 struct squallOptimizer {
   squallComm_t comm = nullptr;
-  std::unique_ptr<optim::Optimizer> impl;
+  std::unique_ptr<optim::Optimizer> impl;  // host communicators
+  // Communicators from NCCL: the device optimizer (api_device.cc).
+  std::unique_ptr<core::DeviceAttachment> device;
 };
 
 static_assert(static_cast<int>(squallModeApmSqueeze) == static_cast<int>(optim::Mode::kApmSqueeze));
@@ -37,7 +40,8 @@ static_assert(static_cast<int>(squallPhaseCompressed) ==
 namespace {
 
 Status checkOptimizer(squallOptimizer_t o) {
-  SQUALL_REQUIRE(o != nullptr && o->impl != nullptr, Status::kInvalidArgument, Subsys::kApi,
+  SQUALL_REQUIRE(o != nullptr && (o->impl != nullptr || o->device != nullptr),
+                 Status::kInvalidArgument, Subsys::kApi,
                  "the optimizer is NULL; create one with squallOptimizerCreate");
   return Status::kOk;
 }
@@ -88,14 +92,19 @@ squallResult_t squallOptimizerCreate(squallComm_t comm, size_t count,
                                      squallOptimizer_t* optimizer) {
   return SQUALL_API_GUARD({
     coll::Communicator* c = nullptr;
-    SQUALL_TRY(core::communicatorOf(comm, &c));
+    // A communicator from NCCL has no host collectives: the optimizer lives on the device.
+    if (comm == nullptr || comm->nccl == nullptr) SQUALL_TRY(core::communicatorOf(comm, &c));
     SQUALL_REQUIRE(optimizer != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the optimizer output pointer is NULL");
     optim::Config cfg;
     SQUALL_TRY(readConfig(config, &cfg));
     auto o = std::make_unique<squallOptimizer>();
     o->comm = comm;
-    SQUALL_TRY(optim::Optimizer::create(c, count, cfg, &o->impl));
+    if (comm->nccl != nullptr) {
+      SQUALL_TRY(core::createDeviceOptimizer(comm, count, cfg, &o->device));
+    } else {
+      SQUALL_TRY(optim::Optimizer::create(c, count, cfg, &o->impl));
+    }
     *optimizer = o.release();
     return Status::kOk;
   });
@@ -112,6 +121,9 @@ squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params, c
                                    float lr) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkOptimizer(optimizer));
+    SQUALL_REQUIRE(optimizer->device == nullptr, Status::kInvalidUsage, Subsys::kApi,
+                   "squallOptimizerStep: this optimizer lives on a communicator from NCCL and "
+                   "steps device buffers; call squallOptimizerStepOnStream");
     const size_t count = optimizer->impl->count();
     SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
                    Subsys::kApi,
@@ -132,7 +144,12 @@ squallResult_t squallOptimizerGetInfo(squallOptimizer_t optimizer, squallOptimIn
     SQUALL_TRY(checkOptimizer(optimizer));
     SQUALL_REQUIRE(info != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the info output pointer is NULL");
-    const optim::Info i = optimizer->impl->info();
+    optim::Info i;
+    if (optimizer->device != nullptr) {
+      SQUALL_TRY(core::deviceOptimizerInfo(optimizer->device.get(), &i));
+    } else {
+      i = optimizer->impl->info();
+    }
     info->step = i.step;
     info->phase = static_cast<squallOptimPhase_t>(i.phase);
     info->warmupSteps = i.warmupSteps;
@@ -147,6 +164,8 @@ squallResult_t squallOptimizerStateSize(squallOptimizer_t optimizer, size_t* byt
     SQUALL_TRY(checkOptimizer(optimizer));
     SQUALL_REQUIRE(bytes != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the size output pointer is NULL");
+    if (optimizer->device != nullptr)
+      return core::deviceOptimizerStateSize(optimizer->device.get(), bytes);
     *bytes = optimizer->impl->stateSize();
     return Status::kOk;
   });
@@ -158,6 +177,8 @@ squallResult_t squallOptimizerSaveState(squallOptimizer_t optimizer, void* buffe
     SQUALL_TRY(checkOptimizer(optimizer));
     SQUALL_REQUIRE(written != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the written output pointer is NULL");
+    if (optimizer->device != nullptr)
+      return core::deviceOptimizerSaveState(optimizer->device.get(), buffer, capacity, written);
     return optimizer->impl->saveState(buffer, capacity, written);
   });
 }
@@ -166,7 +187,24 @@ squallResult_t squallOptimizerLoadState(squallOptimizer_t optimizer, const void*
                                         size_t bytes) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkOptimizer(optimizer));
+    if (optimizer->device != nullptr)
+      return core::deviceOptimizerLoadState(optimizer->device.get(), buffer, bytes);
     return optimizer->impl->loadState(buffer, bytes);
+  });
+}
+
+squallResult_t squallOptimizerStepOnStream(squallOptimizer_t optimizer, float* dParams,
+                                           const float* dGrads, float lr, void* cudaStream) {
+  return SQUALL_API_GUARD({
+    SQUALL_TRY(checkOptimizer(optimizer));
+    if (optimizer->device != nullptr)
+      return core::deviceOptimizerStep(optimizer->device.get(), dParams, dGrads, lr, cudaStream);
+    const size_t count = optimizer->impl->count();
+    SQUALL_REQUIRE(count == 0 || (dParams != nullptr && dGrads != nullptr),
+                   Status::kInvalidArgument, Subsys::kApi,
+                   "squallOptimizerStepOnStream: params and grads must point to %zu floats each",
+                   count);
+    return core::stagedOptimizerStep(optimizer->impl.get(), dParams, dGrads, lr, cudaStream);
   });
 }
 

@@ -52,12 +52,7 @@ bool inUnitInterval(float b) { return b >= 0.0f && b < 1.0f; }
 
 }  // namespace
 
-Status Optimizer::create(coll::Communicator* comm, size_t count, const Config& c,
-                         std::unique_ptr<Optimizer>* out) {
-  SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kOptim,
-                 "the optimizer needs a communicator");
-  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
-                 "the optimizer output pointer is NULL");
+Status validateConfig(const Config& c, int64_t* warmupOut) {
   const int mode = static_cast<int>(c.mode);
   SQUALL_REQUIRE(mode >= 0 && mode <= 2, Status::kInvalidArgument, Subsys::kOptim,
                  "unknown optimizer mode %d; use squallModeApmSqueeze, squallModeSync or "
@@ -109,6 +104,19 @@ Status Optimizer::create(coll::Communicator* comm, size_t count, const Config& c
   const bool needCodec = c.mode == Mode::kApmSqueeze || (c.slowmoTau > 0 && c.slowmoCompressed);
   if (needCodec) SQUALL_TRY(codec::validateSpec(c.codec));
 
+  *warmupOut = warmup;
+  return Status::kOk;
+}
+
+Status Optimizer::create(coll::Communicator* comm, size_t count, const Config& c,
+                         std::unique_ptr<Optimizer>* out) {
+  SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the optimizer needs a communicator");
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the optimizer output pointer is NULL");
+  int64_t warmup = 0;
+  SQUALL_TRY(validateConfig(c, &warmup));
+  const int mode = static_cast<int>(c.mode);
   std::unique_ptr<Optimizer> o(new Optimizer());
   o->comm_ = comm;
   o->count_ = count;

@@ -45,6 +45,10 @@ struct Info {
   uint64_t skippedSteps = 0;
 };
 
+// Checks a config (with messages naming the bad field) and resolves the
+// APMSqueeze warmup length; shared by the host and device optimizers.
+Status validateConfig(const Config& config, int64_t* warmupSteps);
+
 class Optimizer {
  public:
   // Checks the config (with messages naming the bad field) and allocates the

@@ -4,7 +4,12 @@
 //              several calls (residuals evolve), avg out of place, sum in
 //              place, int8, bf16 buffers;
 //   * graph:   one call captured into a CUDA graph, replayed with new inputs;
-//   * staging: a TCP communicator given device pointers (pinned host staging).
+//   * staging: a TCP communicator given device pointers (pinned host staging);
+//   * optimizer: squallOptimizerStepOnStream, APMSqueeze across the switch
+//              with a NaN gradient in each phase, on the device over NCCL and
+//              staged over TCP (the host optimizer): the parameters must be
+//              the same bits (gradients are multiples of 2^-10, so the sums
+//              of NCCL and of the host ring are exact in any order).
 // Every rank compares its output, bit for bit, with the single-process
 // reference simulation (tests/unit/compressed_reference.h), which every rank
 // computes for all ranks' inputs; so outputs are also identical across ranks.
@@ -12,12 +17,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "squall/optim.h"
 #include "squall/squall.h"
 #include "src/codec/numeric.h"
 #include "tests/gpu/multiproc.h"
@@ -142,6 +150,43 @@ void runCase(const Case& c, squallComm_t comm, int n, cudaStream_t stream) {
   std::printf("rank %d: PASS %s (n=%d, count %zu)\n", gRank, c.name, n, c.count);
 }
 
+// Runs the optimizer steps on device buffers; *out gets the parameters.
+void runOptimizer(squallComm_t comm, cudaStream_t stream, std::vector<float>* out) {
+  const size_t count = 3000;
+  squallOptimConfig_t cfg = SQUALL_OPTIM_CONFIG_INIT;
+  cfg.warmupSteps = 3;
+  cfg.weightDecay = 0.01f;
+  squallOptimizer_t opt = nullptr;
+  SQ_OK(squallOptimizerCreate(comm, count, &cfg, &opt));
+  float *dx = nullptr, *dg = nullptr;
+  CUDA_OK(cudaMalloc(&dx, count * sizeof(float)));
+  CUDA_OK(cudaMalloc(&dg, count * sizeof(float)));
+  std::vector<float> x(count), g(count);
+  std::mt19937 init(42);
+  std::uniform_real_distribution<float> xdist(-1.0f, 1.0f);
+  for (float& v : x) v = xdist(init);
+  CUDA_OK(cudaMemcpy(dx, x.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+  for (int step = 0; step < 8; ++step) {
+    std::mt19937 rng(static_cast<uint32_t>(1000 * step + gRank));
+    std::uniform_int_distribution<int> dist(-1024, 1024);
+    for (float& v : g) v = static_cast<float>(dist(rng)) / 1024.0f;
+    if ((step == 1 || step == 5) && gRank == 1) g[17] = std::nanf("");
+    CUDA_OK(cudaMemcpy(dg, g.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    SQ_OK(squallOptimizerStepOnStream(opt, dx, dg, 0.0f, stream));
+  }
+  CUDA_OK(cudaStreamSynchronize(stream));
+  squallOptimInfo_t info;
+  SQ_OK(squallOptimizerGetInfo(opt, &info));
+  EXPECT_TRUE(info.step == 8 && info.skippedSteps == 2 && info.phase == squallPhaseCompressed,
+              "optimizer info: step %lld skipped %llu phase %d", static_cast<long long>(info.step),
+              static_cast<unsigned long long>(info.skippedSteps), static_cast<int>(info.phase));
+  out->resize(count);
+  CUDA_OK(cudaMemcpy(out->data(), dx, count * sizeof(float), cudaMemcpyDeviceToHost));
+  cudaFree(dx);
+  cudaFree(dg);
+  SQ_OK(squallOptimizerDestroy(opt));
+}
+
 void runChild(const Child& child, cudaStream_t stream) {
   const int n = child.nranks;
   const squallCodecSpec_t onebit = SQUALL_CODEC_SPEC_ONEBIT;
@@ -166,6 +211,8 @@ void runChild(const Child& child, cudaStream_t stream) {
   runCase({"nccl-bf16-buffers", big, onebit, true, false, squallBfloat16, 2, false}, comm, n,
           stream);
   runCase({"nccl-graph-replay", big, onebit, true, false, squallFloat32, 3, true}, comm, n, stream);
+  std::vector<float> deviceParams;
+  runOptimizer(comm, stream, &deviceParams);
   SQ_OK(squallCommDestroy(comm));
   ncclCommDestroy(nccl);
 
@@ -179,6 +226,22 @@ void runChild(const Child& child, cudaStream_t stream) {
   SQ_OK(squallCommInitRank(&host, n, sid, gRank, &config));
   runCase({"staging-tcp-onebit-avg", big, onebit, true, false, squallFloat32, 2, false}, host, n,
           stream);
+  SQ_OK(squallCommDestroy(host));
+
+  // The optimizer staged over TCP (the host optimizer), with the compressed
+  // allreduce pinned to the two-phase algorithm that the device runs (auto
+  // picks the all-gather one for small buffers, a different result).
+  setenv("SQUALL_COMPRESSED_ALGO", "twophase", 1);
+  if (gRank == 0) SQ_OK(squallGetUniqueId(&sid));
+  EXPECT_TRUE(squall::gpu_test::exchangeBlob(child, "squall2.id", &sid, sizeof(sid)), "id");
+  SQ_OK(squallCommInitRank(&host, n, sid, gRank, &config));
+  std::vector<float> hostParams;
+  runOptimizer(host, stream, &hostParams);
+  EXPECT_TRUE(!deviceParams.empty() && deviceParams.size() == hostParams.size() &&
+                  std::memcmp(deviceParams.data(), hostParams.data(),
+                              hostParams.size() * sizeof(float)) == 0,
+              "optimizer: the device parameters differ from the host optimizer's");
+  std::printf("rank %d: PASS optimizer-device-vs-host (n=%d)\n", gRank, n);
   SQ_OK(squallCommDestroy(host));
 }
 

@@ -8,7 +8,8 @@
 # (-Dcuda=enabled), builds, runs the CPU unit tests, the GPU codec tests
 # (CUDA against the scalar reference), the GPU throughput benchmark, the
 # compressed allreduce of device buffers over NCCL (2 and 4 processes on the
-# GPU) and its benchmark against ncclAllReduce, and
+# GPU, plus the optimizer on device buffers against the host optimizer) and its
+# benchmark against ncclAllReduce, and
 # prints one PASS/FAIL line per step. Exit status 0 only if every step passed.
 #
 # Environment:
@@ -112,7 +113,8 @@ step gpu-bench 45 "$build/perf/gpu_codec_bench" || true
 grep -E 'n=|BENCH|GPU:|SKIP' "$out/gpu-bench.log" | tee -a "$summary" || true
 
 # The compressed allreduce of device buffers: 2 and 4 processes sharing the
-# GPU over NCCL (with graph replay) and the host-staging path over TCP. The
+# GPU over NCCL (with graph replay) and the host-staging path over TCP, and
+# squallOptimizerStepOnStream on NCCL against the staged host optimizer. The
 # binary kills its ranks after 27 s per group size, inside this step's limit.
 step nccl-allreduce-tests 60 "$build/tests/gpu/nccl_allreduce_gpu_test" || true
 if grep -q '^SKIP:' "$out/nccl-allreduce-tests.log"; then

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "squall/optim.h"
 #include "squall/squall.h"
 
 namespace {
@@ -337,6 +338,33 @@ TEST(CommDevice, EntryPointsFailCleanlyOrWork) {
     std::printf("device path unavailable here: %s\n", squallGetLastError());
   }
   EXPECT_EQ(squallCompressorDestroy(compressor), squallSuccess);
+  EXPECT_EQ(squallCommDestroy(comm), squallSuccess);
+}
+
+// squallOptimizerStepOnStream exists in every build: squallUnsupported
+// without CUDA/NCCL, a CUDA error without a GPU (host staging of a host
+// communicator's optimizer), or a step.
+TEST(CommDevice, OptimizerStepOnStreamFailsCleanlyOrWorks) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
+  squallConfig_t c = SQUALL_CONFIG_INIT;
+  c.transport = squallTransportTcp;
+  squallComm_t comm = nullptr;
+  ASSERT_EQ(squallCommInitRank(&comm, 1, id, 0, &c), squallSuccess) << squallGetLastError();
+  squallOptimConfig_t cfg = SQUALL_OPTIM_CONFIG_INIT;
+  cfg.mode = squallModeSync;
+  squallOptimizer_t opt = nullptr;
+  ASSERT_EQ(squallOptimizerCreate(comm, 16, &cfg, &opt), squallSuccess) << squallGetLastError();
+  std::vector<float> x(16, 1.0f), g(16, 0.5f);
+  const squallResult_t res = squallOptimizerStepOnStream(opt, x.data(), g.data(), 0.0f, nullptr);
+  if (res != squallSuccess) {
+    EXPECT_TRUE(res == squallUnsupported || res == squallSystemError) << res;
+    EXPECT_STRNE(squallGetLastError(), "");
+    std::printf("device optimizer path unavailable here: %s\n", squallGetLastError());
+  }
+  EXPECT_EQ(squallOptimizerStepOnStream(nullptr, x.data(), g.data(), 0.0f, nullptr),
+            squallInvalidArgument);
+  EXPECT_EQ(squallOptimizerDestroy(opt), squallSuccess);
   EXPECT_EQ(squallCommDestroy(comm), squallSuccess);
 }
 

@@ -45,6 +45,8 @@ typedef enum {
   ncclBfloat16 = 9,
 } ncclDataType_t;
 
+typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
+
 struct ncclComm;
 typedef struct ncclComm* ncclComm_t;
 
@@ -59,6 +61,11 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);
+
+// Sum only (fp32), summed in rank order on every rank; not inside a group.
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream);
 
 namespace squall_emu {
 // Creates the n communicators of one emulated job (rank i is comms[i]); the

@@ -145,6 +145,36 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   return submit(std::move(ops), stream);
 }
 
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+  if (datatype != ncclFloat32 || op != ncclSum || tGroupDepth > 0) return ncclInvalidUsage;
+  squall_emu::enqueue(stream, [=] {
+    const size_t bytes = count * sizeof(float);
+    const auto n = static_cast<size_t>(comm->size);
+    // Every rank's buffer, by an all-gather through the mailboxes.
+    std::vector<float> all(n * count);
+    std::memcpy(all.data() + static_cast<size_t>(comm->rank) * count, sendbuff, bytes);
+    std::vector<Op> ops;
+    for (int j = 0; j < comm->size; ++j) {
+      if (j != comm->rank) ops.push_back(Op{true, sendbuff, nullptr, bytes, j, comm});
+    }
+    for (int j = 0; j < comm->size; ++j) {
+      if (j != comm->rank)
+        ops.push_back(
+            Op{false, nullptr, all.data() + static_cast<size_t>(j) * count, bytes, j, comm});
+    }
+    run(ops);
+    auto* out = static_cast<float*>(recvbuff);
+    for (size_t i = 0; i < count; ++i) {
+      float acc = all[i];
+      for (size_t j = 1; j < n; ++j) acc += all[j * count + i];
+      out[i] = acc;
+    }
+  });
+  return ncclSuccess;
+}
+
 namespace squall_emu {
 
 void ncclCreateWorld(int n, ncclComm_t* comms) {

@@ -1,0 +1,217 @@
+// The device optimizer (src/optim/cuda) under the CPU emulation of CUDA and
+// NCCL (tests/gpu/emu): n threads play n ranks, run device steps, and must
+// match the host optimizer (src/optim, ranks as threads over the local
+// transport) bit for bit. Gradients are multiples of 2^-10 of magnitude <= 1,
+// so their sums are exact in any order and the two allreduces (ring on the
+// host, rank order in the fake NCCL) agree; the host's compressed allreduce
+// is pinned to the two-phase algorithm, the one the device runs; the parameter averages of SlowMo
+// run on 2 ranks, where a sum of two values is order-free.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "src/coll/context.h"
+#include "src/optim/cuda/device_optimizer.h"
+#include "src/optim/optimizer.h"
+#include "src/optim/state_blob.h"
+#include "tests/unit/coll_harness.h"
+
+namespace squall {
+namespace {
+
+using optim::Config;
+using optim::Mode;
+using optim::Optimizer;
+using optim::cuda::DeviceOptimizer;
+
+constexpr size_t kCount = 1000;  // not a multiple of the block: padding
+
+std::vector<float> gradient(int rank, int step, size_t count, int nanStep, int nanRank) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + rank + 7));
+  std::uniform_int_distribution<int> dist(-1024, 1024);
+  std::vector<float> g(count);
+  for (float& x : g) x = static_cast<float>(dist(rng)) / 1024.0f;
+  if (step == nanStep && rank == nanRank) g[count / 2] = std::numeric_limits<float>::quiet_NaN();
+  return g;
+}
+
+std::vector<float> initialParams(int rank, bool perRank) {
+  std::mt19937 rng(perRank ? 42 + rank : 42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(kCount);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+struct Run {
+  std::vector<std::vector<float>> params;
+  std::vector<optim::Info> info;
+  std::vector<std::vector<unsigned char>> state;
+};
+
+Run runHost(int n, const Config& c, int steps, bool perRank, int nanStep, int nanRank) {
+  // The device path always runs the two-phase algorithm; the host would pick
+  // the all-gather one for buffers this small (a different, also consistent,
+  // result), so it is pinned here.
+  coll::Options options = testing::testOptions();
+  options.compressedAlgo = coll::CompressedAlgo::kTwoPhase;
+  testing::Group group(n, options);
+  Run out;
+  out.params.resize(n);
+  out.info.resize(n);
+  out.state.resize(n);
+  group.run([&](coll::Communicator& comm, int r) {
+    std::unique_ptr<Optimizer> o;
+    ASSERT_EQ(Optimizer::create(&comm, kCount, c, &o), Status::kOk) << lastError();
+    std::vector<float> x = initialParams(r, perRank);
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float> g = gradient(r, s, kCount, nanStep, nanRank);
+      ASSERT_EQ(o->step(x.data(), g.data(), s % 2 == 0 ? 0.0f : 2e-3f), Status::kOk) << lastError();
+    }
+    out.params[r] = x;
+    out.info[r] = o->info();
+    out.state[r].resize(o->stateSize());
+    size_t written = 0;
+    ASSERT_EQ(o->saveState(out.state[r].data(), out.state[r].size(), &written), Status::kOk);
+  });
+  return out;
+}
+
+Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int nanRank) {
+  std::vector<ncclComm_t> comms(n);
+  squall_emu::ncclCreateWorld(n, comms.data());
+  Run out;
+  out.params.resize(n);
+  out.info.resize(n);
+  out.state.resize(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      std::unique_ptr<DeviceOptimizer> o;
+      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o), Status::kOk) << lastError();
+      float *dx = nullptr, *dg = nullptr;
+      ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
+      const std::vector<float> x0 = initialParams(r, perRank);
+      cudaMemcpy(dx, x0.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+      for (int s = 0; s < steps; ++s) {
+        const std::vector<float> g = gradient(r, s, kCount, nanStep, nanRank);
+        cudaMemcpyAsync(dg, g.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, stream);
+        ASSERT_EQ(o->step(dx, dg, s % 2 == 0 ? 0.0f : 2e-3f, stream), Status::kOk) << lastError();
+      }
+      out.params[r].resize(kCount);
+      cudaMemcpyAsync(out.params[r].data(), dx, kCount * sizeof(float), cudaMemcpyDeviceToHost,
+                      stream);
+      cudaStreamSynchronize(stream);
+      out.info[r] = o->info();
+      out.state[r].resize(o->stateSize());
+      size_t written = 0;
+      ASSERT_EQ(o->saveState(out.state[r].data(), out.state[r].size(), &written), Status::kOk)
+          << lastError();
+      // The blob loads back into a fresh device optimizer.
+      std::unique_ptr<DeviceOptimizer> o2;
+      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o2), Status::kOk);
+      ASSERT_EQ(o2->loadState(out.state[r].data(), written), Status::kOk) << lastError();
+      EXPECT_EQ(o2->info().step, out.info[r].step);
+      cudaFree(dx);
+      cudaFree(dg);
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  squall_emu::ncclDestroyWorld(n, comms.data());
+  return out;
+}
+
+void expectSame(int n, const Config& c, int steps, bool perRank = false, int nanStep = -1,
+                int nanRank = 0) {
+  const Run host = runHost(n, c, steps, perRank, nanStep, nanRank);
+  const Run dev = runDevice(n, c, steps, perRank, nanStep, nanRank);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(dev.params[r].size(), kCount);
+    size_t diff = 0;
+    for (size_t i = 0; i < kCount; ++i)
+      diff += std::memcmp(&dev.params[r][i], &host.params[r][i], sizeof(float)) != 0;
+    EXPECT_EQ(diff, 0u) << "rank " << r << ": " << diff << " parameters differ";
+    EXPECT_EQ(dev.info[r].step, host.info[r].step);
+    EXPECT_EQ(dev.info[r].phase, host.info[r].phase);
+    EXPECT_EQ(dev.info[r].skippedSteps, host.info[r].skippedSteps);
+    EXPECT_EQ(dev.info[r].bytesSent != 0, host.info[r].bytesSent != 0);
+    if (nanStep >= 0) {
+      EXPECT_EQ(host.info[r].skippedSteps, 1u) << "rank " << r;
+    }
+    // The same state blob: every section (m, v, residuals, SlowMo buffers)
+    // bit for bit, and the header's counters.
+    ASSERT_EQ(dev.state[r].size(), host.state[r].size()) << "rank " << r;
+    optim::ParsedBlob hb, db;
+    ASSERT_EQ(optim::parseBlob(host.state[r].data(), host.state[r].size(), &hb), Status::kOk);
+    ASSERT_EQ(optim::parseBlob(dev.state[r].data(), dev.state[r].size(), &db), Status::kOk);
+    ASSERT_EQ(db.sections.size(), hb.sections.size());
+    for (size_t k = 0; k < hb.sections.size(); ++k) {
+      EXPECT_EQ(db.sections[k].name, hb.sections[k].name);
+      EXPECT_TRUE(db.sections[k].data.size() == hb.sections[k].data.size() &&
+                  std::memcmp(db.sections[k].data.data(), hb.sections[k].data.data(),
+                              hb.sections[k].data.size() * sizeof(float)) == 0)
+          << "rank " << r << ": section " << hb.sections[k].name << " differs";
+    }
+    EXPECT_EQ(db.header.adamSteps, hb.header.adamSteps);
+    EXPECT_EQ(db.header.phase, hb.header.phase);
+  }
+}
+
+Config apm(int64_t warmup) {
+  Config c;
+  c.mode = Mode::kApmSqueeze;
+  c.lr = 1e-3f;
+  c.weightDecay = 0.01f;
+  c.warmupSteps = warmup;
+  c.codec.block = 256;
+  return c;
+}
+
+TEST(DeviceOptimizerEmu, ApmSqueezeCrossesTheSwitch2Ranks) { expectSame(2, apm(3), 8); }
+TEST(DeviceOptimizerEmu, ApmSqueezeCrossesTheSwitch4Ranks) { expectSame(4, apm(2), 6); }
+
+TEST(DeviceOptimizerEmu, Sync4Ranks) {
+  Config c = apm(0);
+  c.mode = Mode::kSync;
+  expectSame(4, c, 5);
+}
+
+TEST(DeviceOptimizerEmu, SlowMoFullPrecision) {
+  Config c = apm(0);
+  c.mode = Mode::kLocal;
+  c.slowmoTau = 3;
+  c.slowmoAlpha = 1.0f;
+  c.slowmoBeta = 0.5f;
+  expectSame(2, c, 7, /*perRank=*/true);
+}
+
+TEST(DeviceOptimizerEmu, SlowMoCompressed) {
+  Config c = apm(0);
+  c.mode = Mode::kLocal;
+  c.slowmoTau = 2;
+  c.slowmoAlpha = 0.8f;
+  c.slowmoBeta = 0.3f;
+  c.slowmoCompressed = true;
+  expectSame(2, c, 6, /*perRank=*/true);
+}
+
+TEST(DeviceOptimizerEmu, NonFiniteWarmupGradientSkips) { expectSame(2, apm(4), 7, false, 1, 1); }
+
+TEST(DeviceOptimizerEmu, NonFiniteCompressedGradientSkipsAndRollsBack) {
+  expectSame(4, apm(2), 7, false, 4, 2);
+}
+
+}  // namespace
+}  // namespace squall
