@@ -195,14 +195,16 @@ def train_one(task, method, seed, steps, rank, world, args):
     lr = task.lr["sgd" if method == "local_sgd" else "adam"]
     comp = None
     if method in ("adam", "naive_onebit"):
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        opt = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
         if method == "naive_onebit":
             comp = squall.Compressor(None, nparam, "onebit")
     elif method == "apmsqueeze":
-        opt = squall.optim.APMSqueeze(params, lr=lr, weight_decay=0.0, warmup=args.warmup,
-                                      total_steps=steps, codec="onebit")
+        opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
+                                      warmup=args.warmup, total_steps=steps,
+                                      codec=args.apm_codec)
     elif method == "slowmo_adam":
-        opt = squall.optim.SlowMo(torch.optim.AdamW(params, lr=lr, weight_decay=0.0),
+        base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
+        opt = squall.optim.SlowMo(base,
                                   tau=args.tau, alpha=1.0, beta=0.5)
     elif method == "local_sgd":
         opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9),
@@ -329,9 +331,11 @@ def summarize(runs):
                 vals[k] = (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
             b = statistics.mean(sum(r["bytes_per_rank_final"]) / len(r["bytes_per_rank_final"])
                                 for r in rs)
+            bmax = statistics.mean(max(r["bytes_per_rank_final"]) for r in rs)
             if m == "adam":
                 adam_bytes = b
-            rows[m] = {"n_seeds": len(rs), "metrics": vals, "bytes_per_rank": b}
+            rows[m] = {"n_seeds": len(rs), "metrics": vals, "bytes_per_rank": b,
+                       "bytes_max_rank": bmax}
         for m in rows:
             rows[m]["bytes_vs_adam"] = (adam_bytes / rows[m]["bytes_per_rank"]
                                         if adam_bytes and rows[m]["bytes_per_rank"] else None)
@@ -345,8 +349,8 @@ def markdown_table(summary):
         keys = list(next(iter(rows.values()))["metrics"].keys())
         lines.append(f"### {task}\n")
         lines.append("| method | seeds | " + " | ".join(keys) +
-                     " | MB sent / rank | Adam bytes / method bytes |")
-        lines.append("|---" * (len(keys) + 4) + "|")
+                     " | MB sent / rank (mean) | MB sent, busiest rank | Adam bytes / method bytes |")
+        lines.append("|---" * (len(keys) + 5) + "|")
         for m, row in rows.items():
             cells = []
             for k in keys:
@@ -355,7 +359,7 @@ def markdown_table(summary):
                              f"{mu:.4f} ± {sd:.4f}")
             ratio = row["bytes_vs_adam"]
             lines.append(f"| {LABELS[m]} | {row['n_seeds']} | " + " | ".join(cells) +
-                         f" | {row['bytes_per_rank'] / 1e6:.3f} | "
+                         f" | {row['bytes_per_rank'] / 1e6:.3f} | {row['bytes_max_rank'] / 1e6:.3f} | "
                          f"{'%.1fx' % ratio if ratio else '-'} |")
         lines.append("")
     return "\n".join(lines)
@@ -387,7 +391,7 @@ def plot(runs, outdir):
         axes[0].set_xlabel("step")
         axes[0].set_ylabel(f"train loss (mean over ranks & {len(set(r['seed'] for r in runs if r['task'] == task))} seeds, smoothed)")
         axes[1].set_xscale("log")
-        axes[1].set_xlabel("cumulative bytes sent per rank")
+        axes[1].set_xlabel("cumulative bytes sent by rank 0 (the busiest)")
         axes[1].set_ylabel("train loss")
         for a in axes:
             a.grid(alpha=0.3)
@@ -437,6 +441,8 @@ def main():
     ap.add_argument("--lm-val-seq", type=int, default=128)
     ap.add_argument("--lm-val-windows", type=int, default=48)
     ap.add_argument("--warmup", type=float, default=0.15, help="APMSqueeze warmup fraction")
+    ap.add_argument("--eps", type=float, default=1e-8, help="Adam eps (every Adam method)")
+    ap.add_argument("--apm-codec", default="onebit", help="APMSqueeze's codec")
     ap.add_argument("--tau", type=int, default=12)
     ap.add_argument("--eval-every", type=int, default=48)
     ap.add_argument("--quick", action="store_true", help="1 seed, 48 steps: smoke test")
