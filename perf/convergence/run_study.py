@@ -309,8 +309,20 @@ def worker(rank, world, port, args, plan, out_path):
 
 # ---------------------------------------------------------------- report ----
 
+def _mean(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs)
+
+
+def _std(xs):  # sample std; NaN/inf pass through (statistics.stdev raises on them)
+    xs = list(xs)
+    if len(xs) < 2:
+        return 0.0
+    mu = _mean(xs)
+    return math.sqrt(sum((x - mu) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def summarize(runs):
-    import statistics
     out = {}
     for task in sorted({r["task"] for r in runs}):
         rows = {}
@@ -328,10 +340,10 @@ def summarize(runs):
                           max(1, len(r["train_loss"]) // 10) for r in rs]
                 else:
                     xs = [r["evals"][-1][k] for r in rs]
-                vals[k] = (statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0)
-            b = statistics.mean(sum(r["bytes_per_rank_final"]) / len(r["bytes_per_rank_final"])
+                vals[k] = (_mean(xs), _std(xs))
+            b = _mean(sum(r["bytes_per_rank_final"]) / len(r["bytes_per_rank_final"])
                                 for r in rs)
-            bmax = statistics.mean(max(r["bytes_per_rank_final"]) for r in rs)
+            bmax = _mean(max(r["bytes_per_rank_final"]) for r in rs)
             if m == "adam":
                 adam_bytes = b
             rows[m] = {"n_seeds": len(rs), "metrics": vals, "bytes_per_rank": b,
