@@ -270,7 +270,7 @@ def worker(rank, world, port, args, plan, out_path):
                             world_size=world, timeout=datetime.timedelta(seconds=600))
     squall.init()
     tasks = {}
-    records = []
+    records, meta = [], {}
     if rank == 0 and os.path.exists(out_path) and args.resume:
         with open(out_path) as f:
             records = json.load(f)["runs"]
@@ -292,7 +292,7 @@ def worker(rank, world, port, args, plan, out_path):
                    "elapsed_max_s": max(a["elapsed_s"] for a in allr)}
             records = [x for x in records if not (x["task"] == task_name and
                        x["method"] == method and x["seed"] == seed)] + [rec]
-            meta = {"args": vars(args), "world": world}
+            meta.update({"args": vars(args), "world": world})
             if task_name == "digits":
                 meta["digits"] = {"dropped_pixels": task.dropped, "inputs": task.nin}
             if task_name == "charlm":
