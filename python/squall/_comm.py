@@ -297,6 +297,8 @@ class Compressor:
 
     @property
     def stats(self):
+        """{'calls', 'skipped_calls'} are running totals; {'bytes_sent',
+        'bytes_received'} are this rank's bytes in the last call only."""
         s = _lib.CompressorStats()
         check(lib.squallCompressorGetStats(self.handle, ctypes.byref(s)))
         return {"calls": s.calls, "skipped_calls": s.skippedCalls, "bytes_sent": s.bytesSent,
