@@ -318,31 +318,37 @@ std::vector<SectionView> Optimizer::sections() const {
 
 size_t Optimizer::stateSize() const { return blobSize(sections()); }
 
-Status Optimizer::saveState(void* buffer, size_t capacity, size_t* written) const {
+BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
+                       int64_t adamSteps) {
   BlobHeader h;
-  h.count = count_;
-  h.nranks = comm_->size();
-  h.rank = comm_->rank();
-  h.mode = static_cast<int32_t>(config_.mode);
-  h.phase = static_cast<int32_t>(phase_);
-  h.step = step_;
-  h.adamSteps = adamSteps_;
-  h.warmupSteps = warmupSteps_;
-  h.skippedSteps = skipped_;
-  h.bytesSent = bytesSent_;
-  h.lr = config_.lr;
-  h.beta1 = config_.beta1;
-  h.beta2 = config_.beta2;
-  h.eps = config_.eps;
-  h.weightDecay = config_.weightDecay;
-  h.slowmoTau = config_.slowmoTau;
-  h.slowmoAlpha = config_.slowmoAlpha;
-  h.slowmoBeta = config_.slowmoBeta;
-  h.slowmoCompressed = config_.slowmoCompressed ? 1 : 0;
-  h.codec = static_cast<uint32_t>(config_.codec.codec);
-  h.scale = static_cast<uint32_t>(config_.codec.scale);
-  h.block = config_.codec.block;
-  return writeBlob(h, sections(), buffer, capacity, written);
+  h.count = count;
+  h.nranks = nranks;
+  h.rank = rank;
+  h.mode = static_cast<int32_t>(config.mode);
+  h.phase = static_cast<int32_t>(info.phase);
+  h.step = info.step;
+  h.adamSteps = adamSteps;
+  h.warmupSteps = info.warmupSteps;
+  h.skippedSteps = info.skippedSteps;
+  h.bytesSent = info.bytesSent;
+  h.lr = config.lr;
+  h.beta1 = config.beta1;
+  h.beta2 = config.beta2;
+  h.eps = config.eps;
+  h.weightDecay = config.weightDecay;
+  h.slowmoTau = config.slowmoTau;
+  h.slowmoAlpha = config.slowmoAlpha;
+  h.slowmoBeta = config.slowmoBeta;
+  h.slowmoCompressed = config.slowmoCompressed ? 1 : 0;
+  h.codec = static_cast<uint32_t>(config.codec.codec);
+  h.scale = static_cast<uint32_t>(config.codec.scale);
+  h.block = config.codec.block;
+  return h;
+}
+
+Status Optimizer::saveState(void* buffer, size_t capacity, size_t* written) const {
+  return writeBlob(stateHeader(config_, count_, comm_->size(), comm_->rank(), info(), adamSteps_),
+                   sections(), buffer, capacity, written);
 }
 
 namespace {

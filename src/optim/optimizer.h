@@ -49,6 +49,12 @@ struct Info {
 // APMSqueeze warmup length; shared by the host and device optimizers.
 Status validateConfig(const Config& config, int64_t* warmupSteps);
 
+// The header of a state blob: what the optimizer is and how far it got.
+// Shared by the host optimizer and the device one (src/optim/cuda), whose
+// blobs are interchangeable.
+BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
+                       int64_t adamSteps);
+
 class Optimizer {
  public:
   // Checks the config (with messages naming the bad field) and allocates the

@@ -342,30 +342,8 @@ Status DeviceOptimizer::saveState(void* buffer, size_t capacity, size_t* written
     SQUALL_TRY(stage("u", u_));
   }
   SQUALL_TRY(residuals(slowmoState_.get(), "sm_worker", "sm_server"));
-  BlobHeader h;
-  h.count = count_;
-  h.nranks = nranks_;
-  h.rank = rank_;
-  h.mode = static_cast<int32_t>(config_.mode);
-  h.phase = static_cast<int32_t>(phase_);
-  h.step = step_;
-  h.adamSteps = adamSteps_;
-  h.warmupSteps = warmupSteps_;
-  h.skippedSteps = skipped_;
-  h.bytesSent = bytesSent_;
-  h.lr = config_.lr;
-  h.beta1 = config_.beta1;
-  h.beta2 = config_.beta2;
-  h.eps = config_.eps;
-  h.weightDecay = config_.weightDecay;
-  h.slowmoTau = config_.slowmoTau;
-  h.slowmoAlpha = config_.slowmoAlpha;
-  h.slowmoBeta = config_.slowmoBeta;
-  h.slowmoCompressed = config_.slowmoCompressed ? 1 : 0;
-  h.codec = static_cast<uint32_t>(config_.codec.codec);
-  h.scale = static_cast<uint32_t>(config_.codec.scale);
-  h.block = config_.codec.block;
-  return writeBlob(h, sections, buffer, capacity, written);
+  return writeBlob(stateHeader(config_, count_, nranks_, rank_, info(), adamSteps_), sections,
+                   buffer, capacity, written);
 }
 
 Status DeviceOptimizer::loadState(const void* buffer, size_t bytes) {
