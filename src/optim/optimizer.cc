@@ -398,34 +398,30 @@ bool sameSpec(const BlobHeader& h, const codec::Spec& spec) {
 
 }  // namespace
 
-Status Optimizer::loadState(const void* buffer, size_t bytes) {
-  ParsedBlob blob;
-  SQUALL_TRY(parseBlob(buffer, bytes, &blob));
-  const BlobHeader& h = blob.header;
+Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count, bool usesCodec) {
   // What must match the optimizer: a different shape or algorithm is a usage error.
-  SQUALL_REQUIRE(h.count == count_, Status::kInvalidUsage, Subsys::kOptim,
+  SQUALL_REQUIRE(h.count == count, Status::kInvalidUsage, Subsys::kOptim,
                  "the optimizer state was saved for %llu parameters; this optimizer has %zu",
-                 static_cast<unsigned long long>(h.count), count_);
-  SQUALL_REQUIRE(h.mode == static_cast<int32_t>(config_.mode), Status::kInvalidUsage,
-                 Subsys::kOptim, "the optimizer state was saved in mode %d; this optimizer uses %d",
-                 h.mode, static_cast<int>(config_.mode));
+                 static_cast<unsigned long long>(h.count), count);
+  SQUALL_REQUIRE(h.mode == static_cast<int32_t>(config.mode), Status::kInvalidUsage, Subsys::kOptim,
+                 "the optimizer state was saved in mode %d; this optimizer uses %d", h.mode,
+                 static_cast<int>(config.mode));
   SQUALL_REQUIRE(
-      h.slowmoTau == config_.slowmoTau &&
-          (config_.slowmoTau == 0 || (h.slowmoCompressed != 0) == config_.slowmoCompressed),
+      h.slowmoTau == config.slowmoTau &&
+          (config.slowmoTau == 0 || (h.slowmoCompressed != 0) == config.slowmoCompressed),
       Status::kInvalidUsage, Subsys::kOptim,
       "the optimizer state was saved with SlowMo tau %d (compressed %d); this "
       "optimizer has tau %d (compressed %d)",
-      h.slowmoTau, h.slowmoCompressed, config_.slowmoTau, config_.slowmoCompressed ? 1 : 0);
-  const bool usesCodec = momentum_ != nullptr || slowmoState_ != nullptr;
-  SQUALL_REQUIRE(!usesCodec || sameSpec(h, config_.codec), Status::kInvalidUsage, Subsys::kOptim,
+      h.slowmoTau, h.slowmoCompressed, config.slowmoTau, config.slowmoCompressed ? 1 : 0);
+  SQUALL_REQUIRE(!usesCodec || sameSpec(h, config.codec), Status::kInvalidUsage, Subsys::kOptim,
                  "the optimizer state was saved with codec %u (scale %u, block %u); this "
                  "optimizer uses codec %u (scale %u, block %u): the residuals do not carry over",
-                 h.codec, h.scale, h.block, static_cast<unsigned>(config_.codec.codec),
-                 static_cast<unsigned>(config_.codec.scale), config_.codec.block);
+                 h.codec, h.scale, h.block, static_cast<unsigned>(config.codec.codec),
+                 static_cast<unsigned>(config.codec.scale), config.codec.block);
   // What the blob must say about itself to be consistent.
   SQUALL_REQUIRE(h.nranks >= 1 && h.rank >= 0 && h.rank < h.nranks, Status::kCorruptData,
                  Subsys::kOptim, "the optimizer state names rank %d of %d", h.rank, h.nranks);
-  SQUALL_REQUIRE(h.phase == 0 || (h.phase == 1 && config_.mode == Mode::kApmSqueeze),
+  SQUALL_REQUIRE(h.phase == 0 || (h.phase == 1 && config.mode == Mode::kApmSqueeze),
                  Status::kCorruptData, Subsys::kOptim,
                  "the optimizer state has phase %d, impossible in mode %d", h.phase, h.mode);
   SQUALL_REQUIRE(h.step >= 0 && h.adamSteps >= 0 && h.adamSteps <= h.step && h.warmupSteps >= 0 &&
@@ -436,6 +432,15 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
                  static_cast<long long>(h.step), static_cast<long long>(h.adamSteps),
                  static_cast<long long>(h.warmupSteps),
                  static_cast<unsigned long long>(h.skippedSteps));
+  return Status::kOk;
+}
+
+Status Optimizer::loadState(const void* buffer, size_t bytes) {
+  ParsedBlob blob;
+  SQUALL_TRY(parseBlob(buffer, bytes, &blob));
+  const BlobHeader& h = blob.header;
+  const bool usesCodec = momentum_ != nullptr || slowmoState_ != nullptr;
+  SQUALL_TRY(checkStateHeader(h, config_, count_, usesCodec));
   const bool sameChunk = h.nranks == comm_->size() && h.rank == comm_->rank();
   const Section *m = nullptr, *v = nullptr, *xPrev = nullptr, *u = nullptr;
   const Section *w = nullptr, *s = nullptr, *smw = nullptr, *sms = nullptr;

@@ -55,6 +55,13 @@ Status validateConfig(const Config& config, int64_t* warmupSteps);
 BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
                        int64_t adamSteps);
 
+// Checks that a parsed state blob's header fits an optimizer of `count`
+// parameters with `config` (kInvalidUsage naming what differs) and is
+// consistent in itself (kCorruptData). `usesCodec`: the optimizer keeps
+// compressed-allreduce residuals, so the codec must match too. Shared by the
+// host and device optimizers.
+Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count, bool usesCodec);
+
 class Optimizer {
  public:
   // Checks the config (with messages naming the bad field) and allocates the

@@ -350,34 +350,8 @@ Status DeviceOptimizer::loadState(const void* buffer, size_t bytes) {
   ParsedBlob blob;
   SQUALL_TRY(parseBlob(buffer, bytes, &blob));
   const BlobHeader& h = blob.header;
-  SQUALL_REQUIRE(h.count == count_, Status::kInvalidUsage, Subsys::kOptim,
-                 "the optimizer state was saved for %llu parameters; this optimizer has %zu",
-                 static_cast<unsigned long long>(h.count), count_);
-  SQUALL_REQUIRE(h.mode == static_cast<int32_t>(config_.mode), Status::kInvalidUsage,
-                 Subsys::kOptim, "the optimizer state was saved in mode %d; this optimizer uses %d",
-                 h.mode, static_cast<int>(config_.mode));
-  SQUALL_REQUIRE(
-      h.slowmoTau == config_.slowmoTau &&
-          (config_.slowmoTau == 0 || (h.slowmoCompressed != 0) == config_.slowmoCompressed),
-      Status::kInvalidUsage, Subsys::kOptim,
-      "the optimizer state was saved with SlowMo tau %d (compressed %d); this optimizer has tau "
-      "%d (compressed %d)",
-      h.slowmoTau, h.slowmoCompressed, config_.slowmoTau, config_.slowmoCompressed ? 1 : 0);
   const bool usesCodec = momentum_ != nullptr || slowmoState_ != nullptr;
-  SQUALL_REQUIRE(!usesCodec || (h.codec == static_cast<uint32_t>(config_.codec.codec) &&
-                                h.scale == static_cast<uint32_t>(config_.codec.scale) &&
-                                h.block == config_.codec.block),
-                 Status::kInvalidUsage, Subsys::kOptim,
-                 "the optimizer state was saved with another codec; the residuals do not carry "
-                 "over");
-  SQUALL_REQUIRE(h.nranks >= 1 && h.rank >= 0 && h.rank < h.nranks &&
-                     (h.phase == 0 || (h.phase == 1 && config_.mode == Mode::kApmSqueeze)) &&
-                     h.step >= 0 && h.adamSteps >= 0 && h.adamSteps <= h.step &&
-                     h.warmupSteps >= 0 && h.skippedSteps <= static_cast<uint64_t>(h.step),
-                 Status::kCorruptData, Subsys::kOptim,
-                 "the optimizer state's header is inconsistent (rank %d of %d, phase %d, step "
-                 "%lld)",
-                 h.rank, h.nranks, h.phase, static_cast<long long>(h.step));
+  SQUALL_TRY(checkStateHeader(h, config_, count_, usesCodec));
   auto need = [&](const char* name, size_t n, const Section** out) -> Status {
     const Section* s = blob.find(name);
     SQUALL_REQUIRE(s != nullptr && s->data.size() == n, Status::kCorruptData, Subsys::kOptim,
