@@ -46,12 +46,21 @@ typedef struct {
   float slowmoAlpha;
   float slowmoBeta;
   int slowmoCompressed; /* 1: the parameter average goes through the compressed allreduce */
+  /* APMSqueeze compressed-stage guard (docs/optim.md, "The guard"). guard = 1 (default):
+   * elements whose frozen v_hat is 0 (no gradient during the whole warmup) keep zero momentum
+   * and do not move, and each element's m / (sqrt(v_hat) + eps) is clipped to +-maxUpdate.
+   * guard = 0: the plain update x -= lr * m / (sqrt(v_hat) + eps). */
+  int guard;
+  /* With guard = 1. 0 (default): the largest |m_hat| / sqrt(v_hat) full-precision Adam can
+   * reach with these betas, (1 - beta1) / sqrt((1 - beta2) (1 - beta1^2 / beta2)) = 7.27 for
+   * (0.9, 0.999), and no clip when beta1^2 >= beta2; > 0: that bound. */
+  float maxUpdate;
 } squallOptimConfig_t;
 
 #define SQUALL_OPTIM_CONFIG_INIT                                                                   \
   {                                                                                                \
     sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
-        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0                                              \
+        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f                                     \
   }
 
 typedef struct squallOptimizer* squallOptimizer_t;

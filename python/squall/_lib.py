@@ -141,12 +141,15 @@ class OptimConfig(ctypes.Structure):
         ("slowmoAlpha", ctypes.c_float),
         ("slowmoBeta", ctypes.c_float),
         ("slowmoCompressed", ctypes.c_int),
+        ("guard", ctypes.c_int),
+        ("maxUpdate", ctypes.c_float),
     ]
 
     def __init__(self):
         super().__init__(ctypes.sizeof(OptimConfig), MODE_APMSQUEEZE, 1e-3, 0.9, 0.999, 1e-8, 0.0,
                          -1, 0.15, 0, CodecSpec(CODEC_ONEBIT, SCALE_MEAN_ABS,
-                                                SQUALL_DEFAULT_BLOCK_SIZE), 0, 1.0, 0.5, 0)
+                                                SQUALL_DEFAULT_BLOCK_SIZE), 0, 1.0, 0.5, 0,
+                         1, 0.0)
 
 
 class OptimInfo(ctypes.Structure):

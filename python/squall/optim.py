@@ -69,10 +69,18 @@ class APMSqueeze(torch.optim.Optimizer):
     all parameters of a group must be fp32 (master weights). A parameter whose
     .grad is None takes a zero gradient and is not written back (it does not
     move, as in torch's optimizers); every rank must agree on which ones.
+
+    guard (default True): in the compressed stage, elements whose gradient was
+    zero through the whole warmup do not move, and no element's step exceeds
+    lr * max_update (None: the largest step full-precision Adam can take with
+    these betas, 7.27 lr for (0.9, 0.999)). guard=False is the plain update of
+    the paper, which can blow up where the frozen variance is (near) zero.
+    See docs/optim.md, "The guard".
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 warmup=0.15, total_steps=None, codec="onebit", comm=None, mode="apmsqueeze"):
+                 warmup=0.15, total_steps=None, codec="onebit", comm=None, mode="apmsqueeze",
+                 guard=True, max_update=None):
         _lib.require_optim()
         if not lr > 0:
             raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be positive, not {lr}")
@@ -85,6 +93,15 @@ class APMSqueeze(torch.optim.Optimizer):
         if mode not in _MODES:
             raise SquallInvalidArgument(
                 f"squall.optim.APMSqueeze: mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        if not isinstance(guard, bool):
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: guard is True or False, not {guard!r}")
+        if max_update is not None and not (isinstance(max_update, (int, float))
+                                           and 0 < max_update < math.inf):
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze: max_update is None (the bound of full-precision Adam "
+                f"for these betas) or a finite number > 0, not {max_update!r}")
+        self.guard, self.max_update = guard, max_update
         self.mode = mode
         self.codec = codec
         self._spec = parse_codec(codec)
@@ -155,6 +172,8 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.warmupFraction = self._warmup_fraction
         cfg.totalSteps = self._total_steps
         cfg.codec = self._spec
+        cfg.guard = 1 if self.guard else 0
+        cfg.maxUpdate = float(self.max_update or 0.0)
         h = ctypes.c_void_p()
         check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
                                         ctypes.byref(h)), "squallOptimizerCreate")

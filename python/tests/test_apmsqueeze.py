@@ -44,6 +44,7 @@ def _set_grads(ps, rank, step, world=None):
             p.grad = _grad(rank, step, p, i)
         else:
             p.grad = sum(_grad(r, step, p, i) for r in range(world)) / world
+    ps[2].grad[::3] = 0.0  # scattered always-zero gradients (group 1, no weight decay)
     ps[3].grad = torch.zeros_like(ps[3])
     ps[4].grad = None
 
@@ -85,6 +86,8 @@ def _apm_worker(rank, world, warmup, compressed_steps):
         out["snapshots"].append(torch.cat([p.detach().reshape(-1) for p in ps]))
     out["info"] = [opt.info(i) for i in range(3)]
     out["zero_moved"] = float((ps[3].detach() - initial[3]).abs().max())
+    out["scattered_zero_moved"] = float((ps[2].detach() - initial[2])[::3].abs().max())
+    out["others_moved"] = float((ps[2].detach() - initial[2])[1::3].abs().min())
     out["none_moved"] = float((ps[4].detach() - initial[4]).abs().max())
     out["moved"] = float((ps[0].detach() - initial[0]).abs().max())
     return out
@@ -100,6 +103,9 @@ def test_apmsqueeze_warmup_equals_adamw_then_identical_ranks():
         assert not r["in_warmup_after"]
         assert r["info"][0]["step"] == warmup + compressed
         assert r["zero_moved"] == 0.0, "a group with zero gradients moved"
+        # Scattered zeros share codec blocks with live elements: the guard holds them.
+        assert r["scattered_zero_moved"] == 0.0, "always-zero gradients moved"
+        assert r["others_moved"] > 0
         assert r["none_moved"] == 0.0, "a parameter without a gradient moved"
         assert r["moved"] > 0
     for a, b in zip(res[0]["snapshots"], res[1]["snapshots"]):
@@ -161,6 +167,9 @@ def _bad_worker(rank, world):
     expect(squall.SquallInvalidArgument, "total_steps", lambda: APMSqueeze([p32]))
     expect(squall.SquallInvalidArgument, "fraction", lambda: APMSqueeze([p32], warmup=1.5))
     expect(squall.SquallInvalidArgument, "lr", lambda: APMSqueeze([p32], lr=0.0, warmup=1))
+    expect(squall.SquallInvalidArgument, "max_update",
+           lambda: APMSqueeze([p32], warmup=1, max_update=-1.0))
+    expect(squall.SquallInvalidArgument, "guard", lambda: APMSqueeze([p32], warmup=1, guard=1))
     shape = (5,) if rank == 0 else (6,)
     expect(squall.SquallInvalidUsage, "differ across ranks",
            lambda: APMSqueeze([torch.zeros(shape, requires_grad=True)], warmup=1))
@@ -183,7 +192,7 @@ def _bad_worker(rank, world):
 
 def test_apmsqueeze_bad_input():
     res = _dist.run(_bad_worker, world=WORLD)
-    assert res[0] == res[1] and len(res[0]) == 9
+    assert res[0] == res[1] and len(res[0]) == 11
 
 
 def _ddp_apm_worker(rank, world, warmup, steps):

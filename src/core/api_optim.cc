@@ -66,6 +66,8 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
                  mode);
   SQUALL_REQUIRE(c.slowmoCompressed == 0 || c.slowmoCompressed == 1, Status::kInvalidArgument,
                  Subsys::kApi, "slowmoCompressed is %d; use 0 or 1", c.slowmoCompressed);
+  SQUALL_REQUIRE(c.guard == 0 || c.guard == 1, Status::kInvalidArgument, Subsys::kApi,
+                 "guard is %d; use 1 (the APMSqueeze guard, default) or 0 (off)", c.guard);
   out->mode = static_cast<optim::Mode>(mode);
   out->lr = c.lr;
   out->beta1 = c.beta1;
@@ -80,6 +82,8 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   out->slowmoAlpha = c.slowmoAlpha;
   out->slowmoBeta = c.slowmoBeta;
   out->slowmoCompressed = c.slowmoCompressed != 0;
+  out->guard = c.guard != 0;
+  out->maxUpdate = c.maxUpdate;
   return Status::kOk;
 }
 

@@ -81,6 +81,11 @@ Status validateConfig(const Config& c, int64_t* warmupOut) {
     SQUALL_REQUIRE(inUnitInterval(c.slowmoBeta), Status::kInvalidArgument, Subsys::kOptim,
                    "slowmoBeta is %g; it must be in [0, 1) (0 for plain averaging)", c.slowmoBeta);
   }
+  SQUALL_REQUIRE(std::isfinite(c.maxUpdate) && c.maxUpdate >= 0.0f, Status::kInvalidArgument,
+                 Subsys::kOptim,
+                 "maxUpdate is %g; use 0 (the bound of full-precision Adam for these betas) or a "
+                 "finite bound > 0 on |m| / (sqrt(v_hat) + eps)",
+                 c.maxUpdate);
   int64_t warmup = 0;
   if (c.mode == Mode::kApmSqueeze) {
     if (c.warmupSteps >= 0) {
@@ -106,6 +111,10 @@ Status validateConfig(const Config& c, int64_t* warmupOut) {
 
   *warmupOut = warmup;
   return Status::kOk;
+}
+
+FrozenScalars frozenScalarsOf(const Config& c, float lr) {
+  return frozenScalars(lr, c.beta1, c.beta2, c.eps, c.weightDecay, c.guard, c.maxUpdate);
 }
 
 Status Optimizer::create(coll::Communicator* comm, size_t count, const Config& c,
@@ -212,7 +221,8 @@ void Optimizer::switchToCompressed() {
 Status Optimizer::compressedStep(float* params, const float* grads, float lr) {
   const float b1 = config_.beta1;
   momentumStep(count_, scratch_.data(), m_.data(), grads, b1,
-               static_cast<float>(1.0 - static_cast<double>(b1)));
+               static_cast<float>(1.0 - static_cast<double>(b1)),
+               config_.guard ? v_.data() : nullptr);
   bool finite = true;
   SQUALL_TRY(compressedAverage(momentum_.get(), scratch_.data(), &finite));
   if (!finite) {
@@ -224,9 +234,7 @@ Status Optimizer::compressedStep(float* params, const float* grads, float lr) {
     return Status::kOk;
   }
   m_.swap(scratch_);
-  const float decay =
-      static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(config_.weightDecay));
-  frozenStep(count_, params, m_.data(), v_.data(), decay, -lr, config_.eps);
+  frozenStep(count_, params, m_.data(), v_.data(), frozenScalarsOf(config_, lr));
   return Status::kOk;
 }
 

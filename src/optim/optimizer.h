@@ -15,6 +15,7 @@
 #include "src/coll/compressed_state.h"
 #include "src/common/status.h"
 #include "src/optim/state_blob.h"
+#include "src/optim/update_kernels.h"
 
 namespace squall::optim {
 
@@ -35,6 +36,8 @@ struct Config {
   float slowmoAlpha = 1.0f;
   float slowmoBeta = 0.5f;
   bool slowmoCompressed = false;
+  bool guard = true;       // APMSqueeze compressed stage: mask v_hat == 0, clip the ratio
+  float maxUpdate = 0.0f;  // the clip; 0: adamRatioBound(beta1, beta2)
 };
 
 struct Info {
@@ -48,6 +51,10 @@ struct Info {
 // Checks a config (with messages naming the bad field) and resolves the
 // APMSqueeze warmup length; shared by the host and device optimizers.
 Status validateConfig(const Config& config, int64_t* warmupSteps);
+
+// The scalars of the compressed-stage update at learning rate lr; shared by
+// the host and device optimizers.
+FrozenScalars frozenScalarsOf(const Config& config, float lr);
 
 // The header of a state blob: what the optimizer is and how far it got.
 // Shared by the host optimizer and the device one (src/optim/cuda), whose

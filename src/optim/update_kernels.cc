@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace squall::optim {
 
@@ -51,17 +52,54 @@ void adamStep(size_t n, float* __restrict x, float* __restrict m, float* __restr
 }
 
 void momentumStep(size_t n, float* __restrict out, const float* __restrict m,
-                  const float* __restrict g, float beta1, float oneMinusB1) {
-  for (size_t i = 0; i < n; ++i) out[i] = beta1 * m[i] + oneMinusB1 * g[i];
+                  const float* __restrict g, float beta1, float oneMinusB1,
+                  const float* __restrict maskBy) {
+  if (maskBy == nullptr) {
+    for (size_t i = 0; i < n; ++i) out[i] = beta1 * m[i] + oneMinusB1 * g[i];
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float next = beta1 * m[i] + oneMinusB1 * g[i];
+    out[i] = maskBy[i] > 0.0f ? next : next * 0.0f;  // 0, but NaN stays NaN: the step is skipped
+  }
 }
 
 void scale(size_t n, float* __restrict v, float factor) {
   for (size_t i = 0; i < n; ++i) v[i] = v[i] / factor;
 }
 
+float adamRatioBound(double beta1, double beta2) {
+  const double rho = beta1 * beta1 / beta2;
+  if (!(beta2 > 0.0) || !(rho < 1.0)) return std::numeric_limits<float>::infinity();
+  return static_cast<float>((1.0 - beta1) / std::sqrt((1.0 - beta2) * (1.0 - rho)));
+}
+
+FrozenScalars frozenScalars(double lr, double beta1, double beta2, double eps, double weightDecay,
+                            bool guard, double maxUpdate) {
+  FrozenScalars s;
+  s.decay = static_cast<float>(1.0 - lr * weightDecay);
+  s.negLr = static_cast<float>(-lr);
+  s.eps = static_cast<float>(eps);
+  s.mask = guard;
+  s.bound = !guard            ? std::numeric_limits<float>::infinity()
+            : maxUpdate > 0.0 ? static_cast<float>(maxUpdate)
+                              : adamRatioBound(beta1, beta2);
+  return s;
+}
+
 void frozenStep(size_t n, float* __restrict x, const float* __restrict m,
-                const float* __restrict vHat, float decay, float negLr, float eps) {
-  for (size_t i = 0; i < n; ++i) x[i] = x[i] * decay + negLr * m[i] / (std::sqrt(vHat[i]) + eps);
+                const float* __restrict vHat, const FrozenScalars& s) {
+  const float decay = s.decay, neg = s.negLr, eps = s.eps, hi = s.bound, lo = -s.bound;
+  // m is finite here (the caller skips non-finite steps), so the comparisons
+  // below are a clip; vHat == 0 with the mask gives r = 0 however large m / eps is.
+  const float keep = s.mask ? 0.0f : -1.0f;  // vHat > keep: always true without the mask
+  for (size_t i = 0; i < n; ++i) {
+    float r = m[i] / (std::sqrt(vHat[i]) + eps);
+    r = r > hi ? hi : r;
+    r = r < lo ? lo : r;
+    r = vHat[i] > keep ? r : 0.0f;
+    x[i] = x[i] * decay + neg * r;
+  }
 }
 
 void slowmoStep(size_t n, float* __restrict x, float* __restrict xPrev, float* __restrict u,

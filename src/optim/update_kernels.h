@@ -34,16 +34,42 @@ AdamScalars adamScalars(double lr, double beta1, double beta2, double eps, doubl
 // x += negStep * m / (sqrt(v) / bc2Sqrt + eps).
 void adamStep(size_t n, float* x, float* m, float* v, const float* g, const AdamScalars& s);
 
-// out = beta1 * m + (1 - beta1) * g (the APMSqueeze local momentum).
+// out = beta1 * m + (1 - beta1) * g (the APMSqueeze local momentum). With
+// `maskBy` (the frozen v_hat) set, out = 0 where maskBy is 0 (the guard),
+// except that a non-finite gradient there still gives NaN, so that the step
+// is skipped as for any other element.
 void momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,
-                  float oneMinusB1);
+                  float oneMinusB1, const float* maskBy);
 
 // v = v / bc2 (bias-corrected, frozen at the switch).
 void scale(size_t n, float* v, float factor);
 
-// x *= decay; x += negLr * m / (sqrt(vHat) + eps).
-void frozenStep(size_t n, float* x, const float* m, const float* vHat, float decay, float negLr,
-                float eps);
+// The largest |m_hat| / sqrt(v_hat) Adam's moments can reach with these
+// betas. By Cauchy-Schwarz over the exponential averages,
+// |m_t| <= (1 - beta1) / sqrt(1 - beta2) * sqrt(sum_k rho^k) * sqrt(v_t) with
+// rho = beta1^2 / beta2; with the bias corrections the factor grows with t
+// from 1 (t = 1) to (1 - beta1) / sqrt((1 - beta2) (1 - rho)) (t -> inf),
+// which this returns (7.27 for 0.9, 0.999). +infinity when rho >= 1: no
+// finite bound exists.
+float adamRatioBound(double beta1, double beta2);
+
+// The scalars of one APMSqueeze compressed-stage update.
+struct FrozenScalars {
+  float decay;  // 1 - lr * weightDecay (computed in double, rounded once)
+  float negLr;  // -lr
+  float eps;
+  float bound;  // r = m / (sqrt(vHat) + eps) is clipped to [-bound, bound] (+inf: no clip)
+  bool mask;    // elements with vHat == 0 do not move
+};
+
+// guard off: bound = +inf, mask = false; on: mask, and bound = maxUpdate, or
+// adamRatioBound(beta1, beta2) when maxUpdate is 0.
+FrozenScalars frozenScalars(double lr, double beta1, double beta2, double eps, double weightDecay,
+                            bool guard, double maxUpdate);
+
+// r = clip(m / (sqrt(vHat) + eps), -bound, bound), r = 0 where mask and
+// vHat == 0; x = x * decay + negLr * r.
+void frozenStep(size_t n, float* x, const float* m, const float* vHat, const FrozenScalars& s);
 
 // SlowMo outer step with d = xPrev - xAvg:
 //   u = beta * u + d / lr;  x = xPrev = xAvg + (1 - alpha) * d - alpha * beta * lr * uOld.

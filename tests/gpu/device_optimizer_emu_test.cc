@@ -39,6 +39,11 @@ std::vector<float> gradient(int rank, int step, size_t count, int nanStep, int n
   std::uniform_int_distribution<int> dist(-1024, 1024);
   std::vector<float> g(count);
   for (float& x : g) x = static_cast<float>(dist(rng)) / 1024.0f;
+  // Exercise the APMSqueeze guard: elements that never get a gradient (the
+  // mask) and elements whose gradient is tiny in the first steps (the clip).
+  for (size_t i = 3; i < count; i += 7) g[i] = 0.0f;
+  if (step < 2)
+    for (size_t i = 5; i < count; i += 11) g[i] *= 1.0f / 4096.0f;
   if (step == nanStep && rank == nanRank) g[count / 2] = std::numeric_limits<float>::quiet_NaN();
   return g;
 }

@@ -2,12 +2,14 @@
 // and their C API (include/squall/optim.h) over a one-rank communicator.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "squall/optim.h"
@@ -358,25 +360,136 @@ TEST(State, CorruptTruncatedAndMismatchedBlobsAreRejected) {
   EXPECT_EQ(other->loadState(blob.data(), blob.size()), Status::kInvalidUsage);
 }
 
-TEST(ApmSqueeze, AlwaysZeroGradientsDoNotMoveTheirParameters) {
+// Elements whose gradient is always zero. Whole codec blocks of them decode
+// to exact zeros, so they stay put with or without the guard; scattered ones
+// get the block's +-scale from the 1-bit code and, with v_hat = 0, a step of
+// lr * scale / eps: the guard's mask is what keeps them still.
+void runWithZeroGradients(const Config& c, const std::vector<size_t>& zeros,
+                          std::vector<std::vector<float>>* params) {
   const int n = 3;
-  const size_t count = 2000, zeros = 768;  // three whole codec blocks of 256
-  Config c = apmConfig(3);
-  c.weightDecay = 0.0f;
+  const size_t count = 2000;
   Group group(n);
   auto opts = createAll(group, count, c);
-  std::vector<std::vector<float>> params(n, initialParams(count));
-  const std::vector<float> start = params[0];
+  params->assign(n, initialParams(count));
   group.run([&](coll::Communicator&, int r) {
     for (int s = 0; s < 20; ++s) {
       std::vector<float> g = gradient(r, s, count);
-      std::fill(g.begin(), g.begin() + zeros, 0.0f);
-      ASSERT_EQ(opts[r]->step(params[r].data(), g.data(), 0.0f), Status::kOk);
+      for (size_t i : zeros) g[i] = 0.0f;
+      ASSERT_EQ(opts[r]->step((*params)[r].data(), g.data(), 0.0f), Status::kOk);
     }
   });
-  EXPECT_EQ(std::memcmp(params[0].data(), start.data(), zeros * sizeof(float)), 0);
-  EXPECT_NE(std::memcmp(params[0].data() + zeros, start.data() + zeros, sizeof(float)), 0);
-  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(params[0], params[r]));
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits((*params)[0], (*params)[r]));
+}
+
+size_t movedCount(const std::vector<float>& now, const std::vector<float>& start,
+                  const std::vector<size_t>& which) {
+  size_t moved = 0;
+  for (size_t i : which) moved += now[i] != start[i] ? 1 : 0;
+  return moved;
+}
+
+TEST(ApmSqueeze, AlwaysZeroGradientsDoNotMoveTheirParameters) {
+  Config c = apmConfig(3);
+  c.weightDecay = 0.0f;
+  const std::vector<float> start = initialParams(2000);
+  std::vector<size_t> blocks(768), scattered;  // three whole codec blocks of 256; every 7th
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = i;
+  for (size_t i = 800; i < 2000; i += 7) scattered.push_back(i);
+  std::vector<size_t> others;
+  for (size_t i = 768; i < 2000; ++i)
+    if ((i - 800) % 7 != 0 || i < 800) others.push_back(i);
+
+  for (bool guard : {true, false}) {
+    SCOPED_TRACE(guard ? "guard on" : "guard off");
+    c.guard = guard;
+    std::vector<std::vector<float>> p;
+    std::vector<size_t> zeros = blocks;
+    zeros.insert(zeros.end(), scattered.begin(), scattered.end());
+    runWithZeroGradients(c, zeros, &p);
+    EXPECT_EQ(movedCount(p[0], start, blocks), 0u);
+    EXPECT_EQ(movedCount(p[0], start, others), others.size());
+    if (guard) {
+      EXPECT_EQ(movedCount(p[0], start, scattered), 0u);
+    } else {
+      // Without the mask they take steps of lr * scale / eps.
+      EXPECT_EQ(movedCount(p[0], start, scattered), scattered.size());
+      float far = 0.0f;
+      for (size_t i : scattered) far = std::max(far, std::fabs(p[0][i] - start[i]));
+      EXPECT_GT(far, 1.0f);
+    }
+  }
+}
+
+// adamRatioBound really bounds Adam: |m_hat| / sqrt(v_hat) of the textbook
+// recursion (double) never exceeds it, for random and adversarial gradient
+// sequences, and comes close to it for the worst case (a long run of one
+// sign with geometrically growing magnitude).
+TEST(ApmSqueeze, AdamRatioBoundBoundsAdam) {
+  EXPECT_NEAR(optim::adamRatioBound(0.9, 0.999), 7.2703, 1e-3);
+  EXPECT_TRUE(std::isinf(optim::adamRatioBound(0.99, 0.9)));  // beta1^2 >= beta2
+  EXPECT_TRUE(std::isinf(optim::adamRatioBound(0.5, 0.0)));
+  for (const auto& [b1, b2] : {std::pair{0.9, 0.999}, {0.8, 0.99}, {0.5, 0.9}, {0.0, 0.999}}) {
+    const double bound = optim::adamRatioBound(b1, b2);
+    std::mt19937 rng(3);
+    std::normal_distribution<double> normal;
+    double worst = 0.0;
+    const int period = b1 > 0.0 ? static_cast<int>(100.0 / std::log10(b2 / b1)) : 1;
+    for (int kind = 0; kind < 3; ++kind) {
+      double m = 0.0, v = 0.0;
+      for (int t = 1; t <= 20000; ++t) {
+        double g = normal(rng);
+        if (kind == 1) g = t % 5000 == 0 ? 1e3 : 1e-6;  // rare spikes after silence
+        // The Cauchy-Schwarz equality case: g growing like (beta2 / beta1)^t,
+        // restarted before it overflows (beta1 = 0: a spike, as kind 1).
+        if (kind == 2 && b1 > 0.0) g = std::pow(b2 / b1, t % period);
+        m = b1 * m + (1.0 - b1) * g;
+        v = b2 * v + (1.0 - b2) * g * g;
+        const double ratio =
+            std::fabs(m / (1.0 - std::pow(b1, t))) / std::sqrt(v / (1.0 - std::pow(b2, t)));
+        ASSERT_LE(ratio, bound * (1.0 + 1e-9)) << b1 << " " << b2 << " kind " << kind;
+        worst = std::max(worst, ratio);
+      }
+    }
+    EXPECT_GT(worst, 0.9 * bound) << b1 << " " << b2;
+  }
+}
+
+// Elements with a tiny but nonzero variance (rarely active inputs) get the
+// block's 1-bit scale after the switch: the clip keeps their steps within
+// lr * adamRatioBound, where the plain update moves them by lr * scale /
+// sqrt(v_hat).
+TEST(ApmSqueeze, GuardClipsStepsOfTinyVarianceElements) {
+  const int n = 2, warmup = 3;
+  const size_t count = 1024;
+  for (bool guard : {true, false}) {
+    SCOPED_TRACE(guard ? "guard on" : "guard off");
+    Config c = apmConfig(warmup);
+    c.weightDecay = 0.0f;
+    c.guard = guard;
+    Group group(n);
+    auto opts = createAll(group, count, c);
+    std::vector<std::vector<float>> p(n, initialParams(count));
+    float largest = 0.0f;  // the largest single step of a tiny-variance element
+    group.run([&](coll::Communicator&, int r) {
+      for (int s = 0; s < 12; ++s) {
+        std::vector<float> g = gradient(r, s, count);
+        for (size_t i = 1; i < count; i += 5) g[i] *= 1e-6f;
+        const std::vector<float> before = p[r];
+        ASSERT_EQ(opts[r]->step(p[r].data(), g.data(), 0.0f), Status::kOk);
+        if (r == 0 && s >= warmup)
+          for (size_t i = 1; i < count; i += 5)
+            largest = std::max(largest, std::fabs(p[r][i] - before[i]));
+      }
+    });
+    const float cap = c.lr * optim::adamRatioBound(c.beta1, c.beta2);
+    if (guard) {
+      EXPECT_LE(largest, cap * (1.0f + 1e-5f));
+      EXPECT_GT(largest, 0.5f * cap);  // the clip is what acted
+    } else {
+      EXPECT_GT(largest, 100.0f * cap);
+    }
+    EXPECT_TRUE(sameBits(p[0], p[1]));
+  }
 }
 
 // A rank's non-finite gradient skips the step on every rank, in the warmup
@@ -503,6 +616,15 @@ TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
   c = valid();
   c.size = 3;
   expectRejected(c, squallInvalidArgument, "size");
+  c = valid();
+  c.guard = 2;
+  expectRejected(c, squallInvalidArgument, "guard");
+  c = valid();
+  c.maxUpdate = -1.0f;
+  expectRejected(c, squallInvalidArgument, "maxUpdate");
+  c = valid();
+  c.maxUpdate = std::numeric_limits<float>::infinity();
+  expectRejected(c, squallInvalidArgument, "maxUpdate");
   c = valid();
   c.slowmoTau = 2;
   c.slowmoBeta = 1.0f;

@@ -202,7 +202,8 @@ Status DeviceOptimizer::switchToCompressed(cudaStream_t s) {
 Status DeviceOptimizer::compressedStep(float* x, const float* g, float lr, cudaStream_t s) {
   const float b1 = config_.beta1;
   SQUALL_TRY(momentumStep(count_, scratch_, m_, g, b1,
-                          static_cast<float>(1.0 - static_cast<double>(b1)), s));
+                          static_cast<float>(1.0 - static_cast<double>(b1)),
+                          config_.guard ? v_ : nullptr, s));
   bool finite = true;
   SQUALL_TRY(compressedAverage(momentum_.get(), scratch_, &finite, s));
   if (!finite) {
@@ -214,9 +215,7 @@ Status DeviceOptimizer::compressedStep(float* x, const float* g, float lr, cudaS
     return Status::kOk;
   }
   std::swap(m_, scratch_);
-  const float decay =
-      static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(config_.weightDecay));
-  return frozenStep(count_, x, m_, v_, decay, -lr, config_.eps, s);
+  return frozenStep(count_, x, m_, v_, frozenScalarsOf(config_, lr), s);
 }
 
 Status DeviceOptimizer::slowmoSync(float* x, float lr, cudaStream_t s) {

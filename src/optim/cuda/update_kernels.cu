@@ -40,8 +40,11 @@ __global__ void adamKernel(size_t n, float* x, float* m, float* v, const float* 
 }
 
 __global__ void momentumKernel(size_t n, float* out, const float* m, const float* g, float b1,
-                               float omb1) {
-  SQUALL_GRID_LOOP(i, n) out[i] = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, g[i]));
+                               float omb1, const float* maskBy) {
+  SQUALL_GRID_LOOP(i, n) {
+    const float next = __fadd_rn(__fmul_rn(b1, m[i]), __fmul_rn(omb1, g[i]));
+    out[i] = maskBy == nullptr || maskBy[i] > 0.0f ? next : __fmul_rn(next, 0.0f);
+  }
 }
 
 __global__ void scaleKernel(size_t n, float* v, float factor) {
@@ -49,10 +52,13 @@ __global__ void scaleKernel(size_t n, float* v, float factor) {
 }
 
 __global__ void frozenKernel(size_t n, float* x, const float* m, const float* vHat, float decay,
-                             float negLr, float eps) {
+                             float negLr, float eps, float hi, float keep) {
   SQUALL_GRID_LOOP(i, n) {
-    x[i] = __fadd_rn(__fmul_rn(x[i], decay),
-                     __fdiv_rn(__fmul_rn(negLr, m[i]), __fadd_rn(__fsqrt_rn(vHat[i]), eps)));
+    float r = __fdiv_rn(m[i], __fadd_rn(__fsqrt_rn(vHat[i]), eps));
+    r = r > hi ? hi : r;
+    r = r < -hi ? -hi : r;
+    r = vHat[i] > keep ? r : 0.0f;
+    x[i] = __fadd_rn(__fmul_rn(x[i], decay), __fmul_rn(negLr, r));
   }
 }
 
@@ -125,17 +131,18 @@ Status adamStep(size_t n, float* x, float* m, float* v, const float* g, const Ad
 }
 
 Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,
-                    float oneMinusB1, cudaStream_t stream) {
-  return launch("momentum", momentumKernel, n, stream, out, m, g, beta1, oneMinusB1);
+                    float oneMinusB1, const float* maskBy, cudaStream_t stream) {
+  return launch("momentum", momentumKernel, n, stream, out, m, g, beta1, oneMinusB1, maskBy);
 }
 
 Status scale(size_t n, float* v, float factor, cudaStream_t stream) {
   return launch("variance scale", scaleKernel, n, stream, v, factor);
 }
 
-Status frozenStep(size_t n, float* x, const float* m, const float* vHat, float decay, float negLr,
-                  float eps, cudaStream_t stream) {
-  return launch("frozen-variance update", frozenKernel, n, stream, x, m, vHat, decay, negLr, eps);
+Status frozenStep(size_t n, float* x, const float* m, const float* vHat, const FrozenScalars& s,
+                  cudaStream_t stream) {
+  return launch("frozen-variance update", frozenKernel, n, stream, x, m, vHat, s.decay, s.negLr,
+                s.eps, s.bound, s.mask ? 0.0f : -1.0f);
 }
 
 Status slowmoStep(size_t n, float* x, float* xPrev, float* u, const float* xAvg, float lr,

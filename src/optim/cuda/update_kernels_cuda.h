@@ -20,14 +20,14 @@ namespace squall::optim::cuda {
 // adamStep of update_kernels.h (torch.optim.AdamW's order).
 Status adamStep(size_t n, float* x, float* m, float* v, const float* g, const AdamScalars& s,
                 cudaStream_t stream);
-// out = beta1 * m + (1 - beta1) * g.
+// out = beta1 * m + (1 - beta1) * g, and 0 where maskBy (nullable) is 0.
 Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,
-                    float oneMinusB1, cudaStream_t stream);
+                    float oneMinusB1, const float* maskBy, cudaStream_t stream);
 // v = v / factor.
 Status scale(size_t n, float* v, float factor, cudaStream_t stream);
-// x = x * decay + negLr * m / (sqrt(vHat) + eps).
-Status frozenStep(size_t n, float* x, const float* m, const float* vHat, float decay, float negLr,
-                  float eps, cudaStream_t stream);
+// frozenStep of update_kernels.h: the clipped, masked compressed-stage update.
+Status frozenStep(size_t n, float* x, const float* m, const float* vHat, const FrozenScalars& s,
+                  cudaStream_t stream);
 // slowmoStep of update_kernels.h.
 Status slowmoStep(size_t n, float* x, float* xPrev, float* u, const float* xAvg, float lr,
                   float alpha, float beta, cudaStream_t stream);
