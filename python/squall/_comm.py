@@ -228,21 +228,28 @@ class Communicator:
     def close(self):
         """Destroys the communicator (and the compressors and optimizers made
         on it). Local: no communication. A communicator from NCCL first waits
-        for its GPU, and destroys its NCCL communicator last."""
+        for its GPU, and destroys its NCCL communicator last (aborts it, and
+        then raises the error, when waiting for the GPU failed)."""
         global _default
         if self._h is None:
             return
+        gpu_error = None
         if self._nccl is not None:
-            _cuda.synchronize(self._device)  # no NCCL work in flight below
+            try:
+                _cuda.synchronize(self._device)  # no NCCL work in flight below
+            except Exception as e:  # noqa: BLE001 - tear down anyway, then report it
+                gpu_error = e
         for child in list(self._children):
             child.close()
         h, self._h = self._h, None
         lib.squallCommDestroy(h)
-        if self._nccl is not None:
-            self._nccl.destroy()  # after the squall communicator that wraps it
+        if self._nccl is not None:  # after the squall communicator that wraps it
+            self._nccl.destroy(abort=gpu_error is not None)
         with _default_lock:
             if _default is self:
                 _default = None
+        if gpu_error is not None:
+            raise gpu_error
 
     def __enter__(self):
         return self

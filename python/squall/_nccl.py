@@ -43,6 +43,7 @@ _PROTOS = {
     "ncclCommInitRank": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.c_int, NcclUniqueId,
                                         ctypes.c_int]),
     "ncclCommDestroy": (ctypes.c_int, [_P]),
+    "ncclCommAbort": (ctypes.c_int, [_P]),
     "ncclAllReduce": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _P,
                                      _P]),
 }
@@ -130,10 +131,13 @@ class NcclComm:
                                                        self.handle, stream),
                          "ncclAllReduce", self.handle)
 
-    def destroy(self):
+    def destroy(self, abort=False):
+        """ncclCommDestroy; ncclCommAbort (which does not wait for operations in
+        flight) with abort=True."""
         h, self.handle = self.handle, None
         if h is not None:
-            self.nccl._check(self.nccl._f["ncclCommDestroy"](h), "ncclCommDestroy")
+            name = "ncclCommAbort" if abort else "ncclCommDestroy"
+            self.nccl._check(self.nccl._f[name](h), name)
 
 
 _loaded = None

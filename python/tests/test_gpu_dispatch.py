@@ -177,7 +177,8 @@ class FakeNccl(_nccl.Nccl):
         self.rank = rank
         self._f = {"ncclGetErrorString": lambda r: b"fake failure",
                    "ncclGetUniqueId": self._unique_id, "ncclCommInitRank": self._init,
-                   "ncclCommDestroy": self._destroy, "ncclAllReduce": self._allreduce}
+                   "ncclCommDestroy": self._destroy, "ncclAllReduce": self._allreduce,
+                   "ncclCommAbort": self._abort}
 
     def _unique_id(self, out):
         ctypes.memmove(ctypes.addressof(out._obj), squall.get_unique_id(), 128)
@@ -198,6 +199,10 @@ class FakeNccl(_nccl.Nccl):
 
     def _destroy(self, comm):
         self.log.append(("ncclCommDestroy", comm.value))
+        return 0
+
+    def _abort(self, comm):
+        self.log.append(("ncclCommAbort", comm.value))
         return 0
 
     def _allreduce(self, send, recv, count, dtype, op, comm, stream):
@@ -326,6 +331,19 @@ def _collectives(rank, world):
     assert calls == [("synchronize", FAKE), ("squallCommDestroy", h)]
     assert nccl.log[-2:] == [("squallCommDestroy", h), ("ncclCommDestroy", 0x1000)]
     assert cg._h is None
+    # a GPU that fails while closing: everything is torn down, NCCL aborted,
+    # and the error reported
+    from squall import _cuda
+
+    gpu2 = squall.init(transport="nccl", set_as_default=False)
+
+    def broken(device):
+        raise RuntimeError("CUDA error: an illegal memory access (test)")
+
+    _cuda.synchronize = broken
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        gpu2.close()
+    assert gpu2.closed and nccl.log[-1] == ("ncclCommAbort", 0x1001)
     host.close()
     return True
 
