@@ -319,12 +319,14 @@ def gpu_unsupported():
     if not _HAVE_GPU_SYMBOLS:
         return (f"the loaded libsquall ({path}) predates the GPU entry points "
                 "(squallCommInitFromNccl, squallOptimizerStepOnStream); build a newer Squall")
-    # A build without CUDA or NCCL: its stub says what is missing (it logs the
-    # same sentence as a warning).
+    # Ask the library (it logs its answer as a warning): a build without CUDA
+    # or NCCL says what is missing; the real entry point rejects the NULL
+    # ncclComm_t instead, which means the path is there after all.
     h = ctypes.c_void_p()
     result = lib.squallCommInitFromNccl(ctypes.byref(h), None)
-    msg = last_error() if result != 0 else "squallCommInitFromNccl is missing its NCCL library"
-    return f"the loaded libsquall ({path}) has no GPU path: {msg}"
+    if result != SquallUnsupported.code:
+        return None
+    return f"the loaded libsquall ({path}) has no GPU path: {last_error()}"
 
 
 def require_gpu(what):
@@ -338,4 +340,3 @@ def version():
     v = ctypes.c_int()
     check(lib.squallGetVersion(ctypes.byref(v)))
     return v.value
-
