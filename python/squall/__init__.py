@@ -6,7 +6,7 @@ Pure ctypes over libsquall; see docs/python.md.
 from . import codec
 from ._comm import (Communicator, Compressor, Request, allreduce, get_default, get_unique_id,
                     init, set_default, shutdown)
-from ._lib import (HAVE_OPTIM, SquallCorruptData, SquallError, SquallInProgress,
+from ._lib import (HAVE_GPU, HAVE_OPTIM, SquallCorruptData, SquallError, SquallInProgress,
                    SquallInternalError, SquallInvalidArgument, SquallInvalidUsage,
                    SquallOutOfMemory, SquallRemoteError, SquallSystemError, SquallTimeout,
                    SquallUnsupported, version)
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Communicator", "Compressor", "Request", "allreduce", "codec", "get_default",
     "get_unique_id", "init", "set_default", "shutdown", "version", "library_path", "HAVE_OPTIM",
-    "SquallError", "SquallInvalidArgument", "SquallInvalidUsage", "SquallUnsupported",
+    "HAVE_GPU", "SquallError", "SquallInvalidArgument", "SquallInvalidUsage", "SquallUnsupported",
     "SquallOutOfMemory", "SquallCorruptData", "SquallSystemError", "SquallRemoteError",
     "SquallTimeout", "SquallInternalError", "SquallInProgress",
 ]

@@ -1,15 +1,16 @@
-"""Turning torch tensors and numpy arrays into host pointers for the C API.
+"""Turning torch tensors and numpy arrays into pointers for the C API.
 
 Only dense, contiguous buffers are accepted: collectives run in place, so a
-copy would silently not write back. CUDA tensors are staged through host
-memory (copied to the host, reduced there, copied back); a GPU path that
-skips the copies is planned.
+copy would silently not write back. host_buffer() gives host pointers: CUDA
+tensors are staged through host memory (copied to the host, reduced there,
+copied back), which is what host communicators do. device_buffer() gives the
+device pointer of a CUDA tensor itself, for communicators from NCCL.
 """
 
 import ctypes
 
-from . import _lib
-from ._lib import SquallInvalidArgument
+from . import _cuda, _lib
+from ._lib import SquallInvalidArgument, SquallInvalidUsage
 
 try:  # torch is optional: numpy arrays work without it
     import torch
@@ -70,26 +71,32 @@ class HostBuffer:
             self._target = None
 
 
+def _tensor_dtype(x, name, dtypes):
+    """Checks that a tensor is dense, contiguous and of one of `dtypes`;
+    returns its squallDataType_t."""
+    if x.layout != torch.strided:
+        raise SquallInvalidArgument(
+            f"squall: {name} is a sparse tensor ({x.layout}); only dense tensors are "
+            "supported (call .to_dense() first)")
+    if x.dtype not in _TORCH_DTYPES or _TORCH_DTYPES[x.dtype] not in dtypes:
+        allowed = ", ".join(DTYPE_NAMES[d] for d in dtypes)
+        raise SquallInvalidArgument(
+            f"squall: {name} has dtype {x.dtype}; this operation takes {allowed}")
+    if not x.is_contiguous():
+        raise SquallInvalidArgument(
+            f"squall: {name} is not contiguous (shape {tuple(x.shape)}, stride "
+            f"{tuple(x.stride())}); squall works in place on contiguous memory: pass "
+            "t.contiguous() and copy the result back")
+    return _TORCH_DTYPES[x.dtype]
+
+
 def host_buffer(x, name="tensor", dtypes=ALL, writable=True, stage_in=True):
     """Validates `x` and returns a HostBuffer over its memory.
 
     `stage_in=False` skips copying a CUDA tensor's values to the host (for an
     output buffer that is fully overwritten)."""
     if is_tensor(x):
-        if x.layout != torch.strided:
-            raise SquallInvalidArgument(
-                f"squall: {name} is a sparse tensor ({x.layout}); only dense tensors are "
-                "supported (call .to_dense() first)")
-        if x.dtype not in _TORCH_DTYPES or _TORCH_DTYPES[x.dtype] not in dtypes:
-            allowed = ", ".join(DTYPE_NAMES[d] for d in dtypes)
-            raise SquallInvalidArgument(
-                f"squall: {name} has dtype {x.dtype}; this operation takes {allowed}")
-        if not x.is_contiguous():
-            raise SquallInvalidArgument(
-                f"squall: {name} is not contiguous (shape {tuple(x.shape)}, stride "
-                f"{tuple(x.stride())}); squall works in place on contiguous memory: pass "
-                "t.contiguous() and copy the result back")
-        code = _TORCH_DTYPES[x.dtype]
+        code = _tensor_dtype(x, name, dtypes)
         x = x.detach()
         if x.device.type == "cpu":
             return HostBuffer(x.data_ptr(), x.numel(), code, x)
@@ -116,6 +123,29 @@ def host_buffer(x, name="tensor", dtypes=ALL, writable=True, stage_in=True):
         return HostBuffer(x.ctypes.data, x.size, _NUMPY_DTYPES[x.dtype], x)
     raise SquallInvalidArgument(
         f"squall: {name} must be a torch.Tensor or a numpy.ndarray, not {type(x).__name__}")
+
+
+class DeviceBuffer:
+    """A CUDA tensor's own memory: ``ptr`` (a device address), ``numel``,
+    ``dtype`` (a squallDataType_t). Nothing is staged."""
+
+    __slots__ = ("ptr", "numel", "dtype", "_keep")
+
+    def __init__(self, ptr, numel, dtype, keep):
+        self.ptr, self.numel, self.dtype, self._keep = ptr, numel, dtype, keep
+
+
+def device_buffer(x, name, dtypes, device):
+    """Validates a CUDA tensor on `device` (a communicator from NCCL works on
+    the tensors of its own GPU only) and returns a DeviceBuffer over it."""
+    if not is_tensor(x) or _cuda.device_of(x) != device:
+        where = f"on {_cuda.device_of(x)}" if is_tensor(x) else f"a {type(x).__name__}"
+        raise SquallInvalidUsage(
+            f"squall: {name} is {where}, but this communicator comes from NCCL on {device} and "
+            f"reduces CUDA tensors of {device} only; move the tensor there, or use a host "
+            "communicator (squall.init() without transport='nccl') for CPU tensors and arrays")
+    code = _tensor_dtype(x, name, dtypes)
+    return DeviceBuffer(x.data_ptr(), x.numel(), code, x)
 
 
 def readonly_bytes(data):

@@ -1,12 +1,18 @@
-"""Communicators, the full-precision and compressed allreduce, requests."""
+"""Communicators, the full-precision and compressed allreduce, requests.
+
+Host communicators (TCP, UCX, MPI) take CPU and CUDA tensors and numpy
+arrays; CUDA tensors are staged through host memory. A communicator from
+NCCL (squall.init(transport="nccl")) takes CUDA tensors of its GPU only and
+runs on the current torch stream of that GPU, without host staging.
+"""
 
 import ctypes
 import threading
 import weakref
 
-from . import _lib
-from ._buffers import ALL, FLOATS, host_buffer, is_tensor
-from ._lib import (SquallInvalidArgument, SquallInvalidUsage, check, lib)
+from . import _cuda, _lib, _nccl
+from ._buffers import ALL, FLOATS, device_buffer, host_buffer, is_tensor
+from ._lib import SquallError, SquallInvalidArgument, SquallInvalidUsage, check, lib
 from .codec import codec_string, parse_codec
 
 _OPS = {"sum": _lib.SUM, "avg": _lib.AVG, "mean": _lib.AVG, "min": _lib.MIN, "max": _lib.MAX}
@@ -27,6 +33,11 @@ def _op_code(op, allowed=("sum", "avg", "mean", "min", "max")):
 
 def _config(transport, timeout):
     key = transport.lower() if isinstance(transport, str) else transport
+    if key == "nccl":
+        raise SquallInvalidArgument(
+            "squall: transport 'nccl' is for squall.init(transport='nccl'), which creates the "
+            "NCCL communicator through torch.distributed; from_unique_id and from_env run the "
+            "host transports ('ucx', 'tcp')")
     if key not in _TRANSPORTS:
         raise SquallInvalidArgument(
             f"squall: unknown transport {transport!r}; use 'ucx', 'tcp' or None (SQUALL_TRANSPORT,"
@@ -53,10 +64,17 @@ def get_unique_id():
 class Communicator:
     """A Squall communicator. Create it with :func:`squall.init` (through
     torch.distributed), :meth:`from_env` or :meth:`from_unique_id`. Close it
-    with :meth:`close` (or let it be garbage collected)."""
+    with :meth:`close` (or let it be garbage collected).
 
-    def __init__(self, handle, process_group=None):
+    One made by ``squall.init(transport="nccl")`` wraps an NCCL communicator
+    on one GPU (:attr:`device`), which it owns: it runs the full-precision and
+    the compressed allreduce of CUDA tensors of that GPU, on the current
+    stream, and nothing else."""
+
+    def __init__(self, handle, process_group=None, nccl=None, device=None):
         self._h = handle
+        self._nccl = nccl  # the owned _nccl.NcclComm of a communicator from NCCL
+        self._device = device
         self.process_group = process_group
         self._children = weakref.WeakSet()  # compressors and optimizers to close first
         self._rank = self._query(lib.squallCommRank)
@@ -99,6 +117,8 @@ class Communicator:
     def split(self, color, key=None):
         """Collective: ranks with the same color form a new communicator, ordered
         by (key, rank). color None or negative: takes part, returns None."""
+        self._host_only("split", "create another with squall.init(process_group=subgroup, "
+                        "transport='nccl')")
         c = -1 if color is None or color < 0 else int(color)
         k = self.rank if key is None else int(key)
         h = ctypes.c_void_p()
@@ -121,6 +141,12 @@ class Communicator:
         return self._size
 
     @property
+    def device(self):
+        """The GPU (a torch.device) of a communicator from NCCL; None for host
+        communicators."""
+        return self._device
+
+    @property
     def transport(self):
         name = ctypes.c_char_p()
         check(lib.squallCommTransport(self.handle, ctypes.byref(name)))
@@ -132,13 +158,35 @@ class Communicator:
 
     def __repr__(self):
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        if self._nccl is not None:
+            state += f", nccl on {self._device}"
         return f"<squall.Communicator {state}>"
+
+    def _host_only(self, what, instead="use torch.distributed for it, or a host communicator "
+                   "(squall.init() without transport='nccl')"):
+        if self._nccl is not None:
+            raise SquallInvalidUsage(
+                f"squall: {what} on a communicator from NCCL: it runs the full-precision and the "
+                f"compressed allreduce of CUDA tensors only; {instead}")
 
     # -- collectives -------------------------------------------------------
     def allreduce(self, tensor, op="avg", async_op=False):
         """Full-precision allreduce in place. fp32, fp64, fp16, bf16 (accumulated
-        in fp32), int32, int64; op 'sum', 'avg', 'min' or 'max'."""
+        in fp32), int32, int64; op 'sum', 'avg', 'min' or 'max'.
+
+        On a communicator from NCCL: CUDA tensors of its GPU only, reduced by
+        ncclAllReduce on the current stream (NCCL's arithmetic: fp16 and bf16
+        are reduced in their own precision); the call returns once the work is
+        enqueued, and async_op=True returns a Request that is already done
+        (later work on the same stream sees the result)."""
         o = _op_code(op)
+        if self._nccl is not None:
+            _ = self.handle  # raises when closed
+            buf = device_buffer(tensor, "tensor", ALL, self._device)
+            with _cuda.device_guard(self._device):
+                self._nccl.allreduce(buf.ptr, buf.numel, buf.dtype, o,
+                                     _cuda.current_stream(self._device))
+            return Request(None, tensor, None) if async_op else tensor
         buf = host_buffer(tensor, "tensor", ALL)
         if async_op:
             req = ctypes.c_void_p()
@@ -151,6 +199,7 @@ class Communicator:
         return tensor
 
     def broadcast(self, tensor, root=0):
+        self._host_only("broadcast")
         buf = host_buffer(tensor, "tensor", ALL, stage_in=(self.rank == root))
         check(lib.squallBroadcast(buf.ptr, buf.numel, buf.dtype, int(root), self.handle),
               "squallBroadcast")
@@ -159,6 +208,7 @@ class Communicator:
 
     def allgather(self, tensor, out):
         """`out` holds size * tensor.numel() elements of the same dtype, in rank order."""
+        self._host_only("allgather")
         src = host_buffer(tensor, "tensor", ALL, writable=False)
         dst = host_buffer(out, "out", ALL, stage_in=False)
         if dst.dtype != src.dtype or dst.numel != src.numel * self.size:
@@ -171,22 +221,35 @@ class Communicator:
         return out
 
     def barrier(self):
+        self._host_only("barrier")
         check(lib.squallBarrier(self.handle), "squallBarrier")
 
     # -- lifetime ----------------------------------------------------------
     def close(self):
         """Destroys the communicator (and the compressors and optimizers made
-        on it). Local: no communication."""
+        on it). Local: no communication. A communicator from NCCL first waits
+        for its GPU, and destroys its NCCL communicator last (aborts it, and
+        then raises the error, when waiting for the GPU failed)."""
         global _default
         if self._h is None:
             return
+        gpu_error = None
+        if self._nccl is not None:
+            try:
+                _cuda.synchronize(self._device)  # no NCCL work in flight below
+            except Exception as e:  # noqa: BLE001 - tear down anyway, then report it
+                gpu_error = e
         for child in list(self._children):
             child.close()
         h, self._h = self._h, None
         lib.squallCommDestroy(h)
+        if self._nccl is not None:  # after the squall communicator that wraps it
+            self._nccl.destroy(abort=gpu_error is not None)
         with _default_lock:
             if _default is self:
                 _default = None
+        if gpu_error is not None:
+            raise gpu_error
 
     def __enter__(self):
         return self
@@ -252,8 +315,9 @@ class Compressor:
         self.spec = parse_codec(codec)
         self.codec = codec_string(self.spec)
         h = ctypes.c_void_p()
-        check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
-                                         ctypes.byref(h)), "squallCompressorCreate")
+        with _cuda.device_guard(comm.device):  # from NCCL: device state on its GPU
+            check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
+                                             ctypes.byref(h)), "squallCompressorCreate")
         self._h = h
         comm._children.add(self)
 
@@ -266,20 +330,30 @@ class Compressor:
     def allreduce(self, tensor, op="avg", out=None, async_op=False):
         """Error-compensated compressed allreduce of `tensor` (fp32, fp16 or bf16,
         numel elements) into `out` (default: in place). Every rank ends with
-        bit-identical values. op: 'avg' or 'sum'."""
+        bit-identical values. op: 'avg' or 'sum'.
+
+        On a communicator from NCCL: CUDA tensors of its GPU only, through
+        squallCompressedAllReduceOnStream on the current stream (no host
+        staging; the call returns once the work is enqueued, and async_op=True
+        returns a Request that is already done)."""
         o = _op_code(op, ("sum", "avg", "mean"))
+        comm = self.comm
+        if comm._nccl is not None:
+            src = device_buffer(tensor, "tensor", FLOATS, comm.device)
+            dst = src if out is None else device_buffer(out, "out", FLOATS, comm.device)
+            result = tensor if out is None else out
+            self._check_buffers(src, dst)
+            with _cuda.device_guard(comm.device):
+                check(lib.squallCompressedAllReduceOnStream(
+                    src.ptr, dst.ptr, src.dtype, o, self.handle, comm.handle,
+                    _cuda.current_stream(comm.device)), "squallCompressedAllReduceOnStream")
+            return Request(None, result, None) if async_op else result
         src = host_buffer(tensor, "tensor", FLOATS, writable=out is None)
         if out is None:
             dst, result = src, tensor
         else:
             dst, result = host_buffer(out, "out", FLOATS, stage_in=False), out
-            if dst.dtype != src.dtype:
-                raise SquallInvalidArgument("squall: out must have the input's dtype")
-        for b, what in ((src, "tensor"), (dst, "out")):
-            if b.numel != self.numel:
-                raise SquallInvalidArgument(
-                    f"squall: {what} has {b.numel} elements but the compressor was created for "
-                    f"{self.numel}; create one Compressor per buffer")
+        self._check_buffers(src, dst)
         if async_op:
             req = ctypes.c_void_p()
             check(lib.squallCompressedAllReduceAsync(src.ptr, dst.ptr, src.dtype, o, self.handle,
@@ -291,16 +365,27 @@ class Compressor:
         dst.finish()
         return result
 
+    def _check_buffers(self, src, dst):
+        if dst.dtype != src.dtype:
+            raise SquallInvalidArgument("squall: out must have the input's dtype")
+        for b, what in ((src, "tensor"), (dst, "out")):
+            if b.numel != self.numel:
+                raise SquallInvalidArgument(
+                    f"squall: {what} has {b.numel} elements but the compressor was created for "
+                    f"{self.numel}; create one Compressor per buffer")
+
     def reset(self):
         """Zeroes the residuals (e.g. after loading parameters from elsewhere)."""
-        check(lib.squallCompressorReset(self.handle), "squallCompressorReset")
+        with _cuda.device_guard(self.comm.device):
+            check(lib.squallCompressorReset(self.handle), "squallCompressorReset")
 
     @property
     def stats(self):
         """{'calls', 'skipped_calls'} are running totals; {'bytes_sent',
         'bytes_received'} are this rank's bytes in the last call only."""
         s = _lib.CompressorStats()
-        check(lib.squallCompressorGetStats(self.handle, ctypes.byref(s)))
+        with _cuda.device_guard(self.comm.device):
+            check(lib.squallCompressorGetStats(self.handle, ctypes.byref(s)))
         return {"calls": s.calls, "skipped_calls": s.skippedCalls, "bytes_sent": s.bytesSent,
                 "bytes_received": s.bytesReceived}
 
@@ -352,6 +437,14 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     torch.distributed must be initialised. The group's first member creates the
     unique id; it reaches the others through broadcast_object_list on the group.
     Collective over the group's members; a process outside the group gets None.
+
+    transport='nccl' creates an NCCL communicator on the current CUDA device
+    (torch.cuda.set_device first) and wraps it (squallCommInitFromNccl); the
+    result reduces CUDA tensors on the GPU (see Communicator). It needs a
+    CUDA build of torch, libnccl.so.2 and libsquall built with CUDA and NCCL;
+    timeout does not apply to it. Its NCCL id and every rank's local checks
+    go through one all_gather_object on the group, so a rank that cannot
+    take part makes every rank raise.
     """
     import torch.distributed as dist
 
@@ -364,6 +457,15 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     if rank < 0:  # not a member of the subgroup
         return None
     size = dist.get_world_size(group)
+    if isinstance(transport, str) and transport.lower() == "nccl":
+        if timeout is not None:
+            raise SquallInvalidArgument(
+                "squall.init: timeout applies to the host transports; a communicator from NCCL "
+                "has none (leave timeout=None with transport='nccl')")
+        comm = _init_nccl(dist, group, process_group, rank, size)
+        if set_as_default:
+            set_default(comm)
+        return comm
     obj = [get_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(obj, src=_global_rank(dist, process_group, 0), group=group)
     comm = Communicator.from_unique_id(obj[0], size, rank, transport, timeout,
@@ -371,6 +473,44 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     if set_as_default:
         set_default(comm)
     return comm
+
+
+def _init_nccl(dist, group, process_group, rank, size):
+    what = "squall.init(transport='nccl')"
+    nccl = device = uid = error = None
+    try:
+        device = _cuda.current_device(what)
+        _lib.require_gpu(what)
+        nccl = _nccl.load()
+        if rank == 0:
+            with _cuda.device_guard(device):
+                uid = nccl.get_unique_id()
+    except Exception as e:  # noqa: BLE001 - every rank must hear of it, below
+        error = e
+    # One collective hands out the NCCL id and every rank's local failure, so
+    # that all ranks raise together instead of some waiting in ncclCommInitRank.
+    mine = (None if error is None else (getattr(error, "code", None),
+                                        f"{type(error).__name__}: {error}"), uid)
+    everyone = [None] * size
+    dist.all_gather_object(everyone, mine, group=group)
+    if error is not None:
+        raise error
+    for r, (err, _) in enumerate(everyone):
+        if err is not None:
+            cls = _lib._ERRORS.get(err[0], SquallError)
+            raise cls(f"{what}: rank {r} of the group failed: {err[1]}")
+    with _cuda.device_guard(device):
+        nc = nccl.init_rank(size, everyone[0][1], rank)
+        h = ctypes.c_void_p()
+        try:
+            check(lib.squallCommInitFromNccl(ctypes.byref(h), nc.handle),
+                  "squallCommInitFromNccl")
+            return Communicator(h, process_group, nccl=nc, device=device)
+        except BaseException:
+            if h.value:
+                lib.squallCommDestroy(h)
+            nc.destroy()
+            raise
 
 
 def shutdown():

@@ -219,6 +219,15 @@ _OPTIM = {
     "squallOptimizerLoadState": (c_result, [P, P, SZ]),
 }
 
+# The GPU entry points (squall.h "GPU (CUDA) buffers", optim.h "Device
+# buffers"): bound when the library has them. A build without CUDA and NCCL
+# has them too; they return squallUnsupported.
+_GPU = {
+    "squallCommInitFromNccl": (c_result, [ctypes.POINTER(P), P]),
+    "squallCompressedAllReduceOnStream": (c_result, [P, P, c_enum, c_enum, P, P, P]),
+    "squallOptimizerStepOnStream": (c_result, [P, PF, PF, ctypes.c_float, P]),
+}
+
 
 def _candidates():
     env = os.environ.get("SQUALL_LIBRARY")
@@ -264,6 +273,18 @@ if HAVE_OPTIM:
         _f = getattr(lib, _name)
         _f.restype, _f.argtypes = _res, _args
 
+for _name, (_res, _args) in _GPU.items():
+    if hasattr(lib, _name):
+        _f = getattr(lib, _name)
+        _f.restype, _f.argtypes = _res, _args
+_HAVE_GPU_SYMBOLS = all(hasattr(lib, n) for n in _GPU
+                        if HAVE_OPTIM or n != "squallOptimizerStepOnStream")
+
+# The library was built with its GPU path (api_device.cc) exactly when it links
+# NCCL, so NCCL's symbols resolve through its handle (dlsym searches a
+# library's dependencies). Asking the library itself would log a warning.
+HAVE_GPU = _HAVE_GPU_SYMBOLS and hasattr(lib, "ncclCommInitRank")
+
 
 def last_error():
     msg = lib.squallGetLastError()
@@ -292,6 +313,30 @@ def require_optim():
         raise SquallUnsupported(
             f"the loaded libsquall ({path}) has no optimizer API (squallOptimizerCreate, "
             "include/squall/optim.h); build a newer Squall")
+
+
+def gpu_unsupported():
+    """None when the loaded libsquall has its GPU path, else why not."""
+    if HAVE_GPU:
+        return None
+    if not _HAVE_GPU_SYMBOLS:
+        return (f"the loaded libsquall ({path}) predates the GPU entry points "
+                "(squallCommInitFromNccl, squallOptimizerStepOnStream); build a newer Squall")
+    # Ask the library (it logs its answer as a warning): a build without CUDA
+    # or NCCL says what is missing; the real entry point rejects the NULL
+    # ncclComm_t instead, which means the path is there after all.
+    h = ctypes.c_void_p()
+    result = lib.squallCommInitFromNccl(ctypes.byref(h), None)
+    if result != SquallUnsupported.code:
+        return None
+    return f"the loaded libsquall ({path}) has no GPU path: {last_error()}"
+
+
+def require_gpu(what):
+    """Raises SquallUnsupported, saying why, when libsquall has no GPU path."""
+    reason = gpu_unsupported()
+    if reason is not None:
+        raise SquallUnsupported(f"{what}: {reason}")
 
 
 def version():

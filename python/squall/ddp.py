@@ -12,8 +12,10 @@ APMSqueeze (the optimizer communicates; DDP only averages during warmup)::
     ddp_model.register_comm_hook(squall.ddp.APMSqueezeState(opt), squall.ddp.apmsqueeze_hook)
 
 Both run synchronously on DDP's reducer thread and return a completed
-torch.futures.Future holding the bucket's (averaged) gradient. CUDA buckets
-are staged through host memory.
+torch.futures.Future holding the bucket's (averaged) gradient. On a host
+communicator CUDA buckets are staged through host memory; on one from NCCL
+(squall.init(transport="nccl")) they are reduced on the GPU, on the current
+stream (that combination has not run on GPU hardware yet).
 """
 
 import torch

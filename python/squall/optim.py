@@ -1,9 +1,19 @@
 """Optimizers over Squall's communicators: APMSqueeze (C core) and SlowMo.
 
-APMSqueeze copies each parameter group into one contiguous fp32 host buffer
-every step (and the gradients into another), runs the C optimizer on it and
-copies the result back into the parameters. Parameters stay ordinary tensors
-(any device, any storage); the price is two copies of the group per step.
+APMSqueeze copies each parameter group into one contiguous fp32 buffer every
+step (and the gradients into another), runs the C optimizer on it and copies
+the result back into the parameters. Parameters stay ordinary tensors (any
+storage); the price is two copies of the group per step. The flat buffers
+live where the group lives:
+
+* CPU parameters: host buffers, squallOptimizerStep.
+* CUDA parameters (all on one GPU) with a communicator from NCCL: device
+  buffers on that GPU, squallOptimizerStepOnStream on the current stream (the
+  optimizer state lives on the GPU; nothing is staged through the host).
+* CUDA parameters with a host communicator: device buffers, each copied to a
+  host buffer and back around squallOptimizerStep (one copy each way per
+  step, what squallOptimizerStepOnStream does in C, but it works with a
+  libsquall built without CUDA).
 """
 
 import ctypes
@@ -12,7 +22,7 @@ import math
 
 import torch
 
-from . import _lib
+from . import _cuda, _lib
 from ._comm import Compressor, get_default
 from ._lib import SquallInvalidArgument, SquallInvalidUsage, check, lib
 from .codec import parse_codec
@@ -25,7 +35,8 @@ def _check_same_across_ranks(comm, params_groups, what):
     """Collective: raises on every rank when the parameter shapes differ."""
     shapes = [[tuple(p.shape) for p in g] for g in params_groups]
     digest = int.from_bytes(hashlib.sha256(repr(shapes).encode()).digest()[:7], "little")
-    v = torch.tensor([digest, -digest], dtype=torch.int64)
+    v = _cuda.zeros(2, torch.int64, comm.device)  # a communicator from NCCL reduces on its GPU
+    v[0], v[1] = digest, -digest
     comm.allreduce(v, "max")
     if int(v[0]) != digest or int(-v[1]) != digest:
         raise SquallInvalidUsage(
@@ -65,10 +76,14 @@ class APMSqueeze(torch.optim.Optimizer):
     schedulers work: each step passes the group's current lr); betas, eps and
     weight_decay are fixed when the group is created.
 
-    Parameters are copied into a flat fp32 host buffer and back each step;
-    all parameters of a group must be fp32 (master weights). A parameter whose
-    .grad is None takes a zero gradient and is not written back (it does not
-    move, as in torch's optimizers); every rank must agree on which ones.
+    Parameters are copied into a flat fp32 buffer and back each step; all
+    parameters of a group must be fp32 (master weights) on one device. CUDA
+    groups keep their flat buffers on their GPU; with a communicator from NCCL
+    (squall.init(transport="nccl")) the C optimizer runs there too, on the
+    current stream, and every group must be on that communicator's GPU. A
+    parameter whose .grad is None takes a zero gradient and is not written
+    back (it does not move, as in torch's optimizers); every rank must agree
+    on which ones.
 
     guard (default True): in the compressed stage, elements whose gradient was
     zero through the whole warmup do not move, and no element's step exceeds
@@ -110,7 +125,9 @@ class APMSqueeze(torch.optim.Optimizer):
         self.comm = comm if comm is not None else get_default()
         self._opts = []
         self._created = []  # the hyperparameters each C optimizer was made with
-        self._flat = []  # (params fp32, grads fp32) host buffers per group
+        self._flat = []  # (params fp32, grads fp32) per group, on the group's device
+        self._devices = []  # per group: its CUDA device, or None for the host path
+        self._staging = []  # per group: host copies of _flat (CUDA group, host communicator)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
         _check_same_across_ranks(self.comm, [g["params"] for g in self.param_groups],
@@ -150,6 +167,24 @@ class APMSqueeze(torch.optim.Optimizer):
         return (tuple(float(b) for b in group["betas"]), float(group["eps"]),
                 float(group["weight_decay"]))
 
+    def _group_device(self, params):
+        """The CUDA device whose flat buffers a group gets, or None (host)."""
+        i = len(self._opts)
+        devices = {_cuda.device_of(p) for p in params}
+        if len(devices) > 1:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: param group {i} has parameters on "
+                f"{', '.join(sorted(str(d) for d in devices))}; a group is flattened into one "
+                "buffer on one device: give each device's parameters their own param group")
+        nccl = self.comm._nccl is not None
+        device = devices.pop() if devices else (self.comm.device if nccl else None)
+        if nccl and device != self.comm.device:
+            raise SquallInvalidUsage(
+                f"squall.optim.APMSqueeze: param group {i} is on {device}, but the communicator "
+                f"comes from NCCL on {self.comm.device} and steps parameters of that GPU only; "
+                "move them there, or use a host communicator (squall.init()) for CPU parameters")
+        return device if device is not None and device.type == "cuda" else None
+
     def _create(self, group):
         params = group["params"]
         dtypes = {p.dtype for p in params}
@@ -163,6 +198,7 @@ class APMSqueeze(torch.optim.Optimizer):
             if p.layout != torch.strided:
                 raise SquallInvalidArgument("squall.optim.APMSqueeze: sparse parameters are "
                                             "not supported")
+        device = self._group_device(params)
         numel = sum(p.numel() for p in params)
         cfg = _lib.OptimConfig()
         cfg.mode = _MODES[self.mode]
@@ -175,12 +211,20 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.guard = 1 if self.guard else 0
         cfg.maxUpdate = float(self.max_update or 0.0)
         h = ctypes.c_void_p()
-        check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
-                                        ctypes.byref(h)), "squallOptimizerCreate")
+        with _cuda.device_guard(self.comm.device):  # from NCCL: the state lives on its GPU
+            check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
+                                            ctypes.byref(h)), "squallOptimizerCreate")
         self._opts.append(h)
         self._created.append(self._hyper(group))
-        self._flat.append((torch.zeros(numel, dtype=torch.float32),
-                           torch.zeros(numel, dtype=torch.float32)))
+        self._flat.append((_cuda.zeros(numel, torch.float32, device),
+                           _cuda.zeros(numel, torch.float32, device)))
+        self._devices.append(device)
+        staging = None
+        if device is not None and self.comm._nccl is None:
+            pinned = torch.cuda.is_available()
+            staging = tuple(torch.zeros(numel, dtype=torch.float32, pin_memory=pinned)
+                            for _ in range(2))
+        self._staging.append(staging)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -209,32 +253,49 @@ class APMSqueeze(torch.optim.Optimizer):
             lr = float(group["lr"])
             if lr < 0 or math.isnan(lr):
                 raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be >= 0, not {lr}")
-            params = group["params"]
-            flat_p, flat_g = self._flat[i]
-            has_grad = []
-            off = 0
-            for p in params:
-                n = p.numel()
-                flat_p[off:off + n].copy_(p.detach().reshape(-1))
-                g = p.grad
-                if g is None:
-                    flat_g[off:off + n].zero_()
-                else:
-                    if g.layout != torch.strided:
-                        raise SquallInvalidArgument(
-                            "squall.optim.APMSqueeze: sparse gradients are not supported (use "
-                            "dense embeddings: sparse=False)")
-                    if g.shape != p.shape:
-                        raise SquallInvalidArgument(
-                            f"squall.optim.APMSqueeze: a gradient of shape {tuple(g.shape)} "
-                            f"belongs to a parameter of shape {tuple(p.shape)}")
-                    flat_g[off:off + n].copy_(g.reshape(-1))  # any layout, device, float dtype
-                has_grad.append(g is not None)
-                off += n
-            check(lib.squallOptimizerStep(self._handle(i), flat_p.data_ptr(), flat_g.data_ptr(),
-                                          lr if lr > 0 else _TINY_LR), "squallOptimizerStep")
-            _unflatten_from(flat_p, params, has_grad)
+            with _cuda.device_guard(self._devices[i]):  # copies on the GPU's current stream
+                self._step_group(i, group["params"], lr if lr > 0 else _TINY_LR)
         return loss
+
+    def _step_group(self, i, params, lr):
+        flat_p, flat_g = self._flat[i]
+        has_grad = []
+        off = 0
+        for p in params:
+            n = p.numel()
+            flat_p[off:off + n].copy_(p.detach().reshape(-1))
+            g = p.grad
+            if g is None:
+                flat_g[off:off + n].zero_()
+            else:
+                if g.layout != torch.strided:
+                    raise SquallInvalidArgument(
+                        "squall.optim.APMSqueeze: sparse gradients are not supported (use "
+                        "dense embeddings: sparse=False)")
+                if g.shape != p.shape:
+                    raise SquallInvalidArgument(
+                        f"squall.optim.APMSqueeze: a gradient of shape {tuple(g.shape)} "
+                        f"belongs to a parameter of shape {tuple(p.shape)}")
+                flat_g[off:off + n].copy_(g.reshape(-1))  # any layout, device, float dtype
+            has_grad.append(g is not None)
+            off += n
+        device, staging = self._devices[i], self._staging[i]
+        if device is None:  # host buffers
+            check(lib.squallOptimizerStep(self._handle(i), flat_p.data_ptr(), flat_g.data_ptr(),
+                                          lr), "squallOptimizerStep")
+        elif staging is None:  # a communicator from NCCL: the device optimizer
+            check(lib.squallOptimizerStepOnStream(self._handle(i), flat_p.data_ptr(),
+                                                  flat_g.data_ptr(), lr,
+                                                  _cuda.current_stream(device)),
+                  "squallOptimizerStepOnStream")
+        else:  # a host communicator: one copy to the host and one back
+            host_p, host_g = staging
+            host_p.copy_(flat_p)
+            host_g.copy_(flat_g)
+            check(lib.squallOptimizerStep(self._handle(i), host_p.data_ptr(), host_g.data_ptr(),
+                                          lr), "squallOptimizerStep")
+            flat_p.copy_(host_p)
+        _unflatten_from(flat_p, params, has_grad)
 
     # -- introspection -----------------------------------------------------
     def info(self, group=0):
@@ -262,11 +323,13 @@ class APMSqueeze(torch.optim.Optimizer):
         blobs = []
         for i in range(len(self._opts)):
             size = ctypes.c_size_t()
-            check(lib.squallOptimizerStateSize(self._handle(i), ctypes.byref(size)))
-            blob = torch.zeros(max(size.value, 1), dtype=torch.uint8)
             written = ctypes.c_size_t()
-            check(lib.squallOptimizerSaveState(self._handle(i), blob.data_ptr(), size.value,
-                                               ctypes.byref(written)), "squallOptimizerSaveState")
+            with _cuda.device_guard(self.comm.device):  # from NCCL: copied from the GPU
+                check(lib.squallOptimizerStateSize(self._handle(i), ctypes.byref(size)))
+                blob = torch.zeros(max(size.value, 1), dtype=torch.uint8)
+                check(lib.squallOptimizerSaveState(self._handle(i), blob.data_ptr(), size.value,
+                                                   ctypes.byref(written)),
+                      "squallOptimizerSaveState")
             blobs.append(blob[:written.value].clone())
         sd["squall"] = {"format": 1, "mode": self.mode, "blobs": blobs,
                         "numels": [f[0].numel() for f in self._flat]}
@@ -293,8 +356,9 @@ class APMSqueeze(torch.optim.Optimizer):
             b = torch.as_tensor(blob, dtype=torch.uint8).contiguous().cpu() \
                 if not isinstance(blob, (bytes, bytearray)) else torch.frombuffer(
                     bytearray(blob), dtype=torch.uint8)
-            check(lib.squallOptimizerLoadState(self._handle(i), b.data_ptr(), b.numel()),
-                  "squallOptimizerLoadState")
+            with _cuda.device_guard(self.comm.device):
+                check(lib.squallOptimizerLoadState(self._handle(i), b.data_ptr(), b.numel()),
+                      "squallOptimizerLoadState")
         self._created = [self._hyper(g) for g in self.param_groups]
 
     def close(self):
@@ -328,7 +392,8 @@ class SlowMo(torch.optim.Optimizer):
     stays local. With broadcast_initial (default), rank 0's parameters are
     broadcast at construction so all ranks start equal. With lr == 0 a sync
     sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
-    average gradients otherwise): SlowMo only communicates parameters.
+    average gradients otherwise): SlowMo only communicates parameters. It
+    keeps x_prev and u on the host and needs a host communicator.
     """
 
     def __init__(self, base, tau=12, alpha=1.0, beta=0.5, mode="full", codec="onebit",
@@ -345,6 +410,10 @@ class SlowMo(torch.optim.Optimizer):
         self.tau, self.alpha, self.beta = int(tau), float(alpha), float(beta)
         self.mode, self.codec = mode, codec
         self.comm = comm if comm is not None else get_default()
+        if self.comm._nccl is not None:
+            raise SquallInvalidUsage(
+                "squall.optim.SlowMo averages host copies of the parameters and needs a host "
+                "communicator (squall.init() without transport='nccl'); this one comes from NCCL")
         self.steps = 0
         _check_same_across_ranks(self.comm, [g["params"] for g in base.param_groups], "SlowMo")
         self._x_prev, self._u, self._compressors = [], [], []

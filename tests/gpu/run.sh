@@ -8,15 +8,18 @@
 # (-Dcuda=enabled), builds, runs the CPU unit tests, the GPU codec tests
 # (CUDA against the scalar reference), the GPU throughput benchmark, the
 # compressed allreduce of device buffers over NCCL (2 and 4 processes on the
-# GPU, plus the optimizer on device buffers against the host optimizer) and its
-# benchmark against ncclAllReduce, and
+# GPU, plus the optimizer on device buffers against the host optimizer), the
+# Python binding's GPU path (when the Python has a CUDA build of torch; else a
+# SKIP line) and the benchmark against ncclAllReduce, and
 # prints one PASS/FAIL line per step. Exit status 0 only if every step passed.
 #
 # Environment:
-#   SQUALL_GPU_OUT    folder for summary.txt and the logs (default: a mktemp dir)
-#   SQUALL_GPU_BUILD  build directory (default: build-gpu)
-#   SQUALL_GPU_ARCHS  gpu_archs option (default: 80;90)
-# Budget: the steps' timeouts add up to 470 s, under 8 minutes.
+#   SQUALL_GPU_OUT     folder for summary.txt and the logs (default: a mktemp dir)
+#   SQUALL_GPU_BUILD   build directory (default: build-gpu)
+#   SQUALL_GPU_ARCHS   gpu_archs option (default: 80;90)
+#   SQUALL_GPU_PYTHON  Python for the binding's test (default: /usr/bin/python3)
+# Budget: the steps' timeouts add up to 560 s, plus 30 s for the torch check:
+# under 10 minutes.
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -122,6 +125,24 @@ if grep -q '^SKIP:' "$out/nccl-allreduce-tests.log"; then
   failed=1
 fi
 grep -E '^(PASS|FAIL)|FAIL ' "$out/nccl-allreduce-tests.log" | tee -a "$summary" || true
+
+# The Python binding (python/squall) on the GPU: squall.init(transport="nccl"),
+# the allreduce and compressed allreduce of CUDA tensors and APMSqueeze on
+# CUDA parameters, 2 processes on the GPU, bit for bit against the TCP
+# communicator. It needs a CUDA build of torch, which a bare machine may lack
+# (and cannot download offline): then it is skipped, not failed.
+py="${SQUALL_GPU_PYTHON:-/usr/bin/python3}"
+lib="$build/src/core/libsquall.so"
+[[ $lib == /* ]] || lib="$PWD/$lib"
+if timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' \
+  >"$out/python-torch.log" 2>&1; then
+  step python-gpu-tests 90 env SQUALL_LIBRARY="$lib" PYTHONPATH="$PWD/python" \
+    "$py" tests/gpu/python_gpu_test.py || true
+  grep -E '^(PASS|FAIL|SKIP)|: FAIL ' "$out/python-gpu-tests.log" | tee -a "$summary" || true
+else
+  why="$(tail -n 1 "$out/python-torch.log" 2>/dev/null)"
+  note "SKIP: python-gpu-tests: $py has no CUDA torch with a GPU (${why:-no output})"
+fi
 
 step gpu-allreduce-bench 40 "$build/perf/gpu_allreduce_bench" || true
 grep -E 'BENCH|SKIP|FAIL' "$out/gpu-allreduce-bench.log" | tee -a "$summary" || true
