@@ -201,7 +201,8 @@ def train_one(task, method, seed, steps, rank, world, args):
     elif method == "apmsqueeze":
         opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
                                       warmup=args.warmup, total_steps=steps,
-                                      codec=args.apm_codec)
+                                      codec=args.apm_codec, guard=bool(args.apm_guard),
+                                      max_update=args.apm_max_update)
     elif method == "slowmo_adam":
         base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
         opt = squall.optim.SlowMo(base,
@@ -292,7 +293,8 @@ def worker(rank, world, port, args, plan, out_path):
                    "elapsed_max_s": max(a["elapsed_s"] for a in allr)}
             records = [x for x in records if not (x["task"] == task_name and
                        x["method"] == method and x["seed"] == seed)] + [rec]
-            meta.update({"args": vars(args), "world": world})
+            meta.update({"args": vars(args), "world": world,
+                         "compressed_algo": os.environ.get("SQUALL_COMPRESSED_ALGO", "auto")})
             if task_name == "digits":
                 meta["digits"] = {"dropped_pixels": task.dropped, "inputs": task.nin}
             if task_name == "charlm":
@@ -442,7 +444,7 @@ def main():
     ap.add_argument("--digits-steps", type=int, default=300)
     ap.add_argument("--lm-steps", type=int, default=240)
     ap.add_argument("--digits-batch", type=int, default=64, help="global batch")
-    ap.add_argument("--digits-drop-constant", type=int, default=1,
+    ap.add_argument("--digits-drop-constant", type=int, default=0,
                     help="drop input pixels constant (0) over the training set (1/0)")
     ap.add_argument("--digits-lr", type=float, default=3e-3)
     ap.add_argument("--digits-sgd-lr", type=float, default=0.1)
@@ -455,6 +457,10 @@ def main():
     ap.add_argument("--warmup", type=float, default=0.15, help="APMSqueeze warmup fraction")
     ap.add_argument("--eps", type=float, default=1e-8, help="Adam eps (every Adam method)")
     ap.add_argument("--apm-codec", default="onebit", help="APMSqueeze's codec")
+    ap.add_argument("--apm-guard", type=int, default=1,
+                    help="APMSqueeze's guard (1, default) or the plain update (0)")
+    ap.add_argument("--apm-max-update", type=float, default=None,
+                    help="APMSqueeze's clip (default: the bound of Adam for the betas)")
     ap.add_argument("--tau", type=int, default=12)
     ap.add_argument("--eval-every", type=int, default=48)
     ap.add_argument("--quick", action="store_true", help="1 seed, 48 steps: smoke test")
