@@ -50,7 +50,8 @@ class OnebitState:
 
     def __init__(self, comm=None, warmup_steps=100, codec="onebit"):
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
-            raise ValueError(f"squall.ddp.OnebitState: warmup_steps must be an int >= 0")
+            raise ValueError(
+                f"squall.ddp.OnebitState: warmup_steps must be an int >= 0, not {warmup_steps!r}")
         self.comm = comm
         self.warmup_steps = int(warmup_steps)
         self.codec = codec

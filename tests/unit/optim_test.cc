@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -625,6 +626,15 @@ TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
   c = valid();
   c.maxUpdate = std::numeric_limits<float>::infinity();
   expectRejected(c, squallInvalidArgument, "maxUpdate");
+  // A caller built before the guard fields existed passes a shorter size: the
+  // fields past it are not read (here invalid values), and take their defaults.
+  c = valid();
+  c.size = offsetof(squallOptimConfig_t, guard);
+  c.guard = 7;
+  c.maxUpdate = -3.0f;
+  squallOptimizer_t old = nullptr;
+  ASSERT_EQ(squallOptimizerCreate(comm_, 10, &c, &old), squallSuccess) << squallGetLastError();
+  EXPECT_EQ(squallOptimizerDestroy(old), squallSuccess);
   c = valid();
   c.slowmoTau = 2;
   c.slowmoBeta = 1.0f;
