@@ -30,6 +30,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
                                     ReduceOp op, CompressedState* state);
 // The auto choice between the two (see compressed_allgather.cc).
-CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec);
+CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
+                                    double latencyBytes);
 
 }  // namespace squall::coll

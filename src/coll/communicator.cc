@@ -69,6 +69,22 @@ Options Options::fromEnvironment() {
                 compressed.c_str());
   const int64_t segment = paramInt(Param::kSegmentBytes);
   if (segment >= 0) o.segmentBytes = static_cast<size_t>(segment);
+  const int64_t mbps = paramInt(Param::kNetMbps);
+  if (mbps > 0)
+    o.netMbps = static_cast<double>(mbps);
+  else
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_NET_MBPS must be a bandwidth > 0 in Mbit/s, not %lld; "
+                "using 10000",
+                static_cast<long long>(mbps));
+  const int64_t latency = paramInt(Param::kNetLatencyUs);
+  if (latency >= 0)
+    o.netLatencyUs = static_cast<double>(latency);
+  else
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_NET_LATENCY_US must be >= 0 microseconds, not %lld; "
+                "using 50",
+                static_cast<long long>(latency));
   return o;
 }
 
@@ -314,7 +330,7 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
     }
     CompressedAlgo algo = ctx.options->compressedAlgo;
     if (algo == CompressedAlgo::kAuto)
-      algo = chooseCompressedAlgo(ctx.size(), count, state->spec());
+      algo = chooseCompressedAlgo(ctx.size(), count, state->spec(), ctx.options->latencyBytes());
     return algo == CompressedAlgo::kAllGather
                ? allGatherCompressedAllReduce(ctx, in, out, dtype, op, state)
                : twoPhaseCompressedAllReduce(ctx, in, out, dtype, op, state);

@@ -22,8 +22,10 @@
 //
 // Choice (auto): two-phase costs 2(n-1) alpha + 2(n-1)/n E beta, all-gather
 // (n-1) alpha + (n-1) E beta; all-gather wins when E (n-2)/n <= alpha/beta.
-// We take alpha = 50 us and beta = 1 / (1.25 GB/s) (a 10 Gb/s network), so
-// alpha/beta = 62500 bytes; n = 2 always uses the all-gather.
+// alpha and beta come from SQUALL_NET_LATENCY_US and SQUALL_NET_MBPS
+// (default 50 us and 10 Gbit/s: alpha/beta = 62500 bytes, so at 4 ranks the
+// all-gather up to about 1M elements of onebit; at 1 Gbit/s up to about
+// 100k); n = 2 always uses the all-gather.
 #include <vector>
 
 #include "src/coll/algorithms.h"
@@ -31,13 +33,13 @@
 
 namespace squall::coll {
 
-CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec) {
-  constexpr double kAlphaOverBeta = 50e-6 * 1.25e9;
+CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
+                                    double latencyBytes) {
   size_t encoded = 0;
   if (codec::encodedSize(spec, count, &encoded) != Status::kOk) return CompressedAlgo::kTwoPhase;
   const double n = nranks;
-  return static_cast<double>(encoded) * (n - 2) / n <= kAlphaOverBeta ? CompressedAlgo::kAllGather
-                                                                      : CompressedAlgo::kTwoPhase;
+  return static_cast<double>(encoded) * (n - 2) / n <= latencyBytes ? CompressedAlgo::kAllGather
+                                                                    : CompressedAlgo::kTwoPhase;
 }
 
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,

@@ -25,6 +25,11 @@ struct Options {
   size_t allReduceSmallBytes = 32768;                     // SQUALL_ALLREDUCE_SMALL_BYTES
   CompressedAlgo compressedAlgo = CompressedAlgo::kAuto;  // SQUALL_COMPRESSED_ALGO
   size_t segmentBytes = 1 << 20;                          // SQUALL_SEGMENT_BYTES; 0: one
+  double netMbps = 10000.0;                               // SQUALL_NET_MBPS
+  double netLatencyUs = 50.0;                             // SQUALL_NET_LATENCY_US
+
+  // alpha / beta of the network model: the bytes one message latency is worth.
+  double latencyBytes() const { return netLatencyUs * 1e-6 * netMbps * 1e6 / 8.0; }
 
   // Reads the SQUALL_* variables; a value that does not parse keeps the
   // default and is reported once.

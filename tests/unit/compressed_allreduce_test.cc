@@ -391,7 +391,7 @@ TEST(CompressedAllReduce, AsyncFormMatchesBlocking) {
   for (auto& s : states) ASSERT_EQ(CompressedState::create(kN, kCount, spec, &s), Status::kOk);
   CompressedReference reference(kN, kCount, spec);
   auto inputs = randomInputs(kN, kCount, 21);
-  const auto algo = coll::chooseCompressedAlgo(kN, kCount, spec);
+  const auto algo = coll::chooseCompressedAlgo(kN, kCount, spec, coll::Options().latencyBytes());
   const std::vector<float> expected = algo == CompressedAlgo::kAllGather
                                           ? reference.allGather(inputs, true)
                                           : reference.twoPhase(inputs, true);
@@ -408,9 +408,34 @@ TEST(CompressedAllReduce, AsyncFormMatchesBlocking) {
 
 TEST(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
-  EXPECT_EQ(coll::chooseCompressedAlgo(2, 1 << 26, spec), CompressedAlgo::kAllGather);
-  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1000, spec), CompressedAlgo::kAllGather);
-  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1 << 24, spec), CompressedAlgo::kTwoPhase);
+  const double tenGbit = coll::Options().latencyBytes();  // 50 us at 10 Gbit/s
+  EXPECT_DOUBLE_EQ(tenGbit, 62500.0);
+  EXPECT_EQ(coll::chooseCompressedAlgo(2, 1 << 26, spec, tenGbit), CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1000, spec, tenGbit), CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(8, 1 << 24, spec, tenGbit), CompressedAlgo::kTwoPhase);
+  // 4 ranks: the crossover is E/2 = alpha/beta, about 1M elements at 10 Gbit/s ...
+  EXPECT_EQ(coll::chooseCompressedAlgo(4, 900000, spec, tenGbit), CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(4, 1100000, spec, tenGbit), CompressedAlgo::kTwoPhase);
+  // ... and about 100k at 1 Gbit/s, where 300k elements take the two-phase algorithm.
+  coll::Options oneGbit;
+  oneGbit.netMbps = 1000.0;
+  EXPECT_EQ(coll::chooseCompressedAlgo(4, 90000, spec, oneGbit.latencyBytes()),
+            CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::chooseCompressedAlgo(4, 300000, spec, oneGbit.latencyBytes()),
+            CompressedAlgo::kTwoPhase);
+  EXPECT_EQ(coll::chooseCompressedAlgo(4, 300000, spec, tenGbit), CompressedAlgo::kAllGather);
+}
+
+TEST(CompressedAllReduce, NetworkModelComesFromTheEnvironment) {
+  ::setenv("SQUALL_NET_MBPS", "1000", 1);
+  ::setenv("SQUALL_NET_LATENCY_US", "20", 1);
+  coll::Options o = coll::Options::fromEnvironment();
+  EXPECT_DOUBLE_EQ(o.latencyBytes(), 20e-6 * 1e9 / 8.0);
+  ::setenv("SQUALL_NET_MBPS", "0", 1);  // refused with a warning: the default stays
+  o = coll::Options::fromEnvironment();
+  EXPECT_DOUBLE_EQ(o.netMbps, 10000.0);
+  ::unsetenv("SQUALL_NET_MBPS");
+  ::unsetenv("SQUALL_NET_LATENCY_US");
 }
 
 TEST(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
