@@ -32,7 +32,28 @@ Status checkBuffers(const void* in, const void* out, size_t count, DataType dtyp
   return Status::kOk;
 }
 
+Status checkAllToAll(const void* in, const void* out, size_t count, DataType dtype) {
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
+  SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
+                 "alltoall cannot run in place; pass a separate output buffer");
+  return Status::kOk;
+}
+
+Status checkBroadcast(const void* buffer, size_t count, DataType dtype, int root, int size) {
+  SQUALL_TRY(checkBuffers(buffer, buffer, count, dtype, "broadcast"));
+  SQUALL_REQUIRE(root >= 0 && root < size, Status::kInvalidArgument, Subsys::kColl,
+                 "broadcast: root %d is not a rank of this group of %d", root, size);
+  return Status::kOk;
+}
+
 }  // namespace
+
+// The argument checks of the collectives below: a refused call tells the peers.
+#define SQUALL_CHECK_OR_REFUSE(expr)                  \
+  do {                                                \
+    const ::squall::Status check_ = (expr);           \
+    if (check_ != Status::kOk) return refuse(check_); \
+  } while (0)
 
 Options Options::fromEnvironment() {
   Options o;
@@ -153,6 +174,25 @@ void Communicator::drain() {
   changed_.wait(lock, [&] { return running_ == 0; });
 }
 
+Status Communicator::refuse(Status check) {
+  if (check == Status::kOk || size() == 1) return check;
+  const std::string reason = lastError();
+  OperationPtr refusal;  // nobody waits for it: the next blocking call drains the queue
+  const Status queued = enqueue(
+      descriptorOf(CollKind::kBarrier, DataType::kF32, ReduceOp::kSum, 0),
+      [check, reason](const OpContext&) {
+        setLastError(reason);  // execute() sends it to the peers
+        return check;
+      },
+      &refusal);
+  if (queued != Status::kOk)
+    SQUALL_WARN(Subsys::kColl,
+                "could not tell the peers about a refused collective; they "
+                "will wait for SQUALL_TIMEOUT_S");
+  setLastError(reason);
+  return check;
+}
+
 Status Communicator::runBlocking(const Descriptor& descriptor, Body body) {
   drain();
   return execute(sequence_++, descriptor, options_, body);
@@ -217,20 +257,20 @@ Communicator::Body Communicator::allReduceBody(const void* in, void* out, size_t
 
 Status Communicator::allReduce(const void* in, void* out, size_t count, DataType dtype,
                                ReduceOp op) {
-  SQUALL_TRY(checkAllReduce(in, out, count, dtype, op));
+  SQUALL_CHECK_OR_REFUSE(checkAllReduce(in, out, count, dtype, op));
   return runBlocking(descriptorOf(CollKind::kAllReduce, dtype, op, count),
                      allReduceBody(in, out, count, dtype, op));
 }
 
 Status Communicator::startAllReduce(const void* in, void* out, size_t count, DataType dtype,
                                     ReduceOp op, OperationPtr* operation) {
-  SQUALL_TRY(checkAllReduce(in, out, count, dtype, op));
+  SQUALL_CHECK_OR_REFUSE(checkAllReduce(in, out, count, dtype, op));
   return enqueue(descriptorOf(CollKind::kAllReduce, dtype, op, count),
                  allReduceBody(in, out, count, dtype, op), operation);
 }
 
 Status Communicator::allGather(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allgather"));
+  SQUALL_CHECK_OR_REFUSE(checkBuffers(in, out, count, dtype, "allgather"));
   return runBlocking(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); });
@@ -238,16 +278,14 @@ Status Communicator::allGather(const void* in, void* out, size_t count, DataType
 
 Status Communicator::startAllGather(const void* in, void* out, size_t count, DataType dtype,
                                     OperationPtr* operation) {
-  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allgather"));
+  SQUALL_CHECK_OR_REFUSE(checkBuffers(in, out, count, dtype, "allgather"));
   return enqueue(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); }, operation);
 }
 
 Status Communicator::allToAll(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
-  SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
-                 "alltoall cannot run in place; pass a separate output buffer");
+  SQUALL_CHECK_OR_REFUSE(checkAllToAll(in, out, count, dtype));
   return runBlocking(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); });
@@ -255,9 +293,7 @@ Status Communicator::allToAll(const void* in, void* out, size_t count, DataType 
 
 Status Communicator::startAllToAll(const void* in, void* out, size_t count, DataType dtype,
                                    OperationPtr* operation) {
-  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
-  SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
-                 "alltoall cannot run in place; pass a separate output buffer");
+  SQUALL_CHECK_OR_REFUSE(checkAllToAll(in, out, count, dtype));
   return enqueue(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); },
@@ -265,9 +301,7 @@ Status Communicator::startAllToAll(const void* in, void* out, size_t count, Data
 }
 
 Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root) {
-  SQUALL_TRY(checkBuffers(buffer, buffer, count, dtype, "broadcast"));
-  SQUALL_REQUIRE(root >= 0 && root < size(), Status::kInvalidArgument, Subsys::kColl,
-                 "broadcast: root %d is not a rank of this group of %d", root, size());
+  SQUALL_CHECK_OR_REFUSE(checkBroadcast(buffer, count, dtype, root, size()));
   return runBlocking(
       descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); });
@@ -275,9 +309,7 @@ Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int r
 
 Status Communicator::startBroadcast(void* buffer, size_t count, DataType dtype, int root,
                                     OperationPtr* operation) {
-  SQUALL_TRY(checkBuffers(buffer, buffer, count, dtype, "broadcast"));
-  SQUALL_REQUIRE(root >= 0 && root < size(), Status::kInvalidArgument, Subsys::kColl,
-                 "broadcast: root %d is not a rank of this group of %d", root, size());
+  SQUALL_CHECK_OR_REFUSE(checkBroadcast(buffer, count, dtype, root, size()));
   return enqueue(
       descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); },
@@ -340,7 +372,7 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
 Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                                          CompressedState* state) {
   Descriptor descriptor;
-  SQUALL_TRY(checkCompressed(in, out, dtype, op, state, &descriptor));
+  SQUALL_CHECK_OR_REFUSE(checkCompressed(in, out, dtype, op, state, &descriptor));
   return runBlocking(descriptor, compressedBody(in, out, dtype, op, state));
 }
 
@@ -348,7 +380,7 @@ Status Communicator::startCompressedAllReduce(const void* in, void* out, DataTyp
                                               ReduceOp op, CompressedState* state,
                                               OperationPtr* operation) {
   Descriptor descriptor;
-  SQUALL_TRY(checkCompressed(in, out, dtype, op, state, &descriptor));
+  SQUALL_CHECK_OR_REFUSE(checkCompressed(in, out, dtype, op, state, &descriptor));
   return enqueue(descriptor, compressedBody(in, out, dtype, op, state), operation);
 }
 

@@ -109,6 +109,17 @@ class Communicator {
   Status startCompressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                                   CompressedState* state, OperationPtr* operation);
 
+  // This rank's next collective is refused for a bad argument (`check`, not
+  // kOk, with lastError() saying why). The refusal still takes the
+  // collective's sequence number and runs as a failed operation, queued
+  // behind those already started, so the peers, who are waiting in that
+  // collective, get the abort notice and fail at once with this rank's reason
+  // instead of after SQUALL_TIMEOUT_S, and the next collective lines up on
+  // every rank again. Returns `check` at once, with its message kept. The
+  // collectives above call it for the arguments they check; callers that
+  // check arguments before calling a collective (the C API) call it too.
+  Status refuse(Status check);
+
  private:
   using Body = std::function<Status(const OpContext&)>;
   struct Queued {

@@ -276,6 +276,47 @@ TEST(Collectives, AsyncOperationsRunInOrder) {
     }
 }
 
+// A rank that refuses its own arguments tells the others, who are already
+// waiting in the collective: they fail at once (not after the 30 s deadline)
+// with its reason, for blocking and async calls, and the group stays usable.
+TEST(Collectives, ARanksBadArgumentFailsItsPeersAtOnce) {
+  Group group(3);
+  std::vector<Status> status(3);
+  std::vector<std::string> message(3);
+  std::vector<std::vector<float>> data(3, std::vector<float>(100, 1.0f));
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "blocking");
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](Communicator& c, int r) {
+      clearLastError();
+      float* buffer = r == 1 ? nullptr : data[r].data();  // rank 1 passes a NULL buffer
+      if (!async) {
+        status[r] = c.allReduce(buffer, buffer, 100, DataType::kF32, ReduceOp::kSum);
+      } else {
+        coll::OperationPtr op;
+        status[r] = c.startAllReduce(buffer, buffer, 100, DataType::kF32, ReduceOp::kSum, &op);
+        if (status[r] == Status::kOk) status[r] = op->wait();
+        if (op != nullptr && status[r] != Status::kOk) setLastError(op->error());
+      }
+      message[r] = lastError();
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3)) << "a rank hung";
+    EXPECT_EQ(status[1], Status::kInvalidArgument);
+    EXPECT_NE(message[1].find("NULL"), std::string::npos) << message[1];
+    for (int r : {0, 2}) {
+      EXPECT_EQ(status[r], Status::kRemoteError) << "rank " << r << ": " << message[r];
+      EXPECT_NE(message[r].find("rank 1"), std::string::npos) << message[r];
+      EXPECT_NE(message[r].find("NULL"), std::string::npos) << message[r];
+    }
+    // The next collective lines up on every rank.
+    group.run([&](Communicator& c, int r) {
+      int64_t x = r + 1;
+      EXPECT_EQ(c.allReduce(&x, &x, 1, DataType::kI64, ReduceOp::kSum), Status::kOk) << lastError();
+      EXPECT_EQ(x, 6);
+    });
+  }
+}
+
 TEST(Collectives, MismatchedCallsFailOnEveryRank) {
   coll::Options options = testing::testOptions();
   for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {

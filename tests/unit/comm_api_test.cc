@@ -180,6 +180,27 @@ TEST_P(CommApi, MismatchedCountsFailOnEveryRank) {
   });
 }
 
+// An argument the API refuses on one rank (an unknown data type) fails the
+// other rank's collective at once with that reason; both go on afterwards.
+TEST_P(CommApi, OneRanksBadArgumentFailsThePeerAtOnce) {
+  runRanks(2, [&](squallComm_t comm, int rank) {
+    std::vector<float> x(100, 1.0f);
+    const auto dtype = rank == 1 ? static_cast<squallDataType_t>(77) : squallFloat32;
+    const auto begin = std::chrono::steady_clock::now();
+    EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), dtype, squallSum, comm), squallSuccess);
+    const std::string error = squallGetLastError();
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(5));
+    EXPECT_NE(error.find("77"), std::string::npos) << "[" << error << "]";
+    if (rank == 0) {
+      EXPECT_NE(error.find("rank 1"), std::string::npos) << "[" << error << "]";
+    }
+    EXPECT_EQ(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
+              squallSuccess)
+        << squallGetLastError();
+    EXPECT_EQ(x[0], 2.0f);
+  });
+}
+
 TEST_P(CommApi, BadArgumentsAreReported) {
   runRanks(1, [&](squallComm_t comm, int) {
     float x = 1;
