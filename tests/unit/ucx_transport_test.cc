@@ -280,6 +280,26 @@ TEST(UcxTransport, CancelledRequestsReleaseTheirBuffers) {
   });
 }
 
+TEST(UcxTransport, RendezvousThresholdFollowsTheHostAndTheUser) {
+  EXPECT_EQ(ucxRendezvousThreshold("auto", false, false), "inf");  // Ethernet only: eager
+  EXPECT_EQ(ucxRendezvousThreshold("auto", false, true), "");      // RDMA: UCX decides
+  EXPECT_EQ(ucxRendezvousThreshold("auto", true, false), "");      // UCX_RNDV_THRESH set
+  EXPECT_EQ(ucxRendezvousThreshold("64k", true, true), "64k");     // asked for explicitly
+  EXPECT_EQ(ucxRendezvousThreshold("ucx", false, false), "");      // UCX's own, asked for
+}
+
+// A value UCX cannot parse is refused at init with a message naming it.
+TEST(UcxTransport, BadRendezvousThresholdIsRefused) {
+  ::setenv("SQUALL_UCX_RNDV_THRESH", "lots", 1);
+  ThreadBootstrapGroup group(1);
+  ThreadBootstrap bootstrap(&group, 0);
+  std::unique_ptr<Transport> transport;
+  const Status st = createUcxTransport(bootstrap, &transport);
+  ::unsetenv("SQUALL_UCX_RNDV_THRESH");
+  EXPECT_NE(st, Status::kOk);
+  EXPECT_NE(lastError().find("SQUALL_UCX_RNDV_THRESH"), std::string::npos) << lastError();
+}
+
 TEST(UcxTransport, OutOfRangePeerIsInvalidArgument) {
   runThreads(1, [](Transport& t, bootstrap::Bootstrap&) {
     RequestPtr request;

@@ -49,7 +49,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <list>
 #include <string>
 #include <thread>
@@ -165,6 +167,18 @@ UcxRequest::~UcxRequest() {
   if (owner_ != nullptr && !done()) owner_->cancel(this);
 }
 
+namespace {
+
+// True when the host has an RDMA device (InfiniBand, RoCE, iWARP all appear
+// in /sys/class/infiniband).
+bool hostHasRdma() {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/sys/class/infiniband", ec);
+  return !ec && it != std::filesystem::directory_iterator();
+}
+
+}  // namespace
+
 Status UcxTransport::openWorker(bool wakeup) {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -172,6 +186,19 @@ Status UcxTransport::openWorker(bool wakeup) {
                  "could not read the UCX configuration: %s; check the UCX_* environment "
                  "variables",
                  ucs_status_string(st));
+  const std::string rndv = ucxRendezvousThreshold(
+      paramString(Param::kUcxRndvThresh), std::getenv("UCX_RNDV_THRESH") != nullptr, hostHasRdma());
+  if (!rndv.empty()) {
+    st = ucp_config_modify(config, "RNDV_THRESH", rndv.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
+                         "UCX refused RNDV_THRESH=%s (from SQUALL_UCX_RNDV_THRESH): %s; use a "
+                         "size such as 64k, inf, auto (Squall's choice) or ucx (UCX's own)",
+                         rndv.c_str(), ucs_status_string(st));
+    }
+    SQUALL_INFO(Subsys::kTransport, "UCX rendezvous threshold %s", rndv.c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
@@ -565,6 +592,12 @@ Status UcxTransport::waitForActivity(Deadline until) {
 }
 
 }  // namespace
+
+std::string ucxRendezvousThreshold(const std::string& param, bool userSetting, bool rdma) {
+  if (param == "ucx") return std::string();
+  if (param != "auto") return param;
+  return userSetting || rdma ? std::string() : std::string("inf");
+}
 
 Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out) {
   auto transport = std::make_unique<UcxTransport>(bootstrap.rank(), bootstrap.size());

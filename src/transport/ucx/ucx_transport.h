@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "src/bootstrap/bootstrap.h"
 #include "src/common/status.h"
@@ -18,5 +19,14 @@ namespace squall::transport {
 // Collective over `bootstrap`: every rank calls it. The transport must be used
 // by one thread at a time and must outlive its requests.
 Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out);
+
+// The RNDV_THRESH Squall gives UCX, or "" to leave UCX's own setting.
+// `param` is SQUALL_UCX_RNDV_THRESH, `userSetting` whether UCX_RNDV_THRESH is
+// in the environment, `rdma` whether the host has an RDMA device. "ucx" leaves
+// UCX's setting; any other value but "auto" is passed on. "auto" means
+// eager messages only ("inf") on hosts without RDMA: UCX's rendezvous over
+// TCP moved about half as many bytes per second on a shaped 1 Gbit/s link
+// (docs/transports.md), while RDMA is where rendezvous (zero copy) pays.
+std::string ucxRendezvousThreshold(const std::string& param, bool userSetting, bool rdma);
 
 }  // namespace squall::transport
