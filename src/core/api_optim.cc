@@ -87,6 +87,20 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   return Status::kOk;
 }
 
+Status checkStepBuffers(size_t count, const float* params, const float* grads) {
+  SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
+                 Subsys::kApi,
+                 "squallOptimizerStep: params and grads must point to %zu floats each", count);
+  if (count != 0) {
+    const auto* p = reinterpret_cast<const char*>(params);
+    const auto* g = reinterpret_cast<const char*>(grads);
+    const size_t bytes = count * sizeof(float);
+    SQUALL_REQUIRE(p + bytes <= g || g + bytes <= p, Status::kInvalidArgument, Subsys::kApi,
+                   "squallOptimizerStep: params and grads overlap; pass separate buffers");
+  }
+  return Status::kOk;
+}
+
 }  // namespace
 
 extern "C" {
@@ -128,17 +142,8 @@ squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params, c
     SQUALL_REQUIRE(optimizer->device == nullptr, Status::kInvalidUsage, Subsys::kApi,
                    "squallOptimizerStep: this optimizer lives on a communicator from NCCL and "
                    "steps device buffers; call squallOptimizerStepOnStream");
-    const size_t count = optimizer->impl->count();
-    SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
-                   Subsys::kApi,
-                   "squallOptimizerStep: params and grads must point to %zu floats each", count);
-    if (count != 0) {
-      const auto* p = reinterpret_cast<const char*>(params);
-      const auto* g = reinterpret_cast<const char*>(grads);
-      const size_t bytes = count * sizeof(float);
-      SQUALL_REQUIRE(p + bytes <= g || g + bytes <= p, Status::kInvalidArgument, Subsys::kApi,
-                     "squallOptimizerStep: params and grads overlap; pass separate buffers");
-    }
+    const Status check = checkStepBuffers(optimizer->impl->count(), params, grads);
+    if (check != Status::kOk) return optimizer->impl->refuseStep(check);
     return optimizer->impl->step(params, grads, lr);
   });
 }

@@ -257,13 +257,34 @@ Status Optimizer::slowmoSync(float* params, float lr) {
   return Status::kOk;
 }
 
-Status Optimizer::step(float* params, const float* grads, float lr) {
-  SQUALL_REQUIRE(count_ == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
+bool Optimizer::nextStepCommunicates() const {
+  if (comm_->size() == 1) return false;
+  if (config_.mode != Mode::kLocal) return true;  // sync, APMSqueeze: every step
+  if (config_.slowmoTau == 0) return false;
+  return (step_ == 0 && slowmoState_ != nullptr) || (step_ + 1) % config_.slowmoTau == 0;
+}
+
+Status Optimizer::refuseStep(Status check) {
+  return nextStepCommunicates() ? comm_->refuse(check) : check;
+}
+
+namespace {
+
+Status checkStepArguments(size_t count, const float* params, const float* grads, float lr) {
+  SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
                  Subsys::kOptim, "the parameter or gradient pointer is NULL");
   SQUALL_REQUIRE(!(lr > 0.0f) || std::isfinite(lr), Status::kInvalidArgument, Subsys::kOptim,
                  "the learning rate override is %g; pass a finite value > 0, or <= 0 to use the "
                  "configured one",
                  lr);
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status Optimizer::step(float* params, const float* grads, float lr) {
+  const Status check = checkStepArguments(count_, params, grads, lr);
+  if (check != Status::kOk) return refuseStep(check);
   const float rate = lr > 0.0f ? lr : config_.lr;
   if (config_.slowmoTau > 0 && step_ == 0) {
     // x_prev starts at the parameters. With compressed synchronisations it is

@@ -79,6 +79,13 @@ class Optimizer {
   // One step; lr > 0 overrides the configured learning rate for this step.
   Status step(float* params, const float* grads, float lr);
 
+  // This rank refuses its next step for a bad argument (`check`, not kOk).
+  // When that step would communicate, the peers, waiting in its first
+  // collective, are told (coll::Communicator::refuse) and their step fails at
+  // once, before it changes any state, so the ranks stay in step. Returns
+  // `check`.
+  Status refuseStep(Status check);
+
   Info info() const;
   size_t count() const { return count_; }
   const Config& config() const { return config_; }
@@ -93,6 +100,7 @@ class Optimizer {
 
  private:
   Optimizer() = default;
+  bool nextStepCommunicates() const;
   Status adamStep(float* params, const float* grads, float lr, bool allReduce);
   Status compressedStep(float* params, const float* grads, float lr);
   Status slowmoSync(float* params, float lr);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -490,6 +491,43 @@ TEST(ApmSqueeze, GuardClipsStepsOfTinyVarianceElements) {
       EXPECT_GT(largest, 100.0f * cap);
     }
     EXPECT_TRUE(sameBits(p[0], p[1]));
+  }
+}
+
+// A rank that passes a bad argument to its step tells the others, who fail
+// their step at once (not after the 30 s deadline) without changing their
+// state; every rank then goes on in step, bit-identical. In the warmup and in
+// the compressed stage.
+TEST(ApmSqueeze, ARanksBadStepArgumentFailsThePeersStepAtOnce) {
+  const int n = 3;
+  const size_t count = 1000;
+  Group group(n);
+  auto opts = createAll(group, count, apmConfig(3));
+  std::vector<std::vector<float>> p(n, initialParams(count));
+  runSteps(group, opts, p, 0, 1);
+  for (int bad : {1, 4}) {  // a warmup step, then a compressed one (the switch is after step 3)
+    SCOPED_TRACE("bad step " + std::to_string(bad));
+    EXPECT_EQ(opts[0]->info().phase, bad == 1 ? Phase::kWarmup : Phase::kCompressed);
+    std::vector<Status> status(n);
+    std::vector<std::string> message(n);
+    std::vector<std::vector<float>> before = p;
+    const auto begin = std::chrono::steady_clock::now();
+    group.run([&](coll::Communicator&, int r) {
+      const std::vector<float> g = gradient(r, bad, count);
+      clearLastError();
+      status[r] = opts[r]->step(p[r].data(), r == 1 ? nullptr : g.data(), 0.0f);
+      message[r] = lastError();
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3)) << "a rank hung";
+    EXPECT_EQ(status[1], Status::kInvalidArgument);
+    for (int r : {0, 2}) {
+      EXPECT_EQ(status[r], Status::kRemoteError) << message[r];
+      EXPECT_NE(message[r].find("rank 1"), std::string::npos) << message[r];
+      EXPECT_TRUE(sameBits(p[r], before[r]));
+    }
+    for (int r = 0; r < n; ++r) EXPECT_EQ(opts[r]->info().step, bad);  // not counted
+    runSteps(group, opts, p, bad, 3);                                  // and on, in step
+    for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(p[0], p[r]));
   }
 }
 
