@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "src/codec/cuda/cuda_status.h"
 #include "src/coll/device/device_allreduce.h"
 #include "src/core/api.h"
 #include "src/core/api_objects.h"
@@ -23,14 +24,6 @@ namespace device = squall::coll::device;
 
 namespace squall::core {
 namespace {
-
-Status cudaCheck(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::kOk;
-  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
-                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
-                     cudaGetErrorString(err));
-}
-#define SQUALL_CUDA_CHECK(expr) SQUALL_TRY(::squall::core::cudaCheck((expr), #expr))
 
 // The device state of a compressor on a communicator from NCCL.
 struct DeviceState final : DeviceAttachment {
@@ -53,8 +46,8 @@ struct Staging final : DeviceAttachment {
     cudaFreeHost(out);
     in = out = nullptr;
     bytes = 0;
-    SQUALL_CUDA_CHECK(cudaMallocHost(&in, need));
-    SQUALL_CUDA_CHECK(cudaMallocHost(&out, need));
+    SQUALL_CUDA_TRY(cudaMallocHost(&in, need));
+    SQUALL_CUDA_TRY(cudaMallocHost(&out, need));
     bytes = need;
     return Status::kOk;
   }
@@ -94,7 +87,7 @@ Status resetDeviceCompressor(squallCompressor* compressor) {
   DeviceState* d = deviceStateOf(compressor);
   SQUALL_REQUIRE(d != nullptr, Status::kInvalidArgument, Subsys::kApi, "the compressor is NULL");
   SQUALL_TRY(d->state->reset(d->lastStream));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(d->lastStream));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(d->lastStream));
   return Status::kOk;
 }
 
@@ -153,17 +146,17 @@ Status stagedOptimizerStep(optim::Optimizer* o, float* dParams, const float* dGr
   auto s = static_cast<cudaStream_t>(stream);
   std::vector<float> x(n), g(n);
   if (n != 0) {
-    SQUALL_CUDA_CHECK(
+    SQUALL_CUDA_TRY(
         cudaMemcpyAsync(x.data(), dParams, n * sizeof(float), cudaMemcpyDeviceToHost, s));
-    SQUALL_CUDA_CHECK(
+    SQUALL_CUDA_TRY(
         cudaMemcpyAsync(g.data(), dGrads, n * sizeof(float), cudaMemcpyDeviceToHost, s));
-    SQUALL_CUDA_CHECK(cudaStreamSynchronize(s));
+    SQUALL_CUDA_TRY(cudaStreamSynchronize(s));
   }
   SQUALL_TRY(o->step(x.data(), g.data(), lr));
   if (n != 0) {
-    SQUALL_CUDA_CHECK(
+    SQUALL_CUDA_TRY(
         cudaMemcpyAsync(dParams, x.data(), n * sizeof(float), cudaMemcpyHostToDevice, s));
-    SQUALL_CUDA_CHECK(cudaStreamSynchronize(s));
+    SQUALL_CUDA_TRY(cudaStreamSynchronize(s));
   }
   return Status::kOk;
 }
@@ -254,15 +247,15 @@ squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recv
                    "a host compressor holds device state");
     SQUALL_TRY(staging->reserve(bytes));
     if (bytes != 0) {
-      SQUALL_CUDA_CHECK(cudaMemcpyAsync(staging->in, sendbuf, bytes, cudaMemcpyDefault, stream));
-      SQUALL_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SQUALL_CUDA_TRY(cudaMemcpyAsync(staging->in, sendbuf, bytes, cudaMemcpyDefault, stream));
+      SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     SQUALL_TRY(
         comm->coll->compressedAllReduce(staging->in, staging->out, t, o, compressor->state.get()));
     ++compressor->calls;
     if (bytes != 0) {
-      SQUALL_CUDA_CHECK(cudaMemcpyAsync(recvbuf, staging->out, bytes, cudaMemcpyDefault, stream));
-      SQUALL_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SQUALL_CUDA_TRY(cudaMemcpyAsync(recvbuf, staging->out, bytes, cudaMemcpyDefault, stream));
+      SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     return Status::kOk;
   });

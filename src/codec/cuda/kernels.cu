@@ -33,6 +33,7 @@
 #include <new>
 
 #include "src/codec/cuda/cuda_codec.h"
+#include "src/codec/cuda/cuda_status.h"
 #include "src/codec/numeric.h"
 
 namespace squall::codec {
@@ -539,30 +540,6 @@ __global__ void commitKernel(int* control, unsigned long long* skipped) {
 }
 
 // ---- host side -------------------------------------------------------------
-
-#if !defined(SQUALL_CUDA_EMULATION)
-// Launches through a function pointer. tests/gpu/emu provides a CPU version of
-// this (and of the runtime calls below) that runs the same kernels on threads.
-template <typename... Params, typename... Args>
-void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
-                  Args... args) {
-  kernel<<<grid, threads, 0, stream>>>(args...);
-}
-#endif
-
-Status cudaFailure(cudaError_t err, const char* what) {
-  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
-                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
-                     cudaGetErrorString(err));
-}
-
-#define SQUALL_CUDA_TRY(expr)                      \
-  do {                                             \
-    const cudaError_t squall_cuda_err_ = (expr);   \
-    if (squall_cuda_err_ != cudaSuccess) {         \
-      return cudaFailure(squall_cuda_err_, #expr); \
-    }                                              \
-  } while (0)
 
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   const auto pa = reinterpret_cast<uintptr_t>(a);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "src/codec/cuda/cuda_status.h"
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
 
@@ -37,29 +38,9 @@ __global__ void roundKernel(const float* in, uint16_t* out, size_t count) {
   }
 }
 
-#if !defined(SQUALL_CUDA_EMULATION)
-template <typename... Params, typename... Args>
-void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
-                  Args... args) {
-  kernel<<<grid, threads, 0, stream>>>(args...);
-}
-#endif
-
 unsigned gridFor(size_t items) {
   return static_cast<unsigned>(std::clamp<size_t>((items + kThreads - 1) / kThreads, 1, kMaxGrid));
 }
-
-Status cudaFailure(cudaError_t err, const char* what) {
-  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
-                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
-                     cudaGetErrorString(err));
-}
-
-#define SQUALL_CUDA_TRY(expr)                                                         \
-  do {                                                                                \
-    const cudaError_t squall_cuda_err_ = (expr);                                      \
-    if (squall_cuda_err_ != cudaSuccess) return cudaFailure(squall_cuda_err_, #expr); \
-  } while (0)
 
 #define SQUALL_NCCL_TRY(expr)                                                         \
   do {                                                                                \
@@ -70,10 +51,7 @@ Status cudaFailure(cudaError_t err, const char* what) {
     }                                                                                 \
   } while (0)
 
-Status launchFailure(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? Status::kOk : cudaFailure(err, what);
-}
+Status launchFailure(const char* what) { return cudaStatus(cudaGetLastError(), what); }
 
 template <typename T>
 Status allocate(T** p, size_t bytes) {

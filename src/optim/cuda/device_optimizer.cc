@@ -13,19 +13,12 @@
 #include <cstring>
 #include <utility>
 
+#include "src/codec/cuda/cuda_status.h"
 #include "src/optim/cuda/update_kernels_cuda.h"
 #include "src/optim/state_blob.h"
 
 namespace squall::optim::cuda {
 namespace {
-
-Status cudaCheck(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::kOk;
-  return SQUALL_FAIL(err == cudaErrorMemoryAllocation ? Status::kOutOfMemory : Status::kSystemError,
-                     Subsys::kCuda, "%s failed: %s (%s)", what, cudaGetErrorName(err),
-                     cudaGetErrorString(err));
-}
-#define SQUALL_CUDA_CHECK(expr) SQUALL_TRY(cudaCheck((expr), #expr))
 
 Status ncclCheck(ncclResult_t res, const char* what) {
   if (res == ncclSuccess) return Status::kOk;
@@ -36,15 +29,15 @@ Status ncclCheck(ncclResult_t res, const char* what) {
 Status allocZero(float** p, size_t count) {
   void* raw = nullptr;
   const size_t bytes = (count == 0 ? 1 : count) * sizeof(float);
-  SQUALL_CUDA_CHECK(cudaMalloc(&raw, bytes));
+  SQUALL_CUDA_TRY(cudaMalloc(&raw, bytes));
   *p = static_cast<float*>(raw);
-  SQUALL_CUDA_CHECK(cudaMemset(raw, 0, bytes));
+  SQUALL_CUDA_TRY(cudaMemset(raw, 0, bytes));
   return Status::kOk;
 }
 
 Status copy(void* dst, const void* src, size_t floats, cudaMemcpyKind kind, cudaStream_t s) {
   if (floats == 0 || dst == src) return Status::kOk;
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(dst, src, floats * sizeof(float), kind, s));
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(dst, src, floats * sizeof(float), kind, s));
   return Status::kOk;
 }
 
@@ -72,9 +65,9 @@ Status DeviceOptimizer::create(ncclComm_t comm, int nranks, int rank, size_t cou
   SQUALL_TRY(allocZero(&o->v_, count));
   SQUALL_TRY(allocZero(&o->scratch_, count));
   void* flag = nullptr;
-  SQUALL_CUDA_CHECK(cudaMalloc(&flag, 8 * sizeof(int)));
+  SQUALL_CUDA_TRY(cudaMalloc(&flag, 8 * sizeof(int)));
   o->flag_ = static_cast<int*>(flag);
-  SQUALL_CUDA_CHECK(cudaMemset(flag, 0, 8 * sizeof(int)));
+  SQUALL_CUDA_TRY(cudaMemset(flag, 0, 8 * sizeof(int)));
   if (c.mode == Mode::kApmSqueeze)
     SQUALL_TRY(
         coll::device::DeviceCompressedState::create(nranks, rank, count, c.codec, &o->momentum_));
@@ -126,12 +119,12 @@ Status DeviceOptimizer::fullAverage(const float* in, float* out, cudaStream_t s)
 
 Status DeviceOptimizer::readFlag(const float* data, bool* finite, cudaStream_t s) {
   int host = 0;
-  SQUALL_CUDA_CHECK(cudaMemsetAsync(flag_, 0, sizeof(int), s));
+  SQUALL_CUDA_TRY(cudaMemsetAsync(flag_, 0, sizeof(int), s));
   SQUALL_TRY(flagNonFinite(count_, data, flag_, s));
-  SQUALL_CUDA_CHECK(cudaMemcpyAsync(&host, flag_, sizeof(int), cudaMemcpyDeviceToHost, s));
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(&host, flag_, sizeof(int), cudaMemcpyDeviceToHost, s));
   // The one host wait of a step: the skip decision (and the Adam step count
   // that the next step's bias correction uses) is taken on the host.
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(s));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(s));
   *finite = host == 0;
   return Status::kOk;
 }
@@ -144,10 +137,10 @@ Status DeviceOptimizer::compressedAverage(coll::device::DeviceCompressedState* s
   const codec::DeviceResidual* worker = state->worker();
   const codec::DeviceResidual* server = state->server();
   if (worker != nullptr)
-    SQUALL_CUDA_CHECK(
+    SQUALL_CUDA_TRY(
         cudaMemcpyAsync(flag_ + 1, worker->control, sizeof(int), cudaMemcpyDeviceToDevice, s));
   if (server != nullptr)
-    SQUALL_CUDA_CHECK(
+    SQUALL_CUDA_TRY(
         cudaMemcpyAsync(flag_ + 2, server->control, sizeof(int), cudaMemcpyDeviceToDevice, s));
   SQUALL_TRY(coll::device::compressedAllReduce(comm_, s, buffer, buffer, DataType::kF32,
                                                ReduceOp::kAvg, state));
@@ -155,10 +148,10 @@ Status DeviceOptimizer::compressedAverage(coll::device::DeviceCompressedState* s
   SQUALL_TRY(readFlag(buffer, finite, s));
   if (!*finite) {
     if (worker != nullptr)
-      SQUALL_CUDA_CHECK(
+      SQUALL_CUDA_TRY(
           cudaMemcpyAsync(worker->control, flag_ + 1, sizeof(int), cudaMemcpyDeviceToDevice, s));
     if (server != nullptr)
-      SQUALL_CUDA_CHECK(
+      SQUALL_CUDA_TRY(
           cudaMemcpyAsync(server->control, flag_ + 2, sizeof(int), cudaMemcpyDeviceToDevice, s));
   }
   return Status::kOk;
@@ -277,16 +270,16 @@ Status DeviceOptimizer::stageResidual(const codec::DeviceResidual* r, size_t n,
   SQUALL_TRY(codec::cudaResidualCurrent(*r, lastStream_, &current));
   out->assign(n, 0.0f);
   if (n != 0)
-    SQUALL_CUDA_CHECK(cudaMemcpy(out->data(), current, n * sizeof(float), cudaMemcpyDeviceToHost));
+    SQUALL_CUDA_TRY(cudaMemcpy(out->data(), current, n * sizeof(float), cudaMemcpyDeviceToHost));
   return Status::kOk;
 }
 
 Status DeviceOptimizer::restoreResidual(const codec::DeviceResidual* r, const float* data,
                                         size_t n) {
   SQUALL_TRY(codec::cudaResidualReset(*r, lastStream_));
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(lastStream_));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(lastStream_));
   if (data != nullptr && n != 0)  // after a reset buffer 0 is current
-    SQUALL_CUDA_CHECK(cudaMemcpy(r->buf[0], data, n * sizeof(float), cudaMemcpyHostToDevice));
+    SQUALL_CUDA_TRY(cudaMemcpy(r->buf[0], data, n * sizeof(float), cudaMemcpyHostToDevice));
   return Status::kOk;
 }
 
@@ -309,14 +302,14 @@ size_t DeviceOptimizer::stateSize() const {
 }
 
 Status DeviceOptimizer::saveState(void* buffer, size_t capacity, size_t* written) {
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(lastStream_));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(lastStream_));
   std::vector<std::vector<float>> host;
   host.reserve(8);
   std::vector<SectionView> sections;
   auto stage = [&](const char* name, const float* d) -> Status {
     host.emplace_back(count_, 0.0f);
     if (count_ != 0)
-      SQUALL_CUDA_CHECK(
+      SQUALL_CUDA_TRY(
           cudaMemcpy(host.back().data(), d, count_ * sizeof(float), cudaMemcpyDeviceToHost));
     sections.push_back({name, host.back().data(), count_});
     return Status::kOk;
@@ -383,10 +376,10 @@ Status DeviceOptimizer::loadState(const void* buffer, size_t bytes) {
                 "server residual reset: saved by rank %d of %d, loading on %d of %d", h.rank,
                 h.nranks, rank_, nranks_);
 
-  SQUALL_CUDA_CHECK(cudaStreamSynchronize(lastStream_));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(lastStream_));
   auto put = [&](float* d, const Section* s) -> Status {
     if (count_ != 0)
-      SQUALL_CUDA_CHECK(
+      SQUALL_CUDA_TRY(
           cudaMemcpy(d, s->data.data(), count_ * sizeof(float), cudaMemcpyHostToDevice));
     return Status::kOk;
   };

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "src/codec/cuda/cuda_status.h"
 #include "src/optim/cuda/update_kernels_cuda.h"
 
 namespace squall::optim::cuda {
@@ -98,14 +99,6 @@ __global__ void nonFiniteKernel(size_t n, const float* p, int* flag) {
 }
 
 #undef SQUALL_GRID_LOOP
-
-#if !defined(SQUALL_CUDA_EMULATION)
-template <typename... Params, typename... Args>
-void launchKernel(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t stream,
-                  Args... args) {
-  kernel<<<grid, threads, 0, stream>>>(args...);
-}
-#endif
 
 unsigned gridFor(size_t items) {
   return static_cast<unsigned>(std::clamp<size_t>((items + kThreads - 1) / kThreads, 1, kMaxGrid));
