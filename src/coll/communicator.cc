@@ -48,13 +48,6 @@ Status checkBroadcast(const void* buffer, size_t count, DataType dtype, int root
 
 }  // namespace
 
-// The argument checks of the collectives below: a refused call tells the peers.
-#define SQUALL_CHECK_OR_REFUSE(expr)                  \
-  do {                                                \
-    const ::squall::Status check_ = (expr);           \
-    if (check_ != Status::kOk) return refuse(check_); \
-  } while (0)
-
 Options Options::fromEnvironment() {
   Options o;
   const int64_t seconds = paramInt(Param::kTimeoutS);
@@ -176,20 +169,16 @@ void Communicator::drain() {
 
 Status Communicator::refuse(Status check) {
   if (check == Status::kOk || size() == 1) return check;
-  const std::string reason = lastError();
-  OperationPtr refusal;  // nobody waits for it: the next blocking call drains the queue
-  const Status queued = enqueue(
+  // Nobody waits for the refusal: the next blocking call drains the queue.
+  // enqueue cannot fail with an output pointer, and leaves lastError() alone.
+  OperationPtr refusal;
+  (void)enqueue(
       descriptorOf(CollKind::kBarrier, DataType::kF32, ReduceOp::kSum, 0),
-      [check, reason](const OpContext&) {
+      [check, reason = lastError()](const OpContext&) {
         setLastError(reason);  // execute() sends it to the peers
         return check;
       },
       &refusal);
-  if (queued != Status::kOk)
-    SQUALL_WARN(Subsys::kColl,
-                "could not tell the peers about a refused collective; they "
-                "will wait for SQUALL_TIMEOUT_S");
-  setLastError(reason);
   return check;
 }
 
@@ -257,20 +246,20 @@ Communicator::Body Communicator::allReduceBody(const void* in, void* out, size_t
 
 Status Communicator::allReduce(const void* in, void* out, size_t count, DataType dtype,
                                ReduceOp op) {
-  SQUALL_CHECK_OR_REFUSE(checkAllReduce(in, out, count, dtype, op));
+  SQUALL_TRY(refuse(checkAllReduce(in, out, count, dtype, op)));
   return runBlocking(descriptorOf(CollKind::kAllReduce, dtype, op, count),
                      allReduceBody(in, out, count, dtype, op));
 }
 
 Status Communicator::startAllReduce(const void* in, void* out, size_t count, DataType dtype,
                                     ReduceOp op, OperationPtr* operation) {
-  SQUALL_CHECK_OR_REFUSE(checkAllReduce(in, out, count, dtype, op));
+  SQUALL_TRY(refuse(checkAllReduce(in, out, count, dtype, op)));
   return enqueue(descriptorOf(CollKind::kAllReduce, dtype, op, count),
                  allReduceBody(in, out, count, dtype, op), operation);
 }
 
 Status Communicator::allGather(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_CHECK_OR_REFUSE(checkBuffers(in, out, count, dtype, "allgather"));
+  SQUALL_TRY(refuse(checkBuffers(in, out, count, dtype, "allgather")));
   return runBlocking(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); });
@@ -278,14 +267,14 @@ Status Communicator::allGather(const void* in, void* out, size_t count, DataType
 
 Status Communicator::startAllGather(const void* in, void* out, size_t count, DataType dtype,
                                     OperationPtr* operation) {
-  SQUALL_CHECK_OR_REFUSE(checkBuffers(in, out, count, dtype, "allgather"));
+  SQUALL_TRY(refuse(checkBuffers(in, out, count, dtype, "allgather")));
   return enqueue(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); }, operation);
 }
 
 Status Communicator::allToAll(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_CHECK_OR_REFUSE(checkAllToAll(in, out, count, dtype));
+  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype)));
   return runBlocking(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); });
@@ -293,7 +282,7 @@ Status Communicator::allToAll(const void* in, void* out, size_t count, DataType 
 
 Status Communicator::startAllToAll(const void* in, void* out, size_t count, DataType dtype,
                                    OperationPtr* operation) {
-  SQUALL_CHECK_OR_REFUSE(checkAllToAll(in, out, count, dtype));
+  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype)));
   return enqueue(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); },
@@ -301,7 +290,7 @@ Status Communicator::startAllToAll(const void* in, void* out, size_t count, Data
 }
 
 Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root) {
-  SQUALL_CHECK_OR_REFUSE(checkBroadcast(buffer, count, dtype, root, size()));
+  SQUALL_TRY(refuse(checkBroadcast(buffer, count, dtype, root, size())));
   return runBlocking(
       descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); });
@@ -309,7 +298,7 @@ Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int r
 
 Status Communicator::startBroadcast(void* buffer, size_t count, DataType dtype, int root,
                                     OperationPtr* operation) {
-  SQUALL_CHECK_OR_REFUSE(checkBroadcast(buffer, count, dtype, root, size()));
+  SQUALL_TRY(refuse(checkBroadcast(buffer, count, dtype, root, size())));
   return enqueue(
       descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); },
@@ -372,7 +361,7 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
 Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                                          CompressedState* state) {
   Descriptor descriptor;
-  SQUALL_CHECK_OR_REFUSE(checkCompressed(in, out, dtype, op, state, &descriptor));
+  SQUALL_TRY(refuse(checkCompressed(in, out, dtype, op, state, &descriptor)));
   return runBlocking(descriptor, compressedBody(in, out, dtype, op, state));
 }
 
@@ -380,7 +369,7 @@ Status Communicator::startCompressedAllReduce(const void* in, void* out, DataTyp
                                               ReduceOp op, CompressedState* state,
                                               OperationPtr* operation) {
   Descriptor descriptor;
-  SQUALL_CHECK_OR_REFUSE(checkCompressed(in, out, dtype, op, state, &descriptor));
+  SQUALL_TRY(refuse(checkCompressed(in, out, dtype, op, state, &descriptor)));
   return enqueue(descriptor, compressedBody(in, out, dtype, op, state), operation);
 }
 

@@ -115,7 +115,8 @@ class Communicator {
   // behind those already started, so the peers, who are waiting in that
   // collective, get the abort notice and fail at once with this rank's reason
   // instead of after SQUALL_TIMEOUT_S, and the next collective lines up on
-  // every rank again. Returns `check` at once, with its message kept. The
+  // every rank again. Returns `check` at once, with its message kept; kOk
+  // passes through, so callers write SQUALL_TRY(refuse(check(...))). The
   // collectives above call it for the arguments they check; callers that
   // check arguments before calling a collective (the C API) call it too.
   Status refuse(Status check);

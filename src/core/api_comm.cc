@@ -138,6 +138,12 @@ Status wrapOperation(coll::OperationPtr op, squallRequest_t* request) {
   return Status::kOk;
 }
 
+Status checkRequestOut(const squallRequest_t* request) {
+  SQUALL_REQUIRE(request != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the request output pointer is NULL");
+  return Status::kOk;
+}
+
 }  // namespace
 
 namespace squall::core {
@@ -292,36 +298,14 @@ squallResult_t squallCommTransport(squallComm_t comm, const char** name) {
   });
 }
 
-}  // extern "C"
-
-namespace {
-
-Status checkRequestOut(const squallRequest_t* request) {
-  SQUALL_REQUIRE(request != nullptr, Status::kInvalidArgument, Subsys::kApi,
-                 "the request output pointer is NULL");
-  return Status::kOk;
-}
-
-}  // namespace
-
-// An argument refused before a collective starts: the peers, waiting in that
-// collective, are told at once (coll::Communicator::refuse).
-#define SQUALL_TRY_COLLECTIVE(comm, expr)                           \
-  do {                                                              \
-    const ::squall::Status check_ = (expr);                         \
-    if (check_ != Status::kOk) return (comm)->coll->refuse(check_); \
-  } while (0)
-
-extern "C" {
-
 squallResult_t squallAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                                squallDataType_t dtype, squallRedOp_t op, squallComm_t comm) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
-    SQUALL_TRY_COLLECTIVE(comm, toReduceOp(op, &o));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(comm->coll->refuse(toReduceOp(op, &o)));
     return comm->coll->allReduce(sendbuf, recvbuf, count, t, o);
   });
 }
@@ -331,7 +315,7 @@ squallResult_t squallAllGather(const void* sendbuf, void* recvbuf, size_t sendco
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
     DataType t = DataType::kF32;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
     return comm->coll->allGather(sendbuf, recvbuf, sendcount, t);
   });
 }
@@ -341,7 +325,7 @@ squallResult_t squallAllToAll(const void* sendbuf, void* recvbuf, size_t count,
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
     DataType t = DataType::kF32;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
     return comm->coll->allToAll(sendbuf, recvbuf, count, t);
   });
 }
@@ -351,7 +335,7 @@ squallResult_t squallBroadcast(void* buffer, size_t count, squallDataType_t dtyp
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
     DataType t = DataType::kF32;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
     return comm->coll->broadcast(buffer, count, t, root);
   });
 }
@@ -425,11 +409,11 @@ squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf, squ
                                          squallComm_t comm) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
-    SQUALL_TRY_COLLECTIVE(comm, checkCompressor(compressor, comm));
+    SQUALL_TRY(comm->coll->refuse(checkCompressor(compressor, comm)));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
-    SQUALL_TRY_COLLECTIVE(comm, toReduceOp(op, &o));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(comm->coll->refuse(toReduceOp(op, &o)));
     SQUALL_TRY(comm->coll->compressedAllReduce(sendbuf, recvbuf, t, o, compressor->state.get()));
     ++compressor->calls;
     return Status::kOk;
@@ -441,11 +425,11 @@ squallResult_t squallAllReduceAsync(const void* sendbuf, void* recvbuf, size_t c
                                     squallRequest_t* request) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
-    SQUALL_TRY_COLLECTIVE(comm, checkRequestOut(request));
+    SQUALL_TRY(comm->coll->refuse(checkRequestOut(request)));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
-    SQUALL_TRY_COLLECTIVE(comm, toReduceOp(op, &o));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(comm->coll->refuse(toReduceOp(op, &o)));
     coll::OperationPtr operation;
     SQUALL_TRY(comm->coll->startAllReduce(sendbuf, recvbuf, count, t, o, &operation));
     return wrapOperation(std::move(operation), request);
@@ -458,12 +442,12 @@ squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, void* recvbuf
                                               squallRequest_t* request) {
   return SQUALL_API_GUARD({
     SQUALL_TRY(checkComm(comm));
-    SQUALL_TRY_COLLECTIVE(comm, checkCompressor(compressor, comm));
-    SQUALL_TRY_COLLECTIVE(comm, checkRequestOut(request));
+    SQUALL_TRY(comm->coll->refuse(checkCompressor(compressor, comm)));
+    SQUALL_TRY(comm->coll->refuse(checkRequestOut(request)));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY_COLLECTIVE(comm, toDataType(dtype, &t));
-    SQUALL_TRY_COLLECTIVE(comm, toReduceOp(op, &o));
+    SQUALL_TRY(comm->coll->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(comm->coll->refuse(toReduceOp(op, &o)));
     coll::OperationPtr operation;
     SQUALL_TRY(comm->coll->startCompressedAllReduce(sendbuf, recvbuf, t, o, compressor->state.get(),
                                                     &operation));

@@ -142,8 +142,8 @@ squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params, c
     SQUALL_REQUIRE(optimizer->device == nullptr, Status::kInvalidUsage, Subsys::kApi,
                    "squallOptimizerStep: this optimizer lives on a communicator from NCCL and "
                    "steps device buffers; call squallOptimizerStepOnStream");
-    const Status check = checkStepBuffers(optimizer->impl->count(), params, grads);
-    if (check != Status::kOk) return optimizer->impl->refuseStep(check);
+    SQUALL_TRY(
+        optimizer->impl->refuseStep(checkStepBuffers(optimizer->impl->count(), params, grads)));
     return optimizer->impl->step(params, grads, lr);
   });
 }

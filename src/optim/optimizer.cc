@@ -265,7 +265,7 @@ bool Optimizer::nextStepCommunicates() const {
 }
 
 Status Optimizer::refuseStep(Status check) {
-  return nextStepCommunicates() ? comm_->refuse(check) : check;
+  return check != Status::kOk && nextStepCommunicates() ? comm_->refuse(check) : check;
 }
 
 namespace {
@@ -283,8 +283,7 @@ Status checkStepArguments(size_t count, const float* params, const float* grads,
 }  // namespace
 
 Status Optimizer::step(float* params, const float* grads, float lr) {
-  const Status check = checkStepArguments(count_, params, grads, lr);
-  if (check != Status::kOk) return refuseStep(check);
+  SQUALL_TRY(refuseStep(checkStepArguments(count_, params, grads, lr)));
   const float rate = lr > 0.0f ? lr : config_.lr;
   if (config_.slowmoTau > 0 && step_ == 0) {
     // x_prev starts at the parameters. With compressed synchronisations it is

@@ -83,7 +83,7 @@ class Optimizer {
   // When that step would communicate, the peers, waiting in its first
   // collective, are told (coll::Communicator::refuse) and their step fails at
   // once, before it changes any state, so the ranks stay in step. Returns
-  // `check`.
+  // `check`; kOk passes through.
   Status refuseStep(Status check);
 
   Info info() const;
