@@ -92,7 +92,7 @@ void frozenStep(size_t n, float* __restrict x, const float* __restrict m,
   const float decay = s.decay, neg = s.negLr, eps = s.eps, hi = s.bound, lo = -s.bound;
   // m is finite here (the caller skips non-finite steps), so the comparisons
   // below are a clip; vHat == 0 with the mask gives r = 0 however large m / eps is.
-  const float keep = s.mask ? 0.0f : -1.0f;  // vHat > keep: always true without the mask
+  const float keep = s.keepAbove();
   for (size_t i = 0; i < n; ++i) {
     float r = m[i] / (std::sqrt(vHat[i]) + eps);
     r = r > hi ? hi : r;

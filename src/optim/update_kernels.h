@@ -60,6 +60,10 @@ struct FrozenScalars {
   float eps;
   float bound;  // r = m / (sqrt(vHat) + eps) is clipped to [-bound, bound] (+inf: no clip)
   bool mask;    // elements with vHat == 0 do not move
+
+  // The kernels keep an element's step where vHat > keepAbove(): always
+  // without the mask (vHat >= 0), and only where vHat > 0 with it.
+  float keepAbove() const { return mask ? 0.0f : -1.0f; }
 };
 
 // guard off: bound = +inf, mask = false; on: mask, and bound = maxUpdate, or

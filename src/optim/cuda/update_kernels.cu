@@ -135,7 +135,7 @@ Status scale(size_t n, float* v, float factor, cudaStream_t stream) {
 Status frozenStep(size_t n, float* x, const float* m, const float* vHat, const FrozenScalars& s,
                   cudaStream_t stream) {
   return launch("frozen-variance update", frozenKernel, n, stream, x, m, vHat, s.decay, s.negLr,
-                s.eps, s.bound, s.mask ? 0.0f : -1.0f);
+                s.eps, s.bound, s.keepAbove());
 }
 
 Status slowmoStep(size_t n, float* x, float* xPrev, float* u, const float* xAvg, float lr,
