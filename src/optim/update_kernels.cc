@@ -58,9 +58,12 @@ void momentumStep(size_t n, float* __restrict out, const float* __restrict m,
     for (size_t i = 0; i < n; ++i) out[i] = beta1 * m[i] + oneMinusB1 * g[i];
     return;
   }
+  // x * 1 is x and x * 0 is 0 but NaN for NaN or inf, so the step is still
+  // skipped; selecting the factor (not the result) keeps the loop vectorised.
   for (size_t i = 0; i < n; ++i) {
-    const float next = beta1 * m[i] + oneMinusB1 * g[i];
-    out[i] = maskBy[i] > 0.0f ? next : next * 0.0f;  // 0, but NaN stays NaN: the step is skipped
+    float factor = 1.0f;
+    factor = maskBy[i] > 0.0f ? factor : 0.0f;  // (written so that gcc if-converts it)
+    out[i] = (beta1 * m[i] + oneMinusB1 * g[i]) * factor;
   }
 }
 
