@@ -33,7 +33,7 @@
 #include <new>
 
 #include "src/codec/cuda/cuda_codec.h"
-#include "src/codec/cuda/cuda_status.h"
+#include "src/common/cuda_status.h"
 #include "src/codec/numeric.h"
 
 namespace squall::codec {
