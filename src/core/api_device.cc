@@ -109,15 +109,15 @@ Status deviceCompressorStats(squallCompressor* compressor, squallCompressorStats
 
 namespace {
 struct DeviceOptimizerState final : DeviceAttachment {
-  std::unique_ptr<optim::cuda::DeviceOptimizer> impl;
+  std::unique_ptr<optim::Optimizer> impl;
 };
 
-optim::cuda::DeviceOptimizer* deviceOptimizerOf(DeviceAttachment* a) {
+optim::Optimizer* deviceOptimizerOf(DeviceAttachment* a) {
   auto* d = dynamic_cast<DeviceOptimizerState*>(a);
   return d != nullptr ? d->impl.get() : nullptr;
 }
 #define SQUALL_DEVICE_OPTIMIZER(var, attachment)                         \
-  optim::cuda::DeviceOptimizer* var = deviceOptimizerOf(attachment);     \
+  optim::Optimizer* var = deviceOptimizerOf(attachment);                 \
   SQUALL_REQUIRE(var != nullptr, Status::kInvalidArgument, Subsys::kApi, \
                  "the optimizer has no device state")
 }  // namespace
@@ -125,9 +125,8 @@ optim::cuda::DeviceOptimizer* deviceOptimizerOf(DeviceAttachment* a) {
 Status createDeviceOptimizer(squallComm_t comm, size_t count, const optim::Config& config,
                              std::unique_ptr<DeviceAttachment>* out) {
   auto d = std::make_unique<DeviceOptimizerState>();
-  SQUALL_TRY(optim::cuda::DeviceOptimizer::create(static_cast<ncclComm_t>(comm->nccl),
-                                                  comm->ncclSize, comm->ncclRank, count, config,
-                                                  &d->impl));
+  SQUALL_TRY(optim::cuda::createDeviceOptimizer(static_cast<ncclComm_t>(comm->nccl), comm->ncclSize,
+                                                comm->ncclRank, count, config, &d->impl));
   *out = std::move(d);
   return Status::kOk;
 }
@@ -135,7 +134,7 @@ Status createDeviceOptimizer(squallComm_t comm, size_t count, const optim::Confi
 Status deviceOptimizerStep(DeviceAttachment* a, float* dParams, const float* dGrads, float lr,
                            void* stream) {
   SQUALL_DEVICE_OPTIMIZER(o, a);
-  return o->step(dParams, dGrads, lr, static_cast<cudaStream_t>(stream));
+  return o->stepOnStream(dParams, dGrads, lr, stream);
 }
 
 // Host staging: copy in, wait, step on the host, copy back, wait. Two
