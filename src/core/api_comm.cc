@@ -259,7 +259,7 @@ squallResult_t squallCommDestroy(squallComm_t comm) {
 squallResult_t squallCommRank(squallComm_t comm, int* rank) {
   return SQUALL_API_GUARD({
     if (comm != nullptr && comm->nccl != nullptr && rank != nullptr) {
-      *rank = comm->ncclRank;
+      *rank = comm->nccl->rank();
       return Status::kOk;
     }
     SQUALL_TRY(checkComm(comm));
@@ -273,7 +273,7 @@ squallResult_t squallCommRank(squallComm_t comm, int* rank) {
 squallResult_t squallCommSize(squallComm_t comm, int* size) {
   return SQUALL_API_GUARD({
     if (comm != nullptr && comm->nccl != nullptr && size != nullptr) {
-      *size = comm->ncclSize;
+      *size = comm->nccl->size();
       return Status::kOk;
     }
     SQUALL_TRY(checkComm(comm));

@@ -3,13 +3,12 @@
 // stream, either on the device over NCCL (src/coll/device) or staged through
 // pinned host memory over a host communicator.
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <memory>
 #include <vector>
 
-#include "src/codec/cuda/cuda_status.h"
 #include "src/coll/device/device_allreduce.h"
+#include "src/common/cuda_status.h"
 #include "src/core/api.h"
 #include "src/core/api_objects.h"
 #include "src/optim/cuda/device_optimizer.h"
@@ -77,8 +76,8 @@ DeviceState* deviceStateOf(squallCompressor* c) {
 Status createDeviceCompressor(squallComm_t comm, size_t count, const codec::Spec& spec,
                               squallCompressor* compressor) {
   auto d = std::make_unique<DeviceState>();
-  SQUALL_TRY(device::DeviceCompressedState::create(comm->ncclSize, comm->ncclRank, count, spec,
-                                                   &d->state));
+  SQUALL_TRY(device::DeviceCompressedState::create(comm->nccl->size(), comm->nccl->rank(), count,
+                                                   spec, &d->state));
   compressor->device = std::move(d);
   return Status::kOk;
 }
@@ -125,8 +124,7 @@ optim::Optimizer* deviceOptimizerOf(DeviceAttachment* a) {
 Status createDeviceOptimizer(squallComm_t comm, size_t count, const optim::Config& config,
                              std::unique_ptr<DeviceAttachment>* out) {
   auto d = std::make_unique<DeviceOptimizerState>();
-  SQUALL_TRY(optim::cuda::createDeviceOptimizer(static_cast<ncclComm_t>(comm->nccl), comm->ncclSize,
-                                                comm->ncclRank, count, config, &d->impl));
+  SQUALL_TRY(optim::cuda::createDeviceOptimizer(*comm->nccl, count, config, &d->impl));
   *out = std::move(d);
   return Status::kOk;
 }
@@ -191,18 +189,9 @@ squallResult_t squallCommInitFromNccl(squallComm_t* comm, void* ncclComm) {
   return SQUALL_API_GUARD({
     SQUALL_REQUIRE(comm != nullptr && ncclComm != nullptr, Status::kInvalidArgument, Subsys::kApi,
                    "the communicator output and the ncclComm_t must be set");
-    auto nccl = static_cast<ncclComm_t>(ncclComm);
-    int rank = 0, size = 0;
-    ncclResult_t res = ncclCommCount(nccl, &size);
-    if (res == ncclSuccess) res = ncclCommUserRank(nccl, &rank);
-    SQUALL_REQUIRE(res == ncclSuccess, Status::kInvalidArgument, Subsys::kApi,
-                   "the NCCL communicator could not be queried (%s); pass an initialised "
-                   "ncclComm_t",
-                   ncclGetErrorString(res));
     auto c = std::make_unique<squallComm>();
-    c->nccl = ncclComm;
-    c->ncclRank = rank;
-    c->ncclSize = size;
+    c->nccl = std::make_unique<squall::transport::nccl::DeviceComm>();
+    SQUALL_TRY(squall::transport::nccl::DeviceComm::wrap(ncclComm, c->nccl.get()));
     *comm = c.release();
     return Status::kOk;
   });
@@ -229,8 +218,8 @@ squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recv
       core::DeviceState* d = core::deviceStateOf(compressor);
       SQUALL_REQUIRE(d != nullptr, Status::kInternal, Subsys::kApi,
                      "a compressor of a communicator from NCCL has no device state");
-      SQUALL_TRY(device::compressedAllReduce(static_cast<ncclComm_t>(comm->nccl), stream, sendbuf,
-                                             recvbuf, t, o, d->state.get()));
+      SQUALL_TRY(
+          device::compressedAllReduce(*comm->nccl, stream, sendbuf, recvbuf, t, o, d->state.get()));
       d->lastStream = stream;
       ++compressor->calls;
       return Status::kOk;

@@ -11,6 +11,7 @@
 #include "src/coll/communicator.h"
 #include "src/coll/compressed_state.h"
 #include "src/core/transports.h"
+#include "src/transport/nccl/device_comm.h"
 
 namespace squall::core {
 // What api_device.cc attaches to a compressor: the device state of a
@@ -27,10 +28,8 @@ struct squallComm {
   std::unique_ptr<squall::coll::Communicator> coll;  // null for a communicator built from NCCL
   squall::core::TransportKind kind = squall::core::TransportKind::kTcp;
   std::chrono::milliseconds timeout{0};
-  // Set by squallCommInitFromNccl (the caller's ncclComm_t, not owned).
-  void* nccl = nullptr;
-  int ncclRank = 0;
-  int ncclSize = 0;
+  // Set by squallCommInitFromNccl (over the caller's ncclComm_t, not owned).
+  std::unique_ptr<squall::transport::nccl::DeviceComm> nccl;
   ~squallComm() {
     coll.reset();  // stops the worker before the transport goes
     transport.reset();

@@ -13,19 +13,13 @@
 #include <utility>
 #include <vector>
 
-#include "src/codec/cuda/cuda_status.h"
 #include "src/coll/device/device_allreduce.h"
+#include "src/common/cuda_status.h"
 #include "src/optim/backend.h"
 #include "src/optim/cuda/update_kernels_cuda.h"
 
 namespace squall::optim::cuda {
 namespace {
-
-Status ncclCheck(ncclResult_t res, const char* what) {
-  if (res == ncclSuccess) return Status::kOk;
-  return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl, "%s failed: %s", what,
-                     ncclGetErrorString(res));
-}
 
 // Where flag_ keeps what the host reads back and the residual indices that
 // markResiduals saves (worker, server for each channel).
@@ -35,8 +29,8 @@ constexpr int kFlagInts = kMarks + 4;
 
 class DeviceBackend final : public Backend {
  public:
-  DeviceBackend(ncclComm_t comm, int nranks, int rank)
-      : comm_(comm), nranks_(nranks), rank_(rank) {}
+  explicit DeviceBackend(const transport::nccl::DeviceComm& comm)
+      : comm_(comm), nranks_(comm.size()), rank_(comm.rank()) {}
   ~DeviceBackend() override;
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
@@ -98,7 +92,7 @@ class DeviceBackend final : public Backend {
   }
   Status moveMarks(Channel channel, bool save);
 
-  ncclComm_t comm_;
+  transport::nccl::DeviceComm comm_;
   int nranks_;
   int rank_;
   cudaStream_t stream_ = nullptr;  // of the last step: save and load wait for it
@@ -156,8 +150,7 @@ Status DeviceBackend::exchangeStatus(Status check) {
   Status exchanged = [&]() -> Status {
     SQUALL_CUDA_TRY(cudaMemcpyAsync(status_ + rank_, &hostStatus_, sizeof(int),
                                     cudaMemcpyHostToDevice, stream_));
-    SQUALL_TRY(ncclCheck(ncclAllGather(status_ + rank_, status_, 1, ncclInt32, comm_, stream_),
-                         "ncclAllGather (optimizer step status)"));
+    SQUALL_TRY(comm_.allGather(status_ + rank_, status_, sizeof(int), stream_));
     SQUALL_CUDA_TRY(cudaMemcpyAsync(words.data(), status_, words.size() * sizeof(int),
                                     cudaMemcpyDeviceToHost, stream_));
     SQUALL_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -181,8 +174,7 @@ Status DeviceBackend::exchangeStatus(Status check) {
 Status DeviceBackend::average(const float* in, float* out, size_t count) {
   if (count == 0) return Status::kOk;
   // Sum, then divide on the device: the host collectives' avg (finishAverage).
-  SQUALL_TRY(ncclCheck(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm_, stream_),
-                       "ncclAllReduce"));
+  SQUALL_TRY(comm_.allReduceSum(in, out, count, DataType::kF32, stream_));
   return divide(count, out, static_cast<float>(nranks_), stream_);
 }
 
@@ -287,16 +279,13 @@ Status DeviceBackend::loadResiduals(Channel channel, const float* worker, const 
 
 }  // namespace
 
-Status createDeviceOptimizer(ncclComm_t comm, int nranks, int rank, size_t count,
+Status createDeviceOptimizer(const transport::nccl::DeviceComm& comm, size_t count,
                              const Config& config, std::unique_ptr<Optimizer>* out) {
-  SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument,
-                 Subsys::kOptim, "rank %d of %d is not a valid position in a communicator", rank,
-                 nranks);
-  SQUALL_REQUIRE(nranks == 1 || comm != nullptr, Status::kInvalidArgument, Subsys::kOptim,
-                 "the device optimizer needs an NCCL communicator");
+  SQUALL_REQUIRE(comm.size() >= 1 && comm.handle() != nullptr, Status::kInvalidArgument,
+                 Subsys::kOptim, "the device optimizer needs an NCCL communicator");
   int64_t warmup = 0;
   SQUALL_TRY(validateConfig(config, &warmup));  // before any device allocation
-  auto backend = std::make_unique<DeviceBackend>(comm, nranks, rank);
+  auto backend = std::make_unique<DeviceBackend>(comm);
   SQUALL_TRY(backend->init());
   return Optimizer::createOn(std::move(backend), count, config, out);
 }
