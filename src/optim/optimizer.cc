@@ -138,6 +138,8 @@ Status Optimizer::createOn(std::unique_ptr<Backend> backend, size_t count, const
                            std::unique_ptr<Optimizer>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the optimizer output pointer is NULL");
+  SQUALL_REQUIRE(backend != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the optimizer needs a backend");
   int64_t warmup = 0;
   SQUALL_TRY(validateConfig(c, &warmup));
   std::unique_ptr<Optimizer> o(new Optimizer());

@@ -91,6 +91,8 @@ class DeviceBackend final : public Backend {
     return states_[static_cast<int>(c)].get();
   }
   Status moveMarks(Channel channel, bool save);
+  // A zeroed device buffer (at least one byte), freed with the backend.
+  Status alloc(size_t bytes, void** out);
 
   transport::nccl::DeviceComm comm_;
   int nranks_;
@@ -104,32 +106,31 @@ class DeviceBackend final : public Backend {
   size_t counts_[2] = {0, 0};
 };
 
-Status deviceAlloc(size_t bytes, void** out) {
-  SQUALL_CUDA_TRY(cudaMalloc(out, bytes == 0 ? 1 : bytes));
-  SQUALL_CUDA_TRY(cudaMemset(*out, 0, bytes == 0 ? 1 : bytes));
-  return Status::kOk;
-}
-
 DeviceBackend::~DeviceBackend() {
   for (auto& s : states_) s.reset();
   for (void* p : buffers_) cudaFree(p);
 }
 
+Status DeviceBackend::alloc(size_t bytes, void** out) {
+  const size_t n = bytes == 0 ? 1 : bytes;
+  SQUALL_CUDA_TRY(cudaMalloc(out, n));
+  buffers_.push_back(*out);
+  SQUALL_CUDA_TRY(cudaMemset(*out, 0, n));
+  return Status::kOk;
+}
+
 Status DeviceBackend::init() {
   void* p = nullptr;
-  SQUALL_TRY(deviceAlloc(kFlagInts * sizeof(int), &p));
-  buffers_.push_back(p);
+  SQUALL_TRY(alloc(kFlagInts * sizeof(int), &p));
   flag_ = static_cast<int*>(p);
-  SQUALL_TRY(deviceAlloc(static_cast<size_t>(nranks_) * sizeof(int), &p));
-  buffers_.push_back(p);
+  SQUALL_TRY(alloc(static_cast<size_t>(nranks_) * sizeof(int), &p));
   status_ = static_cast<int*>(p);
   return Status::kOk;
 }
 
 Status DeviceBackend::allocate(size_t count, float** out) {
   void* p = nullptr;
-  SQUALL_TRY(deviceAlloc(count * sizeof(float), &p));
-  buffers_.push_back(p);
+  SQUALL_TRY(alloc(count * sizeof(float), &p));
   *out = static_cast<float*>(p);
   return Status::kOk;
 }
