@@ -47,8 +47,12 @@ Status Comm::create(const bootstrap::UniqueId& id, int nranks, int rank, const C
                  "nranks is %d; a communicator needs at least one rank", nranks);
   SQUALL_REQUIRE(rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kApi,
                  "rank %d is outside 0..%d (nranks %d)", rank, nranks - 1, nranks);
-  SQUALL_REQUIRE(config.transport != TransportKind::kMpi, Status::kInvalidUsage, Subsys::kApi,
-                 "the MPI transport runs over an MPI communicator: use Comm::fromMpi");
+  SQUALL_REQUIRE(
+      config.transport != TransportKind::kMpi && config.transport != TransportKind::kNccl,
+      Status::kInvalidUsage, Subsys::kApi,
+      "the %s transport runs over an existing communicator: use Comm::%s",
+      config.transport == TransportKind::kMpi ? "MPI" : "NCCL",
+      config.transport == TransportKind::kMpi ? "fromMpi" : "fromNccl");
   std::unique_ptr<bootstrap::Bootstrap> b;
   SQUALL_TRY(bootstrap::Bootstrap::create(id, nranks, rank, config.timeout, &b));
   return fromBootstrap(std::move(b), config, out);
@@ -79,7 +83,9 @@ Status Comm::fromNccl(void* ncclComm, std::unique_ptr<Comm>* out) {
                  "the communicator output and the ncclComm_t must be set");
   std::unique_ptr<Engine> engine;
   SQUALL_TRY(createNcclEngine(ncclComm, &engine));
-  out->reset(new Comm(std::move(engine), CommConfig{}));
+  CommConfig config;
+  config.transport = TransportKind::kNccl;
+  out->reset(new Comm(std::move(engine), config));
   return Status::kOk;
 }
 
