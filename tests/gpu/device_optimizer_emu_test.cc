@@ -259,17 +259,19 @@ class Watchdog {
   std::thread thread_;
 };
 
-// A rank whose device step is refused for a bad argument (a null gradient in
-// the warmup; a host-buffer step() on the device optimizer in the compressed
-// stage) tells its peers through the step's status words: their step fails
+// A rank whose device step is refused for a bad argument (a null gradient at
+// the first refused step; a host-buffer step() on the device optimizer at the
+// second) tells its peers through the step's status words: their step fails
 // at once with kRemoteError naming it, before it changes any state. Each
 // rank then takes the refused step again and the run ends bit-identical to
-// the host optimizer's run that never saw the refusals.
-TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
-  const int n = 3, steps = 7, refuser = 1;
-  const Config c = apm(3);  // the switch is after step 3
-  const std::vector<int> refused = {1, 4};
-  const squall::Run host = runHost(n, c, steps, false, -1, 0);
+// the host optimizer's run that never saw the refusals. Returns the phases
+// the refused steps were in.
+std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int steps,
+                                                     const std::vector<int>& refused,
+                                                     bool perRank) {
+  const int refuser = 1;
+  const squall::Run host = runHost(n, c, steps, perRank, -1, 0);
+  std::vector<optim::Phase> phases(refused.size());
   std::vector<ncclComm_t> comms(n);
   squall_emu::ncclCreateWorld(n, comms.data());
   std::vector<std::vector<float>> params(n);
@@ -288,7 +290,7 @@ TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
       float *dx = nullptr, *dg = nullptr;
       ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
-      const std::vector<float> x0 = initialParams(r, false);
+      const std::vector<float> x0 = initialParams(r, perRank);
       cudaMemcpy(dx, x0.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
       auto download = [&] {
         std::vector<float> x(kCount);
@@ -303,6 +305,7 @@ TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
         if (s == refused[0] || s == refused[1]) {
           SCOPED_TRACE("rank " + std::to_string(r) + ", refused step " + std::to_string(s));
           const std::vector<float> before = download();
+          const optim::Phase phaseBefore = o->info().phase;
           clearLastError();
           const auto begin = std::chrono::steady_clock::now();
           Status status;
@@ -324,8 +327,8 @@ TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
           const std::vector<float> after = download();
           EXPECT_EQ(std::memcmp(before.data(), after.data(), kCount * sizeof(float)), 0);
           EXPECT_EQ(o->info().step, s);  // not counted
-          EXPECT_EQ(o->info().phase,
-                    s == refused[0] ? optim::Phase::kWarmup : optim::Phase::kCompressed);
+          EXPECT_EQ(o->info().phase, phaseBefore);
+          if (r == 0) phases[s == refused[0] ? 0 : 1] = phaseBefore;
         }
         ASSERT_EQ(o->stepOnStream(dx, dg, lr, stream), Status::kOk) << lastError();
       }
@@ -339,10 +342,32 @@ TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
   for (auto& t : threads) t.join();
   squall_emu::ncclDestroyWorld(n, comms.data());
   for (int r = 0; r < n; ++r) {
-    ASSERT_EQ(params[r].size(), kCount);
+    if (params[r].size() != kCount) {
+      ADD_FAILURE() << "rank " << r << " did not finish";
+      continue;
+    }
     EXPECT_EQ(std::memcmp(params[r].data(), host.params[r].data(), kCount * sizeof(float)), 0)
         << "rank " << r << " differs from the host run without refusals";
   }
+  return phases;
+}
+
+TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
+  // A warmup step and a compressed one (the switch is after step 3).
+  const std::vector<optim::Phase> phases = expectRefusalsFailThePeers(3, apm(3), 7, {1, 4}, false);
+  EXPECT_EQ(phases, (std::vector<optim::Phase>{optim::Phase::kWarmup, optim::Phase::kCompressed}));
+}
+
+TEST(DeviceOptimizerEmu, ARanksRefusedSlowMoStepFailsThePeersStepAtOnce) {
+  // Local mode communicates only on the first step (the full-precision
+  // x_prev of compressed SlowMo) and on synchronisation steps: both refused.
+  Config c = apm(0);
+  c.mode = Mode::kLocal;
+  c.slowmoTau = 2;
+  c.slowmoAlpha = 0.8f;
+  c.slowmoBeta = 0.3f;
+  c.slowmoCompressed = true;
+  expectRefusalsFailThePeers(2, c, 6, {0, 3}, true);
 }
 
 }  // namespace
