@@ -1,11 +1,15 @@
-// The small header that backends without their own tag matching on the full
-// Tag (UCX, MPI) put in front of every payload.
+// The one header every backend that carries bytes itself (tcp, ucx, mpi)
+// puts in front of every payload.
 //
-// Those backends match messages on a few low bits of (sequence, step) that fit
-// their native tag; the header carries the whole Tag and the payload size so
-// the receiver can check that the message it matched is really the one it
-// asked for, and print both sides when it is not. The layout is fixed (40
-// bytes, host byte order: every rank of a job is assumed to share it).
+// It holds the whole Tag and the payload size. TCP needs it for framing and
+// matching; UCX and MPI match on a few low bits of (sequence, step) that fit
+// their native tag, and the header lets the receiver check that the message
+// it matched is really the one it asked for, and print both sides when it is
+// not. The layout is fixed (40 bytes, host byte order: every rank of a job is
+// assumed to share it; docs/protocol.md):
+//
+//   0 magic u32 "SQTF" | 4 step u32 | 8 sequence u64 | 16 payload bytes u64 |
+//   24 kind u8, dtype u8, op u8, codec u8 | 28 block u32 | 32 count u64
 #pragma once
 
 #include <cstddef>
@@ -17,14 +21,34 @@
 namespace squall::transport {
 
 constexpr size_t kMessageHeaderBytes = 40;
+constexpr uint32_t kMessageMagic = 0x46545153;  // "SQTF"
+// Larger announced payloads mean a corrupt stream (NCCL's own limit too).
+constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
 
 void encodeMessageHeader(const Tag& tag, uint64_t payloadBytes, uint8_t* out);
 
+// Decodes any 40 bytes; the caller judges the magic (and the size).
+struct MessageHeader {
+  uint32_t magic = 0;
+  Tag tag;
+  uint64_t payloadBytes = 0;
+
+  bool valid() const { return magic == kMessageMagic && payloadBytes <= kMaxMessageBytes; }
+};
+MessageHeader decodeMessageHeader(const uint8_t* in);
+
+// The failure of a receive whose matched message has another descriptor or
+// size, described the same way on every backend ("rank 1 sent 4000 bytes for
+// #3 allreduce ... but this rank (0) posted 8000 bytes for #3 ..."). Returns
+// kInvalidUsage.
+Status failMismatch(int self, int peer, const Tag& sent, uint64_t sentBytes, const Tag& posted,
+                    size_t postedBytes);
+
 // Checks that a matched message is the one a receive expected: `header` holds
 // the first `available` bytes of it and `messageBytes` is its full length
-// (header included). Fails with kInvalidUsage describing both sides when the
+// (header included). Fails with kInvalidUsage (failMismatch) when the
 // descriptor, the (sequence, step) or the size differ, and with kCorruptData
-// when the header is unreadable.
+// when the header is unreadable or disagrees with the length.
 Status checkMessageHeader(const char* backend, int self, int peer, const Tag& expected,
                           size_t expectedPayload, const uint8_t* header, size_t available,
                           size_t messageBytes);

@@ -18,7 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+
 #include "src/bootstrap/bootstrap.h"
+#include "src/transport/tcp/connection.h"
 #include "src/transport/tcp/tcp_transport.h"
 
 namespace squall::transport {
@@ -617,6 +621,81 @@ TEST(TcpMesh, StraysAreRefused) {
   EXPECT_NE(log.find("refused a tcp connection from 127.0.0.1:"), std::string::npos) << log;
   EXPECT_NE(log.find("wrong job secret"), std::string::npos) << log;
   EXPECT_NE(log.find("does not fit this job"), std::string::npos) << log;
+}
+
+// The TCP connection on its own, as the NCCL net plugin drives it: one
+// socket pair, no thread, the owner polling progress(); messages numbered in
+// posting order, receives that accept any size up to their buffer.
+TEST(TcpConnection, WorksOnItsOwnOverASocketPair) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
+  tcp::Connection a(pair[0], 0, 1), b(pair[1], 1, 0);
+  using Kind = tcp::ConnectionRequest::Kind;
+  constexpr size_t kBig = 3 << 20;  // more than the socket buffers: needs several progress calls
+  std::vector<uint8_t> big(pattern(0, 1, 0), pattern(0, 1, 0) + (1 << 20));
+  big.resize(kBig, 0x5a);
+  std::vector<uint8_t> small(100, 7), gotBig(kBig + 64, 0), gotSmall(4096, 0), gotEmpty(16, 1);
+  tcp::ConnectionRequest s0(Kind::kSend, 1, rawTag(0, 0), big.data(), kBig);
+  tcp::ConnectionRequest s1(Kind::kSend, 1, rawTag(1, 0), small.data(), small.size());
+  tcp::ConnectionRequest s2(Kind::kSend, 1, rawTag(2, 0), nullptr, 0);
+  tcp::ConnectionRequest r0(Kind::kRecvUpTo, 0, rawTag(0, 0), gotBig.data(), gotBig.size());
+  tcp::ConnectionRequest r2(Kind::kRecvUpTo, 0, rawTag(2, 0), gotEmpty.data(), gotEmpty.size());
+  tcp::ConnectionRequest r1(Kind::kRecvUpTo, 0, rawTag(1, 0), gotSmall.data(), gotSmall.size());
+  a.postSend(&s0);
+  a.postSend(&s1);
+  a.postSend(&s2);
+  EXPECT_TRUE(a.wantsWrite());
+  b.postRecv(&r0);
+  b.postRecv(&r2);  // posted before message 1's receive, which arrives unexpected
+  for (auto until = Clock::now() + 10s; !(s2.done() && r2.done()) && Clock::now() < until;) {
+    a.progress();
+    b.progress();
+  }
+  b.postRecv(&r1);
+  for (tcp::ConnectionRequest* r : {&s0, &s1, &s2, &r0, &r1, &r2}) {
+    ASSERT_TRUE(r->done());
+    EXPECT_EQ(r->status(), Status::kOk) << r->error();
+  }
+  EXPECT_FALSE(a.wantsWrite());
+  EXPECT_EQ(b.completions(), 3u);
+  EXPECT_EQ(r0.received(), kBig);
+  EXPECT_EQ(std::memcmp(gotBig.data(), big.data(), kBig), 0);
+  EXPECT_EQ(gotBig[kBig], 0);  // nothing past the message
+  EXPECT_EQ(r1.received(), small.size());
+  EXPECT_EQ(gotSmall[0], 7);
+  EXPECT_EQ(r2.received(), 0u);
+  // Larger than the receive: refused, the payload discarded, the stream in step.
+  tcp::ConnectionRequest tooBig(Kind::kSend, 1, rawTag(3, 0), small.data(), small.size());
+  tcp::ConnectionRequest tooSmall(Kind::kRecvUpTo, 0, rawTag(3, 0), gotSmall.data(), 10);
+  tcp::ConnectionRequest after(Kind::kSend, 1, rawTag(4, 0), big.data(), 8);
+  uint8_t afterBytes[8] = {};
+  tcp::ConnectionRequest afterIn(Kind::kRecv, 0, rawTag(4, 0), afterBytes, 8);
+  std::fill(gotSmall.begin(), gotSmall.end(), 0);
+  b.postRecv(&tooSmall);
+  b.postRecv(&afterIn);
+  a.postSend(&tooBig);
+  a.postSend(&after);
+  for (auto until = Clock::now() + 10s; !afterIn.done() && Clock::now() < until;) {
+    a.progress();
+    b.progress();
+  }
+  ASSERT_TRUE(tooSmall.done());
+  EXPECT_EQ(tooSmall.status(), Status::kInvalidUsage);
+  EXPECT_NE(tooSmall.error().find("rank 0 sent 100 bytes"), std::string::npos) << tooSmall.error();
+  EXPECT_EQ(gotSmall[0], 0);
+  ASSERT_TRUE(afterIn.done());
+  EXPECT_EQ(afterIn.status(), Status::kOk);
+  EXPECT_EQ(std::memcmp(afterBytes, big.data(), 8), 0);
+  // The peer goes away: pending and later receives fail, naming it.
+  tcp::ConnectionRequest orphan(Kind::kRecv, 0, rawTag(5, 0), gotSmall.data(), 8);
+  b.postRecv(&orphan);
+  shutdown(a.fd(), SHUT_RDWR);
+  for (auto until = Clock::now() + 10s; !orphan.done() && Clock::now() < until;) b.progress();
+  ASSERT_TRUE(orphan.done());
+  EXPECT_EQ(orphan.status(), Status::kRemoteError);
+  EXPECT_NE(orphan.error().find("rank 0 closed its connection"), std::string::npos)
+      << orphan.error();
+  EXPECT_TRUE(b.failed());
 }
 
 #define INSTANTIATE_BACKEND(name, factory)                                     \
