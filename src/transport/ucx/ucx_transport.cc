@@ -70,7 +70,9 @@ constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 constexpr int kEmptyWakeupsBeforeNap = 4;
 constexpr auto kNap = std::chrono::microseconds(200);
-constexpr auto kCancelGrace = std::chrono::milliseconds(200);
+// Long enough for a live peer on a loaded host (ranks sharing cores) to take
+// an eager transfer; a peer that is gone is noticed by error handling anyway.
+constexpr auto kCancelGrace = std::chrono::seconds(1);
 constexpr auto kCloseTimeout = std::chrono::seconds(3);
 
 ucp_tag_t ucxTag(const Tag& tag, int source) {
@@ -130,6 +132,7 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   Status openWorker(bool wakeup);
+  Status wireUp(std::chrono::milliseconds timeout);
   Status checkPeer(int peer, const char* what) const;
   void post(UcxRequest* r, ucp_tag_message_h message, size_t length);
   void matchReceives();
@@ -283,9 +286,29 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
                          rank_, peer, ucs_status_string(st));
     }
   }
+  SQUALL_TRY(wireUp(bootstrap.timeout()));
   SQUALL_INFO(Subsys::kTransport, "rank %d: UCX transport up with %d ranks (%s waits)", rank_,
               size_, efd_ >= 0 ? "blocking" : "polling");
   return Status::kOk;
+}
+
+// UCX connects an endpoint on its first message, in a handshake that needs
+// the peer's worker to progress. A peer busy elsewhere (in a bootstrap
+// barrier, computing) would then stall even a small eager send, which should
+// complete on its own. So every pair exchanges one empty message here, while
+// every rank progresses. The tag is the highest (sequence, step) the UCX tag
+// holds; these messages are all received before init returns, so nothing
+// later can match them.
+Status UcxTransport::wireUp(std::chrono::milliseconds timeout) {
+  Tag tag;
+  tag.sequence = (uint64_t{1} << kSequenceBits) - 1;
+  tag.step = (1u << kStepBits) - 1;
+  std::vector<RequestPtr> requests(2 * static_cast<size_t>(size_));
+  for (int peer = 0; peer < size_; ++peer) {
+    SQUALL_TRY(recv(peer, tag, nullptr, 0, &requests[2 * static_cast<size_t>(peer)]));
+    SQUALL_TRY(send(peer, tag, nullptr, 0, &requests[2 * static_cast<size_t>(peer) + 1]));
+  }
+  return waitAll(requests, Clock::now() + timeout);
 }
 
 UcxTransport::~UcxTransport() {
@@ -492,7 +515,9 @@ void UcxTransport::cancel(UcxRequest* r) {
   Deadline forceAt = Clock::now() + kCancelGrace;
   bool warned = false;
   while (r->handle_ != nullptr) {
-    ucp_worker_progress(worker_);
+    // Idle rounds give the core away: the peer that must take the data may
+    // be waiting for it.
+    if (ucp_worker_progress(worker_) == 0) std::this_thread::yield();
     if (r->handle_ == nullptr || eps_[r->peer()] == nullptr || Clock::now() < forceAt) continue;
     if (!peerFailure_) {
       // Forcing a close is undefined without peer error handling: all we
