@@ -7,8 +7,10 @@ core and above only.
 
 Above src/ sit the plugins (plugin/<name>/): each may include core and
 everything below it, and its own headers, but never another plugin's; and
-nothing in src/ may include a plugin. Tests, benchmarks and tools are not
-layered. Run by the test suite (tests/meson.build).
+nothing in src/ may include a plugin. Only src/transport/nccl/ names NCCL's
+header: everything else reaches NCCL through its table and DeviceComm.
+Tests, benchmarks and tools are not layered. Run by the test suite
+(tests/meson.build).
 """
 import pathlib
 import re
@@ -17,6 +19,8 @@ import sys
 LAYERS = ["common", "codec", "bootstrap", "transport", "coll", "optim", "core"]
 SOURCES = {".h", ".cc", ".cu", ".cuh", ".def", ".c", ".cpp", ".hpp"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+NCCL_HEADER = re.compile(r'^\s*#\s*include\s*[<"]nccl\.h[>"]', re.M)
+NCCL_ROOM = "src/transport/nccl/"
 
 
 def layer_of(path: str):
@@ -59,10 +63,14 @@ def main(root: pathlib.Path) -> int:
         mine = layer_of(rel)
         if mine is None:
             continue
-        for inc in INCLUDE.findall(f.read_text(errors="replace")):
+        text = f.read_text(errors="replace")
+        for inc in INCLUDE.findall(text):
             reason = check_include(rel, mine, inc)
             if reason:
                 errors.append(reason)
+        if NCCL_HEADER.search(text) and not rel.startswith(NCCL_ROOM):
+            errors.append(f"{rel}: includes nccl.h; only {NCCL_ROOM} may (use its NCCL table "
+                          "and DeviceComm)")
     for e in errors:
         print(e, file=sys.stderr)
     plugins = sorted({layer_of(p.relative_to(root).as_posix())

@@ -21,6 +21,10 @@ CASES = [
     ("plugin/nccl/a.cc", "plugin/preload/policy.h", False),  # no plugin includes another
     ("plugin/preload/a.cc", "plugin/nccl/net.h", False),
     ("plugin/preload/a.cc", "squall/squall.h", True),
+    ("src/transport/nccl/a.cc", "nccl.h", True),            # only the NCCL room names NCCL
+    ("src/coll/device/a.cu", "nccl.h", False),
+    ("src/core/a.cc", "nccl.h", False),
+    ("plugin/preload/a.cc", "nccl.h", False),
 ]
 
 
