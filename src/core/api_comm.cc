@@ -377,6 +377,20 @@ squallResult_t squallCompressorDestroy(squallCompressor_t compressor) {
   });
 }
 
+squallResult_t squallCommGetStats(squallComm_t comm, squallCommStats_t* stats) {
+  return SQUALL_API_GUARD({
+    SQUALL_REQUIRE(comm == nullptr || comm->nccl == nullptr, Status::kUnsupported, Subsys::kApi,
+                   "a communicator from NCCL does not count bytes; NCCL moves them on the GPU");
+    SQUALL_TRY(checkComm(comm));
+    SQUALL_REQUIRE(stats != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the stats output pointer is NULL");
+    stats->operations = comm->coll->operationsStarted();
+    stats->bytesSent = comm->coll->bytesSent();
+    stats->bytesReceived = comm->coll->bytesReceived();
+    return Status::kOk;
+  });
+}
+
 squallResult_t squallCompressorReset(squallCompressor_t compressor) {
   return SQUALL_API_GUARD({
     SQUALL_REQUIRE(compressor != nullptr, Status::kInvalidArgument, Subsys::kApi,
