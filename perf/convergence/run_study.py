@@ -235,7 +235,7 @@ def train_one(task, method, seed, steps, rank, world, args):
         opt.step()
         sched.step()
         if method == "naive_onebit":
-            sent += float(comp.stats["bytes_sent"])  # stats report the last call only
+            sent += float(comp.stats["last_bytes_sent"])
         elif method == "apmsqueeze":
             sent = float(opt.info()["bytes_sent"])
         elif method in ("slowmo_adam", "local_sgd") and (step + 1) % args.tau == 0:
