@@ -94,7 +94,8 @@ def _ddp_modules_over(params):
         return []
     ids = {id(p) for p in params}
     return [o for o in gc.get_objects()
-            if isinstance(o, ddp_type) and any(id(p) in ids for p in o.module.parameters())]
+            if isinstance(o, ddp_type) and not getattr(o, "_squall_local_hook", False)
+            and any(id(p) in ids for p in o.module.parameters())]
 
 
 def _flatten_into(flat, tensors):
