@@ -13,9 +13,11 @@ computation, so a step is compute + communication):
 
 * full precision, ring allreduce: 2(n-1) latencies + 2(n-1)/n * 4P bytes;
 * compressed, two-phase: the same rounds with the encoded size E(P) in
-  place of 4P, plus encoding about (1 + 1/n) P and decoding about 2P
-  elements at the measured rates; the all-gather variant (one round,
-  (n-1) E(P) bytes) where the library's own cost model picks it.
+  place of 4P; encoding about (1 + 1/n) P and decoding about 2P elements at
+  the measured rates overlaps the transfer (the allreduce is pipelined in
+  SQUALL_SEGMENT_BYTES chunks), so the slower of the two counts; the
+  all-gather variant (one round, (n-1) E(P) bytes) where the library's own
+  cost model picks it.
 
 ``advise(comm, apply=True)`` also sets SQUALL_NET_MBPS and
 SQUALL_NET_LATENCY_US in this process's environment, which communicators
@@ -120,14 +122,13 @@ def predict(params, compute_s, nranks, latency, bandwidth, codec_rates):
             algo = "ring"
         else:
             enc, dec = codec_rates[method]
-            codec_s = (1 + 1.0 / n) * params / enc + 2.0 * params / dec
             if _allgather_pays(n, e, latency, bandwidth):
-                comm_s, algo = (n - 1) * latency + (n - 1) * e / bandwidth, "allgather"
+                rounds, wire, algo = n - 1, (n - 1) * e / bandwidth, "allgather"
                 codec_s = params / enc + (n - 1) * params / dec
             else:
-                comm_s, algo = 2 * (n - 1) * latency + 2.0 * (n - 1) / n * e / bandwidth, \
-                    "twophase"
-            comm_s += codec_s
+                rounds, wire, algo = 2 * (n - 1), 2.0 * (n - 1) / n * e / bandwidth, "twophase"
+                codec_s = (1 + 1.0 / n) * params / enc + 2.0 * params / dec
+            comm_s = rounds * latency + max(wire, codec_s)
         out[method] = (compute_s + comm_s, comm_s, algo)
     return out
 
@@ -280,6 +281,7 @@ def main(argv=None):
     if comm is None or comm.rank == 0:
         print(format_report(result, measured), flush=True)
     if comm is not None:
+        comm.barrier()  # nobody closes while a peer still finishes the last collective
         comm.close()
     return 0
 
