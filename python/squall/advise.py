@@ -106,7 +106,7 @@ def _encoded(method, params):
 def _allgather_pays(n, encoded, latency, bandwidth):
     # The library's rule (src/coll/compressed_allgather.cc): one round instead
     # of two when the extra bytes cost less than a message's latency.
-    return n > 2 and encoded * (n - 2) / n <= latency * bandwidth
+    return n >= 2 and encoded * (n - 2) / n <= latency * bandwidth
 
 
 def predict(params, compute_s, nranks, latency, bandwidth, codec_rates):
