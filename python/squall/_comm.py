@@ -8,6 +8,7 @@ runs on the current torch stream of that GPU, without host staging.
 
 import contextlib
 import ctypes
+import os
 import threading
 import weakref
 
@@ -504,9 +505,17 @@ def _global_rank(dist, group, group_rank):
     return dist.distributed_c10d._get_global_rank(group, group_rank)  # torch 1.13
 
 
+def _launched():
+    return any(os.environ.get(v) for v in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"))
+
+
 def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     """Creates a Communicator over the ranks of a torch.distributed process group
     (default: the world) and makes it the default one.
+
+    Without an initialised torch.distributed (or without torch), and with no
+    process_group given, it creates the communicator from the launcher's
+    variables instead (Communicator.from_env: torchrun, srun, mpirun).
 
     torch.distributed must be initialised. The group's first member creates the
     unique id; it reaches the others through broadcast_object_list on the group.
@@ -520,12 +529,22 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     go through one all_gather_object on the group, so a rank that cannot
     take part makes every rank raise.
     """
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        if process_group is None and _launched():
+            # No torch process group: the launcher's own variables (torchrun,
+            # srun, mpirun) give the ranks, as squallCommInitFromEnv reads them.
+            comm = Communicator.from_env(transport, timeout)
+            if set_as_default:
+                set_default(comm)
+            return comm
         raise SquallInvalidUsage(
-            "squall.init: torch.distributed is not initialised; call "
-            "torch.distributed.init_process_group first (or use squall.Communicator.from_env)")
+            "squall.init: torch.distributed is not initialised and no launcher variables are "
+            "set; call torch.distributed.init_process_group first, or start the job with "
+            "torchrun, srun or mpirun (or use squall.Communicator.from_unique_id)")
     group = process_group if process_group is not None else dist.group.WORLD
     rank = dist.get_rank(group)
     if rank < 0:  # not a member of the subgroup

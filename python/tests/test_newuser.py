@@ -178,3 +178,25 @@ def test_drift_counters_and_misuse():
         and "sent by rank 0 so far" in lines[0], lines
     assert res[1]["phase_log"] == []
     assert torch.equal(res[0]["broadcast"], res[1]["broadcast"])
+
+
+def test_init_without_torch_distributed_under_srun_and_mpirun():
+    # squall.init() with no process group reads the launchers' variables.
+    code = """
+import squall
+c = squall.init(transport="tcp")
+print("ok", c.rank, c.size, squall.get_default() is c)
+"""
+    port = str(_dist.free_port())
+    for launcher in ({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0",
+                      "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
+                      "SLURM_JOB_NODELIST": "localhost", "SQUALL_PORT": port},
+                     {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1",
+                      "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+                      "OMPI_MCA_ess_base_jobid": "77", "SQUALL_PORT": port}):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(launcher, SQUALL_SOCKET_IFNAME="lo")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=30, env=dict(env, PYTHONPATH=PYTHON_DIR))
+        assert r.returncode == 0 and "ok 0 1 True" in r.stdout, r.stderr
