@@ -153,6 +153,27 @@ def _drift_worker(rank, world):
     for _ in range(2):
         hooked(torch.ones(3, 4)).sum().backward()
     out["onebit_stats"] = state.stats
+
+    # squallrun --slowmo 2: its patches (as the injected sitecustomize installs
+    # them) wrap the script's SGD in SlowMo and keep DDP's gradients local.
+    import json
+
+    from squall import _patch
+
+    os.environ["SQUALL_RUN_CONFIG"] = json.dumps(
+        {"optimizer": None, "hook": None, "slowmo": 2, "warmup": 1, "codec": "onebit"})
+    _patch.install()
+    net = torch.nn.Linear(4, 2)
+    script_ddp = DDP(net)
+    script_opt = torch.optim.SGD(script_ddp.parameters(), lr=0.1)
+    out["slowmo_type"] = type(script_opt).__name__
+    snapshots = []
+    for s in range(2):
+        script_opt.zero_grad()
+        script_ddp(torch.full((3, 4), float(rank + s))).sum().backward()
+        script_opt.step()
+        snapshots.append([p.detach().clone() for p in net.parameters()])
+    out["slowmo_snapshots"] = snapshots
     return out
 
 
@@ -173,6 +194,11 @@ def test_drift_counters_and_misuse():
         assert measured > 0 and sync >= measured
         assert out["onebit_stats"]["bytes_sent"] > 0
         assert out["apm_stats"]["bytes_sent"] > 0
+    assert res[0]["slowmo_type"] == "SlowMo"
+    after1 = [r["slowmo_snapshots"][0] for r in res]
+    after2 = [r["slowmo_snapshots"][1] for r in res]
+    assert not all(torch.equal(a, b) for a, b in zip(*after1)), "step 1: local gradients"
+    assert all(torch.equal(a, b) for a, b in zip(*after2)), "step 2 = tau: averaged"
     lines = res[0]["phase_log"]
     assert len(lines) == 1 and "switched to 1-bit compressed momentum after step 2" in lines[0] \
         and "sent by rank 0 so far" in lines[0], lines
