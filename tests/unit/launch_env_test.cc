@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -171,12 +172,19 @@ bool portIsFree(int port) {
 
 // Forks n ranks, each with vars(rank) as its whole launcher environment; each
 // creates its communicator from the environment and allreduces rank + 1.
+// Ranks stay alive until every rank has reported (the parent closes
+// `release`), so that no rank's exit can cut a peer's collective short.
 void runJob(int n, const std::function<Vars(int)>& vars) {
   std::vector<pid_t> pids;
+  int release[2];
+  ASSERT_EQ(pipe(release), 0);
+  std::vector<std::array<int, 2>> reports(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(pipe(reports[r].data()), 0);
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      close(release[1]);
       setVars(vars(r));
       squallConfig_t c = SQUALL_CONFIG_INIT;
       c.transport = squallTransportTcp;
@@ -190,8 +198,8 @@ void runJob(int n, const std::function<Vars(int)>& vars) {
       squallCommRank(comm, &rank);
       squallCommSize(comm, &size);
       double x = rank + 1;
-      const bool ok = squallAllReduce(&x, &x, 1, squallFloat64, squallSum, comm) == squallSuccess &&
-                      rank == r && size == n && x == n * (n + 1) / 2.0;
+      const squallResult_t result = squallAllReduce(&x, &x, 1, squallFloat64, squallSum, comm);
+      const bool ok = result == squallSuccess && rank == r && size == n && x == n * (n + 1) / 2.0;
       // The byte counters see this allreduce's messages: the direct algorithm
       // sends the 8 bytes to each of the n-1 peers and receives theirs.
       squallCommStats_t stats{};
@@ -203,12 +211,27 @@ void runJob(int n, const std::function<Vars(int)>& vars) {
                      static_cast<unsigned long long>(stats.operations),
                      static_cast<unsigned long long>(stats.bytesSent),
                      static_cast<unsigned long long>(stats.bytesReceived));
-      if (!ok) std::fprintf(stderr, "rank %d: %s (sum %g)\n", r, squallGetLastError(), x);
+      if (!ok)
+        std::fprintf(stderr, "rank %d (rank %d of %d): %s: %s (sum %g)\n", r, rank, size,
+                     squallGetErrorString(result), squallGetLastError(), x);
+      const char status = ok ? (counted ? '0' : '4') : '3';
+      if (write(reports[r][1], &status, 1) != 1) _exit(5);
+      char byte;
+      while (read(release[0], &byte, 1) > 0) {
+      }
       squallCommDestroy(comm);
-      _exit(ok ? (counted ? 0 : 4) : 3);
+      _exit(status - '0');
     }
+    close(reports[r][1]);
     pids.push_back(pid);
   }
+  close(release[0]);
+  for (int r = 0; r < n; ++r) {
+    char status = '?';
+    EXPECT_EQ(read(reports[r][0], &status, 1), 1) << "rank " << r << " reported nothing";
+    close(reports[r][0]);
+  }
+  close(release[1]);  // lets the ranks exit
   for (int r = 0; r < n; ++r) {
     int status = -1;
     ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
