@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 
 import _dist
 import squall
@@ -61,3 +62,13 @@ def test_cli_without_a_launcher():
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "winner: onebit" in r.stdout and "SQUALL_NET_MBPS=1000" in r.stdout, r.stdout
+    # a script's parameter count: file.py:function returning the model
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "net.py")
+        with open(path, "w") as f:
+            f.write("import torch\ndef build():\n    return torch.nn.Linear(1000, 1000)\n")
+        r = subprocess.run([sys.executable, "-m", "squall", "advise", "--ranks", "2", "--mbps",
+                            "1000", "--latency-us", "50", "--params", f"{path}:build"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "model 1.0 M params" in r.stdout, r.stdout
