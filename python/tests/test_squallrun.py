@@ -69,3 +69,17 @@ def test_squallrun_refuses_conflicting_options():
                         "--slowmo", "8", "--", "true"], capture_output=True, text=True, env=env,
                        timeout=60)
     assert r.returncode != 0 and "exclude each other" in r.stderr
+
+
+def test_squallrun_preload():
+    from squall import run
+
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    r = subprocess.run([sys.executable, "-m", "squall.run", "--preload", "--", "env"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    lib = run._preload_library()
+    if lib is None:  # this build has no interposer: said so, nothing run
+        assert r.returncode != 0 and "libsquall-preload.so is not next to" in r.stderr
+    else:
+        assert r.returncode == 0 and f"LD_PRELOAD={lib}" in r.stdout, r.stderr
+        assert r.stdout.startswith("squallrun: LD_PRELOAD=libsquall-preload.so")
