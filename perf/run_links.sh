@@ -46,6 +46,18 @@ out=$(cd "$out" && pwd)
 runs=()
 codecs=()
 { date; uptime; nproc; } >"$out/machine.txt"
+# Progress: cell k of N, elapsed, and an ETA from the mean time per cell so far.
+n_rates=$(wc -w <<<"$rates")
+n_ranks=$(wc -w <<<"$ranks_list")
+cells=$((repeat * n_rates * n_ranks))
+cell=0
+t_start=$SECONDS
+clock() { printf '%d:%02d:%02d' $(($1 / 3600)) $(($1 / 60 % 60)) $(($1 % 60)); }
+progress() {
+  local spent=$((SECONDS - t_start)) eta="unknown (after the first cell)"
+  ((cell > 0)) && eta=$(clock $((spent * (cells - cell) / cell)))
+  echo "run_links.sh: [cell $((cell + 1))/$cells] $1; elapsed $(clock "$spent"), ETA $eta" >&2
+}
 for ((run = 1; run <= repeat; run++)); do
   # The codec's rates in the same conditions as the run that follows.
   echo "run_links.sh: codec rates (codec_bench, 64M elements)" >&2
@@ -63,7 +75,7 @@ for ((run = 1; run <= repeat; run++)); do
   for rate in $rates; do
     for n in $ranks_list; do
       name=${rate}_n${n}_$run
-      echo "run_links.sh: $name: sizes $min..$max (x4), $iters iterations, transport $transport" >&2
+      progress "$name: sizes $min..$max (x4), $iters iterations, transport $transport"
       rc=0
       perf/links.sh --rate "$rate" --ranks "$n" -- "$perf" -b "$min" -e "$max" -f 4 -n "$iters" \
         -w 1 --vs none --transport "$transport" --json "$out/$name.json" >"$out/$name.txt" || rc=$?
@@ -71,6 +83,7 @@ for ((run = 1; run <= repeat; run++)); do
       ((rc == 0)) || { echo "run_links.sh: $name failed ($rc)" >&2; cat "$out/$name.txt" >&2; exit 1; }
       cat "$out/$name.txt"
       runs+=("$out/$name.json")
+      cell=$((cell + 1))
     done
   done
 done

@@ -263,10 +263,29 @@ int run(const Args& a, squallComm_t comm) {
   }
   std::vector<Row> rows;
   const size_t elem = dtypeBytes(a.dtype);
+  // Progress on stderr (stdout stays the table): size k of N, elapsed, and an
+  // ETA from the time per byte so far, since a size's time grows with it.
+  double plannedBytes = 0, doneBytes = 0;
+  int plannedSizes = 0;
+  for (double b = static_cast<double>(a.minBytes); b <= static_cast<double>(a.maxBytes);
+       b *= a.factor)
+    if (static_cast<size_t>(b) / elem > 0) plannedBytes += b, ++plannedSizes;
+  const auto started = std::chrono::steady_clock::now();
   for (double bytesF = static_cast<double>(a.minBytes); bytesF <= static_cast<double>(a.maxBytes);
        bytesF *= a.factor) {
     const size_t count = static_cast<size_t>(bytesF) / elem;
     if (count == 0) continue;
+    if (rank == 0 && plannedSizes > 1) {
+      const double spent =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (doneBytes > 0)
+        std::fprintf(stderr, "squall_perf: [size %zu/%d] %zu bytes; elapsed %.0f s, ETA %.0f s\n",
+                     rows.size() + 1, plannedSizes, count * elem, spent,
+                     spent / doneBytes * (plannedBytes - doneBytes));
+      else
+        std::fprintf(stderr, "squall_perf: [size 1/%d] %zu bytes\n", plannedSizes, count * elem);
+    }
+    doneBytes += bytesF;
     Row row{};
     row.count = count;
     row.bytes = count * elem;

@@ -9,7 +9,7 @@ SQUALL_PACKAGES=(
   libgtest-dev
   libucx-dev libopenmpi-dev openmpi-bin
   iproute2 python3
-  python3-torch python3-numpy python3-pytest
+  python3-torch python3-numpy python3-pytest python3-wheel python3-venv
 )
 
 missing=()

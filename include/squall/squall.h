@@ -201,6 +201,17 @@ SQUALL_API squallResult_t squallCommSize(squallComm_t comm, int* size);
 /* "ucx", "tcp", "mpi", ... */
 SQUALL_API squallResult_t squallCommTransport(squallComm_t comm, const char** name);
 
+/* What this rank has handed to the transport over the communicator's
+ * lifetime, every collective included (counted where each message is posted,
+ * so it is exact for any algorithm). A communicator from NCCL counts nothing
+ * and returns squallUnsupported. */
+typedef struct {
+  uint64_t operations;    /* collectives started */
+  uint64_t bytesSent;     /* payload bytes sent by this rank, headers included */
+  uint64_t bytesReceived; /* payload bytes received by this rank */
+} squallCommStats_t;
+SQUALL_API squallResult_t squallCommGetStats(squallComm_t comm, squallCommStats_t* stats);
+
 /* Full-precision collectives on host buffers. sendbuf may equal recvbuf for
  * allreduce; every rank must call the same collectives in the same order. */
 SQUALL_API squallResult_t squallAllReduce(const void* sendbuf, void* recvbuf, size_t count,

@@ -235,7 +235,7 @@ def train_one(task, method, seed, steps, rank, world, args):
         opt.step()
         sched.step()
         if method == "naive_onebit":
-            sent += float(comp.stats["bytes_sent"])  # stats report the last call only
+            sent += float(comp.stats["last_bytes_sent"])
         elif method == "apmsqueeze":
             sent = float(opt.info()["bytes_sent"])
         elif method in ("slowmo_adam", "local_sgd") and (step + 1) % args.tau == 0:
@@ -261,6 +261,48 @@ def train_one(task, method, seed, steps, rank, world, args):
             "elapsed_s": elapsed, "lr": lr, **extra}
 
 
+def _clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Run k of N, elapsed and an ETA: the time per training step so far, per
+    task (their steps cost differently), times the steps still planned."""
+
+    def __init__(self, plan):
+        self.plan, self.done, self.t0 = plan, 0, time.time()
+        self.spent = {}  # task -> (seconds, steps) of finished runs
+        self.run_t0 = self.t0
+
+    def start(self, task, method, seed, steps):
+        self.run_t0 = time.time()
+        print(f"[run {self.done + 1}/{len(self.plan)}] {task} seed={seed} {method} ({steps} "
+              f"steps) ...; elapsed {_clock(self.run_t0 - self.t0)}, ETA {self.eta()}",
+              flush=True)
+        self.task = task
+
+    def finish(self, steps):
+        secs, n = self.spent.get(self.task, (0.0, 0))
+        self.spent[self.task] = (secs + time.time() - self.run_t0, n + steps)
+        self.done += 1
+        return f"[{self.done}/{len(self.plan)} done, ETA {self.eta()}]"
+
+    def eta(self):
+        rest = self.plan[self.done:]
+        if not rest:
+            return _clock(0)
+        known = [s / n for s, n in self.spent.values() if n]
+        if not known:
+            return "unknown (after the first run)"
+        fallback = sum(known) / len(known)
+        total = 0.0
+        for task, _, _, steps in rest:
+            s, n = self.spent.get(task, (0.0, 0))
+            total += steps * (s / n if n else fallback)
+        return _clock(total)
+
+
 def worker(rank, world, port, args, plan, out_path):
     os.environ.update(ENV)
     torch.set_num_threads(1)
@@ -275,7 +317,10 @@ def worker(rank, world, port, args, plan, out_path):
     if rank == 0 and os.path.exists(out_path) and args.resume:
         with open(out_path) as f:
             records = json.load(f)["runs"]
+    progress = Progress(plan) if rank == 0 else None
     for task_name, method, seed, steps in plan:
+        if progress is not None:
+            progress.start(task_name, method, seed, steps)
         if task_name not in tasks:
             tasks[task_name] = DigitsTask(args) if task_name == "digits" else CharLMTask(args)
         task = tasks[task_name]
@@ -305,7 +350,8 @@ def worker(rank, world, port, args, plan, out_path):
             os.replace(out_path + ".tmp", out_path)
             last = rec["evals"][-1]
             print(f"[{task_name} seed={seed} {method:>13}] {r['elapsed_s']:.0f}s "
-                  f"final {last} bytes/rank {rec['bytes_per_rank_final'][0]:.3g}", flush=True)
+                  f"final {last} bytes/rank {rec['bytes_per_rank_final'][0]:.3g} "
+                  f"{progress.finish(steps)}", flush=True)
     squall.shutdown()
 
 
@@ -467,6 +513,9 @@ def main():
     ap.add_argument("--resume", action="store_true",
                     help="keep runs already in results.json (others are replaced)")
     ap.add_argument("--plots-only", action="store_true")
+    ap.add_argument("--replot-all", action="store_true",
+                    help="re-make table.md, summary.json and the plots of every results.json "
+                         "under --out (the study and all its variants), then exit")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     if args.quick:
@@ -474,6 +523,12 @@ def main():
         args.digits_steps = args.lm_steps = 48
         args.eval_every = 24
     os.makedirs(args.out, exist_ok=True)
+    if args.replot_all:
+        found = sorted(d for d, _, files in os.walk(args.out) if "results.json" in files)
+        for i, d in enumerate(found):
+            print(f"[{i + 1}/{len(found)}] {os.path.relpath(d, args.out) or '.'}", flush=True)
+            report(os.path.join(d, "results.json"), d)
+        return 0
     out_path = os.path.join(args.out, "results.json")
     if not args.plots_only:
         plan = []

@@ -6,7 +6,9 @@ NCCL (squall.init(transport="nccl")) takes CUDA tensors of its GPU only and
 runs on the current torch stream of that GPU, without host staging.
 """
 
+import contextlib
 import ctypes
+import os
 import threading
 import weakref
 
@@ -21,7 +23,34 @@ _TRANSPORTS = {None: _lib.TRANSPORT_DEFAULT, "default": _lib.TRANSPORT_DEFAULT,
                "tcp": _lib.TRANSPORT_TCP}
 
 _default = None
-_default_lock = threading.Lock()
+_default_lock = threading.RLock()  # close() from a finaliser may run under it
+
+
+class Traffic:
+    """Cumulative bytes one object (compressor, optimizer, hook state) made its
+    communicator move: the difference of the communicator's counters around
+    each of its calls, so exact while calls on a communicator do not overlap
+    (an async call is counted when it is waited for)."""
+
+    def __init__(self):
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def as_dict(self):
+        return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+
+    def add(self, before, after):
+        if before is not None and after is not None:
+            self.bytes_sent += after[0] - before[0]
+            self.bytes_received += after[1] - before[1]
+
+    @contextlib.contextmanager
+    def measure(self, comm):
+        before = comm._bytes()
+        try:
+            yield
+        finally:
+            self.add(before, comm._bytes())
 
 
 def _op_code(op, allowed=("sum", "avg", "mean", "min", "max")):
@@ -106,8 +135,10 @@ class Communicator:
 
     @classmethod
     def from_env(cls, transport=None, timeout=None):
-        """torchrun / launcher style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET)
-        or SQUALL_PORT, RANK, WORLD_SIZE. No torch needed."""
+        """From the launcher's variables, no torch needed: torchrun's (MASTER_ADDR,
+        MASTER_PORT (+ SQUALL_PORT_OFFSET) or SQUALL_PORT, RANK, WORLD_SIZE),
+        srun's (SLURM_PROCID, SLURM_NTASKS, the first host of the node list) or
+        mpirun's (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)."""
         cfg = _config(transport, timeout)
         h = ctypes.c_void_p()
         check(lib.squallCommInitFromEnv(ctypes.byref(h), ctypes.byref(cfg)),
@@ -155,6 +186,30 @@ class Communicator:
     @property
     def closed(self):
         return self._h is None
+
+    @property
+    def stats(self):
+        """Cumulative {'operations', 'bytes_sent', 'bytes_received'} of this rank
+        over the communicator's life: every collective's messages, counted by
+        the library where it hands them to the transport. A communicator from
+        NCCL counts nothing (SquallUnsupported)."""
+        if not _lib.HAVE_COMM_STATS:
+            raise _lib.SquallUnsupported(
+                f"squall: the loaded libsquall ({_lib.path}) has no squallCommGetStats; build a "
+                "newer Squall")
+        s = _lib.CommStats()
+        check(lib.squallCommGetStats(self.handle, ctypes.byref(s)), "squallCommGetStats")
+        return {"operations": s.operations, "bytes_sent": s.bytesSent,
+                "bytes_received": s.bytesReceived}
+
+    def _bytes(self):
+        """(sent, received) so far, or None where the communicator does not count."""
+        if self._nccl is not None or not _lib.HAVE_COMM_STATS or self._h is None:
+            return None
+        s = _lib.CommStats()
+        if lib.squallCommGetStats(self._h, ctypes.byref(s)) != 0:
+            return None
+        return s.bytesSent, s.bytesReceived
 
     def __repr__(self):
         state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
@@ -268,8 +323,9 @@ class Request:
     """An allreduce running in the background. The buffer must stay untouched
     until :meth:`wait` has returned."""
 
-    def __init__(self, handle, result, keep):
+    def __init__(self, handle, result, keep, on_done=None):
         self._h, self._result, self._keep = handle, result, keep
+        self._on_done = on_done
 
     def test(self):
         """True when the operation has finished (call wait() to get its result)."""
@@ -284,6 +340,8 @@ class Request:
         if self._h is not None:
             h, self._h = self._h, None
             check(lib.squallWait(h), "allreduce")
+            if self._on_done is not None:
+                self._on_done()
             for k in self._keep:
                 if hasattr(k, "finish"):
                     k.finish()
@@ -319,6 +377,7 @@ class Compressor:
             check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
                                              ctypes.byref(h)), "squallCompressorCreate")
         self._h = h
+        self.traffic = Traffic()
         comm._children.add(self)
 
     @property
@@ -347,6 +406,11 @@ class Compressor:
                 check(lib.squallCompressedAllReduceOnStream(
                     src.ptr, dst.ptr, src.dtype, o, self.handle, comm.handle,
                     _cuda.current_stream(comm.device)), "squallCompressedAllReduceOnStream")
+                # NCCL counts nothing: add the library's figure for this call.
+                st = _lib.CompressorStats()
+                if lib.squallCompressorGetStats(self.handle, ctypes.byref(st)) == 0:
+                    self.traffic.bytes_sent += st.bytesSent
+                    self.traffic.bytes_received += st.bytesReceived
             return Request(None, result, None) if async_op else result
         src = host_buffer(tensor, "tensor", FLOATS, writable=out is None)
         if out is None:
@@ -356,12 +420,15 @@ class Compressor:
         self._check_buffers(src, dst)
         if async_op:
             req = ctypes.c_void_p()
+            before = comm._bytes()
             check(lib.squallCompressedAllReduceAsync(src.ptr, dst.ptr, src.dtype, o, self.handle,
                                                      self.comm.handle, ctypes.byref(req)),
                   "squallCompressedAllReduceAsync")
-            return Request(req, result, [src, dst, self])
-        check(lib.squallCompressedAllReduce(src.ptr, dst.ptr, src.dtype, o, self.handle,
-                                            self.comm.handle), "squallCompressedAllReduce")
+            return Request(req, result, [src, dst, self],
+                           on_done=lambda: self.traffic.add(before, comm._bytes()))
+        with self.traffic.measure(comm):
+            check(lib.squallCompressedAllReduce(src.ptr, dst.ptr, src.dtype, o, self.handle,
+                                                self.comm.handle), "squallCompressedAllReduce")
         dst.finish()
         return result
 
@@ -381,13 +448,18 @@ class Compressor:
 
     @property
     def stats(self):
-        """{'calls', 'skipped_calls'} are running totals; {'bytes_sent',
-        'bytes_received'} are this rank's bytes in the last call only."""
+        """Running totals: 'calls', 'skipped_calls', and 'bytes_sent' /
+        'bytes_received', this rank's bytes over every call as the library
+        counted them where it handed them to the transport (on a communicator
+        from NCCL, which counts nothing, the sum of each call's own figure).
+        'last_bytes_sent' / 'last_bytes_received' are the last call's."""
         s = _lib.CompressorStats()
         with _cuda.device_guard(self.comm.device):
             check(lib.squallCompressorGetStats(self.handle, ctypes.byref(s)))
-        return {"calls": s.calls, "skipped_calls": s.skippedCalls, "bytes_sent": s.bytesSent,
-                "bytes_received": s.bytesReceived}
+        return {"calls": s.calls, "skipped_calls": s.skippedCalls,
+                "bytes_sent": self.traffic.bytes_sent,
+                "bytes_received": self.traffic.bytes_received,
+                "last_bytes_sent": s.bytesSent, "last_bytes_received": s.bytesReceived}
 
     def close(self):
         if self._h is not None:
@@ -419,7 +491,10 @@ def get_default():
 def set_default(comm):
     global _default
     with _default_lock:
-        _default = comm
+        old, _default = _default, comm
+    # The old default may be freed here and close itself, which takes the
+    # lock again: drop our reference only after releasing it.
+    del old
 
 
 def _global_rank(dist, group, group_rank):
@@ -430,9 +505,17 @@ def _global_rank(dist, group, group_rank):
     return dist.distributed_c10d._get_global_rank(group, group_rank)  # torch 1.13
 
 
+def _launched():
+    return any(os.environ.get(v) for v in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"))
+
+
 def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     """Creates a Communicator over the ranks of a torch.distributed process group
     (default: the world) and makes it the default one.
+
+    Without an initialised torch.distributed (or without torch), and with no
+    process_group given, it creates the communicator from the launcher's
+    variables instead (Communicator.from_env: torchrun, srun, mpirun).
 
     torch.distributed must be initialised. The group's first member creates the
     unique id; it reaches the others through broadcast_object_list on the group.
@@ -446,12 +529,22 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     go through one all_gather_object on the group, so a rank that cannot
     take part makes every rank raise.
     """
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        if process_group is None and _launched():
+            # No torch process group: the launcher's own variables (torchrun,
+            # srun, mpirun) give the ranks, as squallCommInitFromEnv reads them.
+            comm = Communicator.from_env(transport, timeout)
+            if set_as_default:
+                set_default(comm)
+            return comm
         raise SquallInvalidUsage(
-            "squall.init: torch.distributed is not initialised; call "
-            "torch.distributed.init_process_group first (or use squall.Communicator.from_env)")
+            "squall.init: torch.distributed is not initialised and no launcher variables are "
+            "set; call torch.distributed.init_process_group first, or start the job with "
+            "torchrun, srun or mpirun (or use squall.Communicator.from_unique_id)")
     group = process_group if process_group is not None else dist.group.WORLD
     rank = dist.get_rank(group)
     if rank < 0:  # not a member of the subgroup

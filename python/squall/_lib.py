@@ -3,10 +3,12 @@
 The library is looked up, in order, at:
 
 1. ``$SQUALL_LIBRARY`` (a path to ``libsquall.so``);
-2. the build tree of a checkout, relative to this package
+2. the copy inside the package (``squall/_libs/libsquall.so``), which a wheel
+   and ``pip install ./python`` carry (python/setup.py bundles it);
+3. the build tree of a checkout, relative to this package
    (``<repo>/build/src/core/libsquall.so``, also ``libsquall.so.0``);
-3. the library directory meson installed next to it (``_config.LIBDIR``);
-4. the system loader (``libsquall.so.0``, then ``libsquall.so``).
+4. the library directory meson installed next to it (``_config.LIBDIR``);
+5. the system loader (``libsquall.so.0``, then ``libsquall.so``).
 
 Every C call goes through :func:`check`, which turns a non-zero result into
 the matching :class:`SquallError` subclass carrying ``squallGetLastError()``.
@@ -115,6 +117,11 @@ class Config(ctypes.Structure):
 
     def __init__(self, transport=TRANSPORT_DEFAULT, timeout=0):
         super().__init__(ctypes.sizeof(Config), transport, timeout)
+
+
+class CommStats(ctypes.Structure):
+    _fields_ = [("operations", ctypes.c_uint64), ("bytesSent", ctypes.c_uint64),
+                ("bytesReceived", ctypes.c_uint64)]
 
 
 class CompressorStats(ctypes.Structure):
@@ -234,7 +241,7 @@ def _candidates():
     if env:
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = []
+    paths = [os.path.join(here, "_libs", "libsquall.so")]
     for up in (os.path.join(here, "..", ".."), os.path.join(here, "..")):
         for name in ("libsquall.so", "libsquall.so.0"):
             paths.append(os.path.normpath(os.path.join(up, "build", "src", "core", name)))
@@ -266,6 +273,12 @@ lib, path = _load()
 for _name, (_res, _args) in _CORE.items():
     _f = getattr(lib, _name)
     _f.restype, _f.argtypes = _res, _args
+
+# Newer than some libraries this binding may meet: bound when present.
+HAVE_COMM_STATS = hasattr(lib, "squallCommGetStats")
+if HAVE_COMM_STATS:
+    lib.squallCommGetStats.restype = c_result
+    lib.squallCommGetStats.argtypes = [P, ctypes.POINTER(CommStats)]
 
 HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
 if HAVE_OPTIM:
@@ -339,7 +352,15 @@ def require_gpu(what):
         raise SquallUnsupported(f"{what}: {reason}")
 
 
-def version():
+def version_code():
+    """The library's squallGetVersion(): major * 10000 + minor * 100 + patch."""
     v = ctypes.c_int()
     check(lib.squallGetVersion(ctypes.byref(v)))
     return v.value
+
+
+def version():
+    """The loaded library's version as "major.minor.patch", the format of
+    squall.__version__ (the binding's own)."""
+    v = version_code()
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}"

@@ -18,9 +18,11 @@ communicator CUDA buckets are staged through host memory; on one from NCCL
 stream (that combination has not run on GPU hardware yet).
 """
 
+import warnings
+
 import torch
 
-from ._comm import Compressor, get_default
+from ._comm import Compressor, Traffic, get_default
 
 
 def _buffer(bucket):
@@ -39,6 +41,7 @@ def _is_last(bucket):
 
 class OnebitState:
     """State of onebit_hook: the step counter and one Compressor per bucket.
+    `traffic.as_dict()` / `stats`: this rank's cumulative bytes sent and received.
 
     The first `warmup_steps` iterations allreduce in full precision; then each
     bucket goes through an error-compensated compressed allreduce with
@@ -52,7 +55,13 @@ class OnebitState:
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
             raise ValueError(
                 f"squall.ddp.OnebitState: warmup_steps must be an int >= 0, not {warmup_steps!r}")
+        if warmup_steps == 0:
+            warnings.warn(
+                "squall.ddp.OnebitState(warmup_steps=0): DDP rebuilds its buckets after the first "
+                "iteration, which re-creates the compressors and throws away the residuals "
+                "(error feedback) of iteration 1; use warmup_steps >= 1", stacklevel=2)
         self.comm = comm
+        self.traffic = Traffic()  # cumulative bytes of this hook's allreduces
         self.warmup_steps = int(warmup_steps)
         self.codec = codec
         self.step = 0  # iterations completed (counted on each iteration's last bucket)
@@ -62,6 +71,10 @@ class OnebitState:
 
     def _comm(self):
         return self.comm if self.comm is not None else get_default()
+
+    @property
+    def stats(self):
+        return self.traffic.as_dict()
 
     def compressor(self, index, tensor):
         entry = self.compressors.get(index)
@@ -80,12 +93,14 @@ def onebit_hook(state, bucket):
     """DDP comm hook: full-precision average during warmup, then error-compensated
     1-bit average of each gradient bucket (bit-identical on every rank)."""
     buf = _buffer(bucket)
-    if state.step < state.warmup_steps:
-        state._comm().allreduce(buf, "avg")
-        state.full_buckets += 1
-    else:
-        state.compressor(bucket.index(), buf).allreduce(buf, "avg")
-        state.compressed_buckets += 1
+    comm = state._comm()
+    with state.traffic.measure(comm):
+        if state.step < state.warmup_steps:
+            comm.allreduce(buf, "avg")
+            state.full_buckets += 1
+        else:
+            state.compressor(bucket.index(), buf).allreduce(buf, "avg")
+            state.compressed_buckets += 1
     if _is_last(bucket):
         state.step += 1
     return _done(buf)
@@ -97,9 +112,17 @@ class APMSqueezeState:
 
     def __init__(self, optimizer, comm=None):
         self.optimizer = optimizer
+        if hasattr(optimizer, "_hooked"):
+            optimizer._hooked = True  # the optimizer need not warn about DDP
         self.comm = comm if comm is not None else getattr(optimizer, "comm", None)
+        self.traffic = Traffic()  # cumulative bytes of this hook's warmup averages
         self.allreduced_buckets = 0
         self.skipped_buckets = 0
+
+    @property
+    def stats(self):
+        """This rank's cumulative bytes sent and received by the hook."""
+        return self.traffic.as_dict()
 
     def __getstate__(self):
         raise TypeError("squall.ddp.APMSqueezeState cannot be pickled")
@@ -112,7 +135,9 @@ def apmsqueeze_hook(state, bucket):
     momentum itself)."""
     buf = _buffer(bucket)
     if state.optimizer.in_warmup:
-        (state.comm if state.comm is not None else get_default()).allreduce(buf, "avg")
+        comm = state.comm if state.comm is not None else get_default()
+        with state.traffic.measure(comm):
+            comm.allreduce(buf, "avg")
         state.allreduced_buckets += 1
     else:
         state.skipped_buckets += 1

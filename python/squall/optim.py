@@ -17,15 +17,20 @@ live where the group lives:
 """
 
 import ctypes
+import gc
 import hashlib
+import logging
 import math
+import warnings
 
 import torch
 
 from . import _cuda, _lib
-from ._comm import Compressor, get_default
-from ._lib import SquallInvalidArgument, SquallInvalidUsage, check, lib
+from ._comm import Compressor, Traffic, get_default
+from ._lib import SquallInvalidArgument, SquallInvalidUsage, SquallUnsupported, check, lib
 from .codec import parse_codec
+
+log = logging.getLogger("squall")
 
 _MODES = {"apmsqueeze": _lib.MODE_APMSQUEEZE, "sync": _lib.MODE_SYNC, "local": _lib.MODE_LOCAL}
 _TINY_LR = 1.1754943508222875e-38  # smallest normal fp32: stands for lr == 0 (0 means "configured")
@@ -43,6 +48,54 @@ def _check_same_across_ranks(comm, params_groups, what):
             f"squall: {what}: the parameter groups differ across ranks (number of groups, "
             f"parameters or shapes); this rank has {shapes if len(repr(shapes)) < 300 else '...'}."
             " Every rank must build the same model and the same parameter groups")
+
+
+def _broadcast_params(comm, params_groups):
+    """Collective: every rank's parameters become rank 0's, bit for bit."""
+    for params in params_groups:
+        numel = sum(p.numel() for p in params)
+        if numel == 0:
+            continue
+        device = comm.device if comm._nccl is not None else None
+        flat = _flatten_into(_cuda.zeros(numel, torch.float32, device), params)
+        if comm._nccl is not None:  # NCCL communicators only reduce: everyone adds zeros
+            if comm.rank != 0:
+                flat.zero_()
+            comm.allreduce(flat, "sum")
+        else:
+            comm.broadcast(flat, 0)
+        with torch.no_grad():
+            _unflatten_from(flat, params)
+
+
+def _check_hyper_across_ranks(comm, rows, what):
+    """Collective: raises on every rank when a hyper-parameter differs between
+    ranks, naming the first rank that differs from rank 0, the name and both
+    values. `rows` is a list of (name, float value)."""
+    k = len(rows)
+    table = _cuda.zeros(comm.size * k, torch.float64, comm.device)
+    table[comm.rank * k:(comm.rank + 1) * k] = torch.tensor(
+        [v for _, v in rows], dtype=torch.float64)
+    comm.allreduce(table, "sum")  # every other slot adds zeros: a gather
+    table = table.cpu().view(comm.size, k)
+    for r in range(1, comm.size):
+        for j, (name, _) in enumerate(rows):
+            a, b = float(table[0, j]), float(table[r, j])
+            if a != b and not (math.isnan(a) and math.isnan(b)):
+                raise SquallInvalidUsage(
+                    f"squall: {what}: rank {r} has {name}={b:g} where rank 0 has {a:g}; every "
+                    "rank must pass the same hyper-parameters, or the replicas drift apart")
+
+
+def _ddp_modules_over(params):
+    """The live DistributedDataParallel modules that wrap any of `params`."""
+    ddp_type = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    if ddp_type is None:
+        return []
+    ids = {id(p) for p in params}
+    return [o for o in gc.get_objects()
+            if isinstance(o, ddp_type) and not getattr(o, "_squall_local_hook", False)
+            and any(id(p) in ids for p in o.module.parameters())]
 
 
 def _flatten_into(flat, tensors):
@@ -93,10 +146,19 @@ class APMSqueeze(torch.optim.Optimizer):
     See docs/optim.md, "The guard".
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 warmup=0.15, total_steps=None, codec="onebit", comm=None, mode="apmsqueeze",
-                 guard=True, max_update=None):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None, warmup=0.15, total_steps=None,
+                 codec="onebit", comm=None, mode="apmsqueeze", guard=True, max_update=None,
+                 broadcast_initial=True):
         _lib.require_optim()
+        for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
+                            ("capturable", capturable), ("differentiable", differentiable),
+                            ("fused", fused)):
+            if value:
+                raise SquallUnsupported(
+                    f"squall.optim.APMSqueeze: {name}=True is not supported (the C optimizer "
+                    f"runs one Adam variant); leave {name} at its default")
         if not lr > 0:
             raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be positive, not {lr}")
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -123,6 +185,10 @@ class APMSqueeze(torch.optim.Optimizer):
         self._warmup_steps, self._warmup_fraction, self._total_steps = self._resolve_warmup(
             warmup, total_steps, mode)
         self.comm = comm if comm is not None else get_default()
+        self.traffic = Traffic()  # what this optimizer's own collectives moved
+        self._first_step_checked = False
+        self._hooked = False  # set by squall.ddp.APMSqueezeState
+        self._compressed_logged = False
         self._opts = []
         self._created = []  # the hyperparameters each C optimizer was made with
         self._flat = []  # (params fp32, grads fp32) per group, on the group's device
@@ -130,10 +196,14 @@ class APMSqueeze(torch.optim.Optimizer):
         self._staging = []  # per group: host copies of _flat (CUDA group, host communicator)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay))
-        _check_same_across_ranks(self.comm, [g["params"] for g in self.param_groups],
-                                 "APMSqueeze")
+        with self.traffic.measure(self.comm):
+            _check_same_across_ranks(self.comm, [g["params"] for g in self.param_groups],
+                                     "APMSqueeze")
         for group in self.param_groups:
             self._create(group)
+        if broadcast_initial:  # replicas start equal, as SlowMo's and DDP's do
+            with self.traffic.measure(self.comm):
+                _broadcast_params(self.comm, [g["params"] for g in self.param_groups])
         self._ready = True
         self.comm._children.add(self)
 
@@ -239,12 +309,68 @@ class APMSqueeze(torch.optim.Optimizer):
             raise SquallInvalidUsage("squall.optim.APMSqueeze: the optimizer was closed")
         return h
 
+    def _hyper_rows(self):
+        rows = [("warmup", float(self._warmup_steps)),
+                ("warmup fraction", float(self._warmup_fraction)),
+                ("total_steps", float(self._total_steps)), ("guard", float(self.guard)),
+                ("max_update", float(self.max_update or 0.0)),
+                ("mode", float(_MODES[self.mode])), ("codec", float(self._spec.codec)),
+                ("codec block", float(self._spec.blockSize))]
+        for i, g in enumerate(self.param_groups):
+            (b1, b2), eps, wd = self._hyper(g)
+            rows += [(f"param group {i} lr", float(g["lr"])), (f"param group {i} beta1", b1),
+                     (f"param group {i} beta2", b2), (f"param group {i} eps", eps),
+                     (f"param group {i} weight_decay", wd)]
+        return rows
+
+    def _check_first_step(self):
+        self._first_step_checked = True
+        with self.traffic.measure(self.comm):
+            _check_hyper_across_ranks(self.comm, self._hyper_rows(), "APMSqueeze")
+        if not self._hooked and self.mode == "apmsqueeze":
+            params = [p for g in self.param_groups for p in g["params"]]
+            if _ddp_modules_over(params):
+                warnings.warn(
+                    "squall.optim.APMSqueeze steps parameters of a DistributedDataParallel model "
+                    "without squall.ddp.apmsqueeze_hook: DDP averages every gradient and the "
+                    "optimizer communicates again (twice the traffic; after the warmup DDP's full-"
+                    "precision average cancels the compression). Register the hook: "
+                    "ddp.register_comm_hook(squall.ddp.APMSqueezeState(opt), "
+                    "squall.ddp.apmsqueeze_hook)", stacklevel=3)
+
+    def _log_phase(self):
+        if self._compressed_logged or self.mode != "apmsqueeze":
+            return
+        info = self.info(0)
+        if info["phase"] != "compressed":
+            return
+        self._compressed_logged = True
+        if self.comm.rank == 0:
+            log.warning("squall: APMSqueeze switched to 1-bit compressed momentum after step %d "
+                        "(warmup done; %s sent by rank 0 so far)", info["step"],
+                        _format_bytes(self.stats["bytes_sent"]))
+
+    @property
+    def stats(self):
+        """Cumulative {'bytes_sent', 'bytes_received'} of this rank: every byte
+        this optimizer's steps and checks handed to the transport, as counted
+        by the library (squallCommGetStats); warmup and compressed steps alike."""
+        return self.traffic.as_dict()
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self._first_step_checked:
+            self._check_first_step()
+        with self.traffic.measure(self.comm):
+            self._step_groups()
+        self._log_phase()
+        return loss
+
+    def _step_groups(self):
         for i, group in enumerate(self.param_groups):
             if self._hyper(group) != self._created[i]:
                 raise SquallInvalidUsage(
@@ -255,7 +381,6 @@ class APMSqueeze(torch.optim.Optimizer):
                 raise SquallInvalidArgument(f"squall.optim.APMSqueeze: lr must be >= 0, not {lr}")
             with _cuda.device_guard(self._devices[i]):  # copies on the GPU's current stream
                 self._step_group(i, group["params"], lr if lr > 0 else _TINY_LR)
-        return loss
 
     def _step_group(self, i, params, lr):
         flat_p, flat_g = self._flat[i]
@@ -374,6 +499,14 @@ class APMSqueeze(torch.optim.Optimizer):
             pass
 
 
+def _format_bytes(n):
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000.0
+    return f"{n} B"
+
+
 class SlowMo(torch.optim.Optimizer):
     """Slow momentum (Wang et al., 2020) around any torch optimizer.
 
@@ -421,10 +554,28 @@ class SlowMo(torch.optim.Optimizer):
                 "squall.optim.SlowMo averages host copies of the parameters and needs a host "
                 "communicator (squall.init() without transport='nccl'); this one comes from NCCL")
         self.steps = 0
-        _check_same_across_ranks(self.comm, [g["params"] for g in base.param_groups], "SlowMo")
+        self.traffic = Traffic()  # what the averaging and the checks moved
+        self._refuse_ddp()
+        with self.traffic.measure(self.comm):
+            _check_same_across_ranks(self.comm, [g["params"] for g in base.param_groups],
+                                     "SlowMo")
         self._x_prev, self._u, self._compressors = [], [], []
         for group in base.param_groups:
             self._add_group(group, broadcast_initial)
+
+    def _refuse_ddp(self):
+        if _ddp_modules_over([p for g in self.base.param_groups for p in g["params"]]):
+            raise SquallInvalidUsage(
+                "squall.optim.SlowMo: the parameters belong to a DistributedDataParallel model; "
+                "DDP averages the gradients of every step, so the ranks never train locally and "
+                "SlowMo's averaging is redundant. Build the base optimizer over the unwrapped "
+                "model (no DDP): SlowMo does all the communication")
+
+    @property
+    def stats(self):
+        """Cumulative {'bytes_sent', 'bytes_received'} of this rank (the initial
+        broadcast, the checks and every averaging), as counted by the library."""
+        return self.traffic.as_dict()
 
     param_groups = property(lambda self: self.base.param_groups)
     state = property(lambda self: self.base.state)
@@ -439,7 +590,8 @@ class SlowMo(torch.optim.Optimizer):
         numel = sum(p.numel() for p in params)
         x = _flatten_into(torch.zeros(numel, dtype=torch.float32), params)
         if broadcast:
-            self.comm.broadcast(x, 0)
+            with self.traffic.measure(self.comm):
+                self.comm.broadcast(x, 0)
             with torch.no_grad():
                 _unflatten_from(x, params)
         self._x_prev.append(x)
@@ -458,6 +610,8 @@ class SlowMo(torch.optim.Optimizer):
             self.base.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
+        if self.steps == 0:
+            self._refuse_ddp()  # a DDP built after the optimizer
         loss = self.base.step(closure) if closure is not None else self.base.step()
         self.steps += 1
         if self.steps % self.tau == 0:
@@ -467,6 +621,10 @@ class SlowMo(torch.optim.Optimizer):
     @torch.no_grad()
     def sync(self):
         """Averages the parameters and applies the slow momentum now (collective)."""
+        with self.traffic.measure(self.comm):
+            self._sync()
+
+    def _sync(self):
         for i, group in enumerate(self.param_groups):
             params = group["params"]
             x = _flatten_into(torch.empty_like(self._x_prev[i]), params)

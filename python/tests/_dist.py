@@ -37,6 +37,9 @@ def _entry(rank, fn, world, port, tmpdir, args, env):
                             world_size=world, timeout=datetime.timedelta(seconds=60))
     result = fn(rank, world, *args)
     torch.save(result, os.path.join(tmpdir, f"result{rank}.pt"))
+    # Every rank has finished its Squall collectives before any exits: a rank
+    # exiting right after a collective can cut a slower peer's short.
+    dist.barrier()
     # Exit without destroying the group: a straggler must not hang the others.
 
 

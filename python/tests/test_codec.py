@@ -9,7 +9,7 @@ from squall import codec
 
 
 def test_version_and_library():
-    assert squall.version() == 100
+    assert squall.version() == "0.1.0"
     assert codec.implementation() in ("scalar", "avx2", "avx512")
 
 

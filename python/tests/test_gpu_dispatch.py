@@ -389,8 +389,10 @@ def _optimizer(rank, world):
     ref = APMSqueeze(_groups(ref_ps), warmup=4, comm=host, **HYPER)
     n_log = len(nccl.log)
     dev = APMSqueeze(_groups(dev_ps), warmup=4, comm=gpu, **HYPER)
-    # the collective shape check ran on the GPU: int64 max through ncclAllReduce
-    assert [e[4:6] for e in nccl.log[n_log:]] == [(4, 2)]
+    # the collective shape check ran on the GPU (int64 max through ncclAllReduce),
+    # then the initial broadcast (an fp32 sum per group, zeros from rank 1)
+    assert [e[3:6] for e in nccl.log[n_log:]] == [(2, 4, 2)] + [
+        (sum(p.numel() for p in g["params"]), 7, 0) for g in dev.param_groups]
     staged = APMSqueeze(_groups(staged_ps), warmup=4, comm=host, **HYPER)
     assert dev._devices == staged._devices == [FAKE, FAKE] and ref._devices == [None, None]
     assert all(getattr(f, "_fake_cuda", False) for o in (dev, staged) for pair in o._flat

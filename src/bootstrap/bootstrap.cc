@@ -32,6 +32,7 @@
 #include <mutex>
 #include <vector>
 
+#include "src/bootstrap/launch_env.h"
 #include "src/common/params.h"
 
 namespace squall::bootstrap {
@@ -427,25 +428,6 @@ void deriveSecret(const std::string& text, uint8_t out[kSecretBytes]) {
   std::memcpy(out, h, kSecretBytes);
 }
 
-// Parses a whole decimal integer from the environment variable `name`.
-Status envInt(const char* name, bool required, long long* value, bool* present) {
-  const char* text = std::getenv(name);
-  *present = text != nullptr && text[0] != '\0';
-  if (!*present) {
-    SQUALL_REQUIRE(!required, Status::kInvalidArgument, Subsys::kBootstrap,
-                   "%s is not set; a job started without a unique id needs MASTER_ADDR, "
-                   "MASTER_PORT (or SQUALL_PORT), RANK and WORLD_SIZE (as torchrun sets them)",
-                   name);
-    return Status::kOk;
-  }
-  errno = 0;
-  char* end = nullptr;
-  *value = std::strtoll(text, &end, 10);
-  SQUALL_REQUIRE(errno == 0 && end != text && *end == '\0', Status::kInvalidArgument,
-                 Subsys::kBootstrap, "%s=\"%s\" is not an integer", name, text);
-  return Status::kOk;
-}
-
 }  // namespace
 
 std::chrono::milliseconds defaultTimeout() {
@@ -487,43 +469,18 @@ Status createUniqueId(UniqueId* id) {
 Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks) {
   SQUALL_REQUIRE(id != nullptr && rank != nullptr && nranks != nullptr, Status::kInvalidArgument,
                  Subsys::kBootstrap, "uniqueIdFromEnv was given a null pointer");
-  long long worldSize = 0, myRank = 0, masterPort = 0, port = 0, offset = 0;
-  bool present = false;
-  SQUALL_TRY(envInt("WORLD_SIZE", true, &worldSize, &present));
-  SQUALL_REQUIRE(worldSize >= 1 && worldSize <= (1 << 24), Status::kInvalidArgument,
-                 Subsys::kBootstrap, "WORLD_SIZE=%lld must be a positive number of ranks",
-                 worldSize);
-  SQUALL_TRY(envInt("RANK", true, &myRank, &present));
-  SQUALL_REQUIRE(myRank >= 0 && myRank < worldSize, Status::kInvalidArgument, Subsys::kBootstrap,
-                 "RANK=%lld must be between 0 and WORLD_SIZE-1 (%lld)", myRank, worldSize - 1);
-  const char* master = std::getenv("MASTER_ADDR");
-  SQUALL_REQUIRE(master != nullptr && master[0] != '\0', Status::kInvalidArgument,
-                 Subsys::kBootstrap,
-                 "MASTER_ADDR is not set; a job started without a unique id needs MASTER_ADDR, "
-                 "MASTER_PORT (or SQUALL_PORT), RANK and WORLD_SIZE (as torchrun sets them)");
-  SQUALL_TRY(envInt("SQUALL_PORT", false, &port, &present));
-  if (present) {
-    SQUALL_REQUIRE(port >= 1 && port <= 65535, Status::kInvalidArgument, Subsys::kBootstrap,
-                   "SQUALL_PORT=%lld is not a TCP port (1..65535)", port);
-  } else {
-    SQUALL_TRY(envInt("MASTER_PORT", true, &masterPort, &present));
-    SQUALL_REQUIRE(masterPort >= 1 && masterPort <= 65535, Status::kInvalidArgument,
-                   Subsys::kBootstrap, "MASTER_PORT=%lld is not a TCP port (1..65535)", masterPort);
-    SQUALL_TRY(envInt("SQUALL_PORT_OFFSET", false, &offset, &present));
-    if (!present) offset = 17;
-    port = masterPort + offset;
-    SQUALL_REQUIRE(port >= 1 && port <= 65535, Status::kInvalidArgument, Subsys::kBootstrap,
-                   "MASTER_PORT=%lld plus SQUALL_PORT_OFFSET=%lld gives %lld, which is not a "
-                   "TCP port; choose a smaller offset or set SQUALL_PORT",
-                   masterPort, offset, port);
-  }
+  LaunchEnv env;
+  SQUALL_TRY(readLaunchEnv(&env));
+  const char* master = env.host.c_str();
+  const long long port = env.port;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   int rc = getaddrinfo(master, nullptr, &hints, &found);
   SQUALL_REQUIRE(rc == 0 && found != nullptr, Status::kInvalidArgument, Subsys::kBootstrap,
-                 "MASTER_ADDR=\"%s\" does not resolve: %s", master, gai_strerror(rc));
+                 "%s=\"%s\" does not resolve: %s", env.hostSource.c_str(), master,
+                 gai_strerror(rc));
   // Prefer IPv4, as most clusters route it.
   const addrinfo* pick = found;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next)
@@ -541,12 +498,13 @@ Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks) {
   layout.magic = kIdMagic;
   layout.version = kIdVersion;
   layout.root = toWire(root);
-  const char* secret = std::getenv("SQUALL_JOB_SECRET");
-  deriveSecret(secret != nullptr ? secret : "squall: no job secret", layout.secret);
+  deriveSecret(env.secret, layout.secret);
   std::memset(id->bytes, 0, kUniqueIdBytes);
   std::memcpy(id->bytes, &layout, sizeof(layout));
-  *rank = static_cast<int>(myRank);
-  *nranks = static_cast<int>(worldSize);
+  *rank = env.rank;
+  *nranks = env.nranks;
+  SQUALL_INFO(Subsys::kBootstrap, "rank %d of %d (%s), rendezvous at %s port %lld", env.rank,
+              env.nranks, env.launcher, master, port);
   return Status::kOk;
 }
 

@@ -33,10 +33,10 @@ struct UniqueId {
 // listening; the listener is handed to the rank-0 Bootstrap of this process.
 Status createUniqueId(UniqueId* id);
 
-// torchrun-style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET) or
-// SQUALL_PORT, RANK, WORLD_SIZE. The secret is derived from
-// SQUALL_JOB_SECRET when set (else a fixed value: such jobs rely on the
-// network being private).
+// From the launcher's variables (torchrun, srun, mpirun; see launch_env.h).
+// The secret is derived from SQUALL_JOB_SECRET when set, else from the job id
+// of srun and mpirun jobs, else a fixed value (such jobs rely on the network
+// being private).
 Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks);
 
 class Bootstrap {

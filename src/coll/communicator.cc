@@ -196,6 +196,7 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
   OpContext ctx{transport_, sequence, descriptor, transport::Clock::now() + options.timeout,
                 &options};
   ctx.scratch = &scratch_;
+  ctx.bytes = &bytes_;
   if (ctx.size() == 1) return body(ctx);
   AbortWatch watch;
   SQUALL_TRY(watchForAborts(ctx, &watch));

@@ -82,6 +82,9 @@ class Communicator {
   // the algorithm choices.
   Options& options() { return options_; }
   uint64_t operationsStarted() const { return sequence_; }
+  // Cumulative bytes of every operation's messages, as posted to the transport.
+  uint64_t bytesSent() const { return bytes_.sent.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const { return bytes_.received.load(std::memory_order_relaxed); }
 
   // `out` may equal `in` (in place) for every operation except allGather and
   // allToAll, whose output is n times / as large as a rank's input.
@@ -151,6 +154,7 @@ class Communicator {
   Options options_;
   uint64_t sequence_ = 0;         // operations started, on the caller's thread
   std::vector<uint8_t> scratch_;  // OpContext::scratch of the running operation
+  ByteCounters bytes_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

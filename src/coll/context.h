@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -51,6 +52,14 @@ struct AbortWatch {
   bool received = false;  // the operation failed because a peer gave up
 };
 
+// Bytes this rank posted to the transport over a communicator's lifetime;
+// operations may run on the communicator's worker thread while the
+// application reads them.
+struct ByteCounters {
+  std::atomic<uint64_t> sent{0};
+  std::atomic<uint64_t> received{0};
+};
+
 struct OpContext {
   transport::Transport* transport;
   uint64_t sequence;
@@ -61,17 +70,22 @@ struct OpContext {
   // Scratch owned by the communicator, reused by its operations (they run
   // one at a time): grown as needed, never shrunk or cleared.
   std::vector<uint8_t>* scratch = nullptr;
+  ByteCounters* bytes = nullptr;  // null: not counted
 
   int rank() const { return transport->rank(); }
   int size() const { return transport->size(); }
   transport::Tag tag(uint32_t step) const { return transport::Tag{sequence, step, descriptor}; }
   Status send(int peer, uint32_t step, const void* data, size_t bytes,
               transport::RequestPtr* request) const {
-    return transport->send(peer, tag(step), data, bytes, request);
+    SQUALL_TRY(transport->send(peer, tag(step), data, bytes, request));
+    if (this->bytes != nullptr) this->bytes->sent.fetch_add(bytes, std::memory_order_relaxed);
+    return Status::kOk;
   }
   Status recv(int peer, uint32_t step, void* data, size_t bytes,
               transport::RequestPtr* request) const {
-    return transport->recv(peer, tag(step), data, bytes, request);
+    SQUALL_TRY(transport->recv(peer, tag(step), data, bytes, request));
+    if (this->bytes != nullptr) this->bytes->received.fetch_add(bytes, std::memory_order_relaxed);
+    return Status::kOk;
   }
   // Waits for every request until the deadline, like Transport::waitAll, and
   // fails early when a peer sends an abort notice.

@@ -308,6 +308,20 @@ squallResult_t squallCompressorDestroy(squallCompressor_t compressor) {
   });
 }
 
+squallResult_t squallCommGetStats(squallComm_t comm, squallCommStats_t* stats) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(checkOut(stats, "stats"));
+    core::CommStats s;
+    SQUALL_TRY(c->stats(&s));
+    stats->operations = s.operations;
+    stats->bytesSent = s.bytesSent;
+    stats->bytesReceived = s.bytesReceived;
+    return Status::kOk;
+  });
+}
+
 squallResult_t squallCompressorReset(squallCompressor_t compressor) {
   return SQUALL_API_GUARD({
     core::Compressor* c = nullptr;

@@ -138,6 +138,16 @@ Status Comm::hostEngine(coll::Communicator** out) {
   return Status::kOk;
 }
 
+Status Comm::stats(CommStats* out) {
+  SQUALL_REQUIRE(engine_->host() != nullptr, Status::kUnsupported, Subsys::kApi,
+                 "a communicator from NCCL does not count bytes; NCCL moves them on the GPU");
+  const coll::Communicator& c = *engine_->host();
+  out->operations = c.operationsStarted();
+  out->bytesSent = c.bytesSent();
+  out->bytesReceived = c.bytesReceived();
+  return Status::kOk;
+}
+
 Status Comm::checkCompressor(const Compressor& c) const {
   SQUALL_REQUIRE(&c.comm() == this, Status::kInvalidUsage, Subsys::kApi,
                  "the compressor was created for another communicator; create one per "

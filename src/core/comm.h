@@ -47,6 +47,14 @@ struct CommConfig {
   static Status fromEnvironment(CommConfig* out);
 };
 
+// What a communicator has moved since it was created, counted where its
+// collectives post their sends and receives.
+struct CommStats {
+  uint64_t operations = 0;  // collectives started
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+};
+
 struct CompressorStats {
   uint64_t calls = 0;         // compressed allreduces run with this compressor
   uint64_t skippedCalls = 0;  // of which left the residuals alone (non-finite input)
@@ -143,6 +151,8 @@ class Comm {
 
   int rank() const;
   int size() const;
+  // Host engines; a communicator from NCCL counts nothing (kUnsupported).
+  Status stats(CommStats* out);
   const char* transportName() const;  // "tcp", "ucx", "mpi", "nccl"
   const CommConfig& config() const { return config_; }
 

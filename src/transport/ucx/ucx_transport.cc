@@ -193,6 +193,20 @@ Status UcxTransport::openWorker(bool wakeup) {
     }
     SQUALL_INFO(Subsys::kTransport, "UCX rendezvous threshold %s", rndv.c_str());
   }
+  // SQUALL_SOCKET_IFNAME names the one interface the job may use; UCX would
+  // otherwise listen and connect on every one. The user's UCX_NET_DEVICES wins.
+  const std::string ifname = paramString(Param::kSocketIfname);
+  if (!ifname.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
+    st = ucp_config_modify(config, "NET_DEVICES", ifname.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
+                         "UCX refused NET_DEVICES=%s (from SQUALL_SOCKET_IFNAME): %s; name an "
+                         "interface of this host (ip link) or set UCX_NET_DEVICES",
+                         ifname.c_str(), ucs_status_string(st));
+    }
+    SQUALL_INFO(Subsys::kTransport, "UCX restricted to interface %s", ifname.c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);

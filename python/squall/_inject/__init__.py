@@ -1,0 +1,1 @@
+"""squallrun puts this directory on PYTHONPATH for its sitecustomize."""

@@ -1,0 +1,156 @@
+"""The patches squallrun installs in a worker before the user's script runs
+(see squall/run.py). Each acts when the script builds the object it patches."""
+
+import json
+import os
+
+_installed = False
+
+
+def _comm():
+    import squall
+
+    try:
+        return squall.get_default()
+    except squall.SquallInvalidUsage:
+        return squall.init()  # collective: every rank builds its model and optimizer alike
+
+
+def _local_hook(state, bucket):
+    """A DDP comm hook that leaves the gradients local (SlowMo averages
+    parameters every tau steps instead)."""
+    import torch
+
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor())
+    return fut
+
+
+class _LazyApmState:
+    """apmsqueeze_hook's state for a DDP model whose optimizer is built later:
+    finds the APMSqueeze over the model's parameters at the first bucket."""
+
+    def __init__(self, module):
+        import squall.ddp
+
+        self._module, self._state = module, None
+        self._make = squall.ddp.APMSqueezeState
+
+    def _resolve(self):
+        if self._state is None:
+            ids = {id(p) for p in self._module.parameters()}
+            for opt in _optimizers:
+                if any(id(p) in ids for g in opt.param_groups for p in g["params"]):
+                    self._state = self._make(opt)
+                    break
+            else:
+                return None
+        return self._state
+
+    def __getattr__(self, name):  # optimizer, comm, counters: the real state's
+        state = self._resolve()
+        if state is None:
+            raise AttributeError(name)
+        return getattr(state, name)
+
+
+def _apm_hook(state, bucket):
+    import squall.ddp
+
+    real = state._resolve()
+    if real is None:  # no APMSqueeze over this model (yet): plain average
+        buf = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        _comm().allreduce(buf, "avg")
+        fut = __import__("torch").futures.Future()
+        fut.set_result(buf)
+        return fut
+    return squall.ddp.apmsqueeze_hook(real, bucket)
+
+
+_optimizers = []  # the APMSqueeze optimizers made by the patched Adam/AdamW
+_states = []  # the hook states registered on DDP models
+
+
+def _report(directory):
+    """At exit: what the patches did on this rank, as JSON (SQUALL_RUN_REPORT)."""
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    report = {"ddp_hooks": len(_states), "optimizers": len(_optimizers),
+              "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
+              "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
+                                if hasattr(s, "traffic"))}
+    with open(os.path.join(directory, f"squallrun-rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def install():
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    config = json.loads(os.environ["SQUALL_RUN_CONFIG"])
+    import torch
+
+    import squall
+    import squall.ddp
+    import squall.optim
+
+    if os.environ.get("SQUALL_RUN_REPORT"):
+        import atexit
+
+        atexit.register(_report, os.environ["SQUALL_RUN_REPORT"])
+    ddp_type = torch.nn.parallel.DistributedDataParallel
+    original_ddp_init = ddp_type.__init__
+
+    def ddp_init(self, *args, **kwargs):
+        original_ddp_init(self, *args, **kwargs)
+        if config.get("hook") == "onebit":
+            state = squall.ddp.OnebitState(comm=_comm(), warmup_steps=config["warmup"],
+                                           codec=config["codec"])
+            _states.append(state)
+            self.register_comm_hook(state, squall.ddp.onebit_hook)
+        elif config.get("optimizer") == "apmsqueeze":
+            _comm()
+            self.register_comm_hook(_LazyApmState(self.module), _apm_hook)
+        elif config.get("slowmo"):
+            self._squall_local_hook = True  # SlowMo need not refuse this DDP
+            self.register_comm_hook(None, _local_hook)
+
+    ddp_type.__init__ = ddp_init
+
+    if config.get("optimizer") == "apmsqueeze":
+        def replacement(name, coupled_decay):
+            def make(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                     weight_decay=0.0 if coupled_decay else 1e-2, amsgrad=False, **kwargs):
+                if coupled_decay and weight_decay:
+                    raise squall.SquallUnsupported(
+                        f"squallrun: torch.optim.Adam(weight_decay={weight_decay}) adds the decay "
+                        "to the gradient (L2); APMSqueeze decays the weights (AdamW). Use "
+                        "torch.optim.AdamW in the script, or run without --optimizer")
+                for key in ("foreach", "capturable", "differentiable", "fused", "maximize"):
+                    if not kwargs.get(key):
+                        kwargs.pop(key, None)  # torch's defaults: APMSqueeze takes them as is
+                opt = squall.optim.APMSqueeze(params, lr=lr, betas=betas, eps=eps,
+                                              weight_decay=weight_decay, amsgrad=amsgrad,
+                                              warmup=config["warmup"], codec=config["codec"],
+                                              comm=_comm(), **kwargs)
+                _optimizers.append(opt)
+                return opt
+
+            make.__name__ = make.__qualname__ = name
+            return make
+
+        torch.optim.Adam = replacement("Adam", True)
+        torch.optim.AdamW = replacement("AdamW", False)
+
+    if config.get("slowmo"):
+        tau = int(config["slowmo"])
+        for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"):
+            base_type = getattr(torch.optim, name, None)
+            if base_type is None:
+                continue
+
+            def wrapped(*args, _base=base_type, **kwargs):
+                return squall.optim.SlowMo(_base(*args, **kwargs), tau=tau, comm=_comm())
+
+            wrapped.__name__ = wrapped.__qualname__ = name
+            setattr(torch.optim, name, wrapped)

@@ -1,0 +1,128 @@
+"""squallrun: runs an unmodified torch training script with Squall.
+
+    squallrun [--optimizer apmsqueeze] [--hook onebit] [--slowmo TAU]
+              [--warmup STEPS] [--codec CODEC] [--preload] -- torchrun ... train.py ...
+
+The command after ``--`` runs with a ``sitecustomize`` on ``PYTHONPATH``
+(squall/_inject) that, in every worker process (where torchrun, srun or
+mpirun set a rank), patches torch before the script starts:
+
+* ``--hook onebit``: every DistributedDataParallel the script builds gets
+  ``squall.ddp.onebit_hook`` (full-precision warmup, then 1-bit gradients);
+* ``--optimizer apmsqueeze``: ``torch.optim.Adam`` / ``AdamW`` build
+  ``squall.optim.APMSqueeze`` with the same hyper-parameters, and every DDP
+  model gets ``squall.ddp.apmsqueeze_hook`` (so gradients are not averaged
+  twice);
+* ``--slowmo TAU``: every torch optimizer is wrapped in
+  ``squall.optim.SlowMo(opt, tau=TAU)``, and DDP models get a hook that
+  leaves gradients local (SlowMo averages the parameters itself);
+* ``--preload``: ``LD_PRELOAD`` gets libsquall-preload.so (the interposer).
+
+The Squall communicator is made with ``squall.init()`` over the script's
+default process group, on first need. One line at start says what changed.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from . import _lib
+
+ENV_CONFIG = "SQUALL_RUN_CONFIG"  # the choices, as JSON, for the injected sitecustomize
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog="squallrun", description="Run an unmodified torch script with Squall.",
+        usage="squallrun [options] -- torchrun ... train.py ...")
+    p.add_argument("--optimizer", choices=["apmsqueeze"],
+                   help="replace torch.optim.Adam/AdamW with squall.optim.APMSqueeze")
+    p.add_argument("--hook", choices=["onebit"],
+                   help="register squall.ddp.onebit_hook on every DistributedDataParallel")
+    p.add_argument("--slowmo", type=int, metavar="TAU",
+                   help="wrap every optimizer in squall.optim.SlowMo(tau=TAU)")
+    p.add_argument("--warmup", type=int, default=100, metavar="STEPS",
+                   help="full-precision warmup steps of APMSqueeze and the 1-bit hook "
+                        "(default 100)")
+    p.add_argument("--codec", default="onebit", help="codec (default onebit)")
+    p.add_argument("--preload", action="store_true",
+                   help="set LD_PRELOAD to the interposer (libsquall-preload.so)")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the launch command, after --")
+    return p
+
+
+def _preload_library():
+    here = os.path.dirname(os.path.realpath(_lib.path))
+    for candidate in (os.path.join(here, "libsquall-preload.so"),
+                      os.path.join(here, "..", "..", "plugin", "preload",
+                                   "libsquall-preload.so")):
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate)
+    return None
+
+
+def plan(args):
+    """(config dict, one-line description) for the parsed arguments; raises
+    SystemExit with the reason for a combination that cannot work."""
+    if args.optimizer and args.slowmo:
+        raise SystemExit("squallrun: --optimizer apmsqueeze and --slowmo exclude each other "
+                         "(APMSqueeze communicates every step, SlowMo every TAU steps)")
+    if args.hook and (args.optimizer or args.slowmo):
+        raise SystemExit("squallrun: --hook onebit averages gradients; with --optimizer or "
+                         "--slowmo the optimizer communicates instead: choose one")
+    if args.slowmo is not None and args.slowmo < 1:
+        raise SystemExit(f"squallrun: --slowmo TAU must be >= 1, not {args.slowmo}")
+    if args.warmup < 1 and args.hook:
+        raise SystemExit("squallrun: --warmup must be >= 1 with --hook onebit (DDP rebuilds "
+                         "its buckets after the first iteration)")
+    config = {"optimizer": args.optimizer, "hook": args.hook, "slowmo": args.slowmo,
+              "warmup": args.warmup, "codec": args.codec}
+    said = []
+    if args.hook:
+        said.append(f"DDP comm hook squall.ddp.onebit_hook ({args.codec}, warmup "
+                    f"{args.warmup} steps)")
+    if args.optimizer:
+        said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({args.codec}, warmup "
+                    f"{args.warmup} steps) with squall.ddp.apmsqueeze_hook on DDP models")
+    if args.slowmo:
+        said.append(f"every optimizer -> squall.optim.SlowMo(tau={args.slowmo}); DDP keeps "
+                    "gradients local")
+    if args.preload:
+        said.append("LD_PRELOAD=libsquall-preload.so")
+    if not said:
+        said.append("nothing (no option given)")
+    return config, "squallrun: " + "; ".join(said)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        _parser().error("give the launch command after --, e.g. squallrun --hook onebit -- "
+                        "torchrun --nproc_per_node 4 train.py")
+    config, line = plan(args)
+    env = dict(os.environ)
+    inject = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_inject")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [inject, package_root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env[ENV_CONFIG] = json.dumps(config)
+    env.setdefault("SQUALL_LIBRARY", _lib.path)  # the workers load the same library
+    if args.preload:
+        lib = _preload_library()
+        if lib is None:
+            raise SystemExit("squallrun: --preload: libsquall-preload.so is not next to "
+                             f"{_lib.path}; build it (meson -Dpreload=enabled) or set LD_PRELOAD")
+        env["LD_PRELOAD"] = " ".join(x for x in (lib, env.get("LD_PRELOAD")) if x)
+    print(line, flush=True)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        raise SystemExit(f"squallrun: cannot run {command[0]}: {e}")
+
+
+if __name__ == "__main__":
+    main()
