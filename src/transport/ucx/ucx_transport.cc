@@ -376,14 +376,20 @@ void UcxTransport::onPeerError(void* arg, ucp_ep_h, ucs_status_t status) {
 }
 
 void UcxTransport::markFailed(int peer, ucs_status_t status) {
-  if (shuttingDown_ || !failure_[peer].empty()) return;
+  if (shuttingDown_) return;
+  if (!failure_[peer].empty()) {
+    // Said once per peer; every later request that fails for it carries the
+    // same description (a request must never fail without one).
+    setLastError(failure_[peer]);
+    return;
+  }
   char text[256];
   std::snprintf(text, sizeof(text),
                 "rank %d's UCX endpoint failed: %s; it may have crashed or lost its network "
-                "connection",
-                peer, ucs_status_string(status));
+                "connection (seen by rank %d)",
+                peer, ucs_status_string(status), rank_);
   failure_[peer] = text;
-  SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s (seen by rank %d)", text, rank_);
+  SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", text);
 }
 
 Status UcxTransport::checkPeer(int peer, const char* what) const {
@@ -397,7 +403,7 @@ Status UcxTransport::send(int peer, const Tag& tag, const void* data, size_t byt
   SQUALL_TRY(checkPeer(peer, "send to"));
   auto r = std::make_unique<UcxRequest>(this, true, peer, tag, const_cast<void*>(data), bytes);
   if (!failure_[peer].empty()) {
-    SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", failure_[peer].c_str());
+    setLastError(failure_[peer]);  // logged once, when the peer failed
     r->complete(Status::kRemoteError);
     *request = std::move(r);
     return Status::kOk;
