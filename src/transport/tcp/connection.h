@@ -96,6 +96,9 @@ class Connection {
   // Fails every pending request with `status` (for an owner going away) and
   // returns how many there were. Failure is silent: the owner reports it.
   size_t abandon(Status status);
+  // After abandon(): hands the socket to the caller (-1 if none is left),
+  // e.g. for closeGracefully().
+  int releaseFd();
 
   // Requests this connection has completed so far; an owner compares it
   // across calls to know when to wake its waiters.
@@ -151,5 +154,13 @@ class Connection {
   Unexpected* buffer_ = nullptr;         // Sink::kBuffer
   std::vector<char> scratch_;            // Sink::kDiscard
 };
+
+// Closes connected sockets without losing what is still queued in them:
+// closing a socket whose peer's bytes are unread resets the connection, and
+// the reset throws away our own bytes not yet transmitted. So each socket
+// shuts down its sending side (the peer gets our bytes, then end of stream),
+// reads and drops what arrives until the peer closes too or `until`, and only
+// then closes.
+void closeGracefully(const std::vector<int>& fds, Deadline until);
 
 }  // namespace squall::transport::tcp
