@@ -926,6 +926,41 @@ TEST(TcpConnection, WorksOnItsOwnOverASocketPair) {
   EXPECT_TRUE(b.failed());
 }
 
+// With holdUntilPosted, a frame stays in the socket until its receive is
+// posted: the sender's queue backs up instead of the receiver buffering.
+TEST(TcpConnection, HoldUntilPostedLeavesFramesInTheSocket) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
+  int small = 65536;
+  for (int fd : pair) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  }
+  tcp::Connection a(pair[0], 0, 1), b(pair[1], 1, 0);
+  b.holdUntilPosted(true);
+  using Kind = tcp::ConnectionRequest::Kind;
+  constexpr size_t kBig = 8 << 20;  // far more than the two socket buffers hold
+  std::vector<uint8_t> out(kBig, 3), in(kBig, 0);
+  tcp::ConnectionRequest s(Kind::kSend, 1, rawTag(0, 0), out.data(), kBig);
+  a.postSend(&s);
+  for (int i = 0; i < 100; ++i) {
+    a.progress();
+    b.progress();
+  }
+  EXPECT_FALSE(s.done()) << "the receiver took a frame nobody had posted for";
+  EXPECT_TRUE(a.wantsWrite());
+  tcp::ConnectionRequest r(Kind::kRecvUpTo, 0, rawTag(0, 0), in.data(), kBig);
+  b.postRecv(&r);
+  for (auto until = Clock::now() + 10s; !(s.done() && r.done()) && Clock::now() < until;) {
+    a.progress();
+    b.progress();
+  }
+  ASSERT_TRUE(s.done() && r.done());
+  EXPECT_EQ(r.status(), Status::kOk) << r.error();
+  EXPECT_EQ(r.received(), kBig);
+  EXPECT_EQ(in, out);
+}
+
 #endif  // SQUALL_TRANSPORT_TEST_MPI
 
 #define INSTANTIATE_BACKEND(name, factory)                                     \

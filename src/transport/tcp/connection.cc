@@ -267,6 +267,7 @@ void Connection::readFrames() {
     char* dst;
     size_t want;
     if (sink_ == Sink::kNone) {
+      if (hold_ && headerGot_ == 0 && posted_.empty()) return;  // TCP holds the sender back
       dst = reinterpret_cast<char*>(header_) + headerGot_;
       want = kMessageHeaderBytes - headerGot_;
     } else if (sink_ == Sink::kUser) {
@@ -419,6 +420,7 @@ void Connection::postRecv(ConnectionRequest* request) {
     return finish(request, failure_);
   }
   posted_.emplace(key, request);
+  if (hold_ && !loopback_) readFrames();  // a held frame may be waiting for this receive
 }
 
 }  // namespace squall::transport::tcp

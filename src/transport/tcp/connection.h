@@ -76,6 +76,12 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
+  // Flow control for owners that post receives in the order messages come
+  // (the NCCL net plugin): with `hold`, a frame's header is read only while
+  // a receive is posted, so a sender nobody receives from is held back by
+  // TCP itself instead of being buffered here. Off by default.
+  void holdUntilPosted(bool hold) { hold_ = hold; }
+
   int fd() const { return fd_; }  // -1 once failed
   int peer() const { return peer_; }
   bool failed() const { return failed_; }
@@ -138,6 +144,7 @@ class Connection {
   const int self_;
   const int peer_;
   bool failed_ = false;
+  bool hold_ = false;
   Status failure_ = Status::kOk;
   std::string why_;  // the sentence describing the failure
   uint64_t completions_ = 0;
