@@ -2,8 +2,6 @@
 // re-entry guard and the exit hook that writes the report.
 #pragma once
 
-#include <chrono>
-
 #include "plugin/preload/policy.h"
 
 namespace squall::preload {
@@ -20,9 +18,5 @@ class InsideSquall {
   InsideSquall(const InsideSquall&) = delete;
   InsideSquall& operator=(const InsideSquall&) = delete;
 };
-
-inline double monotonicSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 }  // namespace squall::preload

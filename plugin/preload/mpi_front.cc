@@ -107,23 +107,26 @@ int typeBytes(MPI_Datatype type) {
   return size;
 }
 
-// The decision for an eligible call, given its communicator's state; places
-// the call in the step (every eligible call is placed, compressed or not).
-Verdict decide(CommState& s, MPI_Comm comm, int rank, size_t count, int nranks, int64_t* offset) {
+// The decision for a call of a compressible type and op, given its
+// communicator's state. Every such call is placed in the step, small ones too:
+// they are part of the step's sequence even though they run at full precision.
+Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offset) {
   const Policy& p = policy();
-  const int64_t index = s.eligible++;
-  StepTracker::Placement at = s.steps.place(count, monotonicSeconds());
+  StepTracker::Placement at = s.steps.place(count);
   if (at.agree) {
-    int64_t proposal[2] = {0, 0};
-    if (rank == 0) s.steps.proposal(proposal, true);
-    real_mpi::broadcast(proposal, 2, MPI_INT64_T, 0, comm);
+    int64_t proposal[2];
+    s.steps.proposal(proposal);
     s.steps.adopt(proposal);
+    SQUALL_INFO(Subsys::kApi, "preload: a step of %lld elements, next call at %lld%s",
+                static_cast<long long>(proposal[0]), static_cast<long long>(proposal[1]),
+                proposal[0] > 0 ? "" : " (none found: learning again)");
   }
   if (at.relearn) {
     s.residuals.clear();
     Report::get().relearned();
   }
-  if (index < p.warmupCalls) return Verdict::kWarmup;
+  if (small) return Verdict::kSmall;
+  if (s.eligible++ < p.warmupCalls) return Verdict::kWarmup;
   if (!at.known) return Verdict::kLearning;
   *offset = at.offset;
   if (!s.residuals.fits(residualBytes(count, nranks))) return Verdict::kResidualCap;
@@ -154,8 +157,8 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
       PMPI_Comm_size(comm, &nranks);
     PMPI_Comm_rank(comm, &rank);
   }
-  if (verdict == Verdict::kCompress && (comm == MPI_COMM_NULL || inter || nranks < 2))
-    verdict = Verdict::kCommunicator;
+  const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
+  if (placed && (comm == MPI_COMM_NULL || inter || nranks < 2)) verdict = Verdict::kCommunicator;
   const uint64_t fullBytes =
       nranks > 1 && count > 0
           ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * typeBytes(datatype))
@@ -164,15 +167,15 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
   std::unique_lock<std::mutex> lock(gMutex, std::defer_lock);
   CommState* state = nullptr;
   int64_t offset = 0;
-  if (verdict == Verdict::kCompress) {
+  if (placed && verdict != Verdict::kCommunicator) {
     lock.lock();
     if (gFinalized) {
-      verdict = Verdict::kEngine;
+      if (verdict == Verdict::kCompress) verdict = Verdict::kEngine;
     } else {
       setUp();
       drainGraveyard();
       state = stateOf(comm);
-      verdict = decide(*state, comm, rank, facts.count, nranks, &offset);
+      verdict = decide(*state, facts.count, verdict == Verdict::kSmall, nranks, &offset);
     }
   }
   if (verdict == Verdict::kCompress && !state->engine) {

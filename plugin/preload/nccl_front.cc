@@ -5,9 +5,6 @@
 // ncclGroupStart/ncclGroupEnd (NCCL fuses a group into one launch and the
 // caller expects it so), other reductions (prod, min, max, ncclRedOpCreate*
 // ops), other types, small buffers, and communicators created elsewhere.
-//
-// NCCL has no side channel for the interposer to agree on a learnt step, so
-// here the step is learnt from the counts alone (identical on every rank).
 #include <map>
 #include <memory>
 #include <mutex>
@@ -193,15 +190,15 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
       nranks > 1
           ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * ncclTypeBytes(datatype))
           : 0;
-  if (verdict == Verdict::kCompress && (s == nullptr || nranks < 2))
-    verdict = Verdict::kCommunicator;
+  // Small calls of a compressible type and op are placed in the step too.
+  const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
+  if (placed && (s == nullptr || nranks < 2)) verdict = Verdict::kCommunicator;
   int64_t offset = 0;
-  if (verdict == Verdict::kCompress) {
-    const int64_t index = s->eligible++;
-    StepTracker::Placement at = s->steps.place(count, monotonicSeconds());
+  if (placed && verdict != Verdict::kCommunicator) {
+    StepTracker::Placement at = s->steps.place(count);
     if (at.agree) {
       int64_t proposal[2];
-      s->steps.proposal(proposal, false);
+      s->steps.proposal(proposal);
       s->steps.adopt(proposal);
     }
     if (at.relearn) {
@@ -209,14 +206,17 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
       Report::get().relearned();
     }
     offset = at.offset;
-    if (index < policy().warmupCalls)
+    if (verdict == Verdict::kSmall) {
+      // placed, and passed through
+    } else if (s->eligible++ < policy().warmupCalls) {
       verdict = Verdict::kWarmup;
-    else if (!at.known)
+    } else if (!at.known) {
       verdict = Verdict::kLearning;
-    else if (!s->residuals.fits(residualBytes(count, nranks)))
+    } else if (!s->residuals.fits(residualBytes(count, nranks))) {
       verdict = Verdict::kResidualCap;
-    else if (s->engineFailed)
+    } else if (s->engineFailed) {
       verdict = Verdict::kEngine;
+    }
   }
   if (verdict == Verdict::kCompress && !s->engine) {
     InsideSquall inside;

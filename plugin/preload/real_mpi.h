@@ -12,8 +12,5 @@ inline int allReduce(const void* in, void* out, int count, MPI_Datatype type, MP
                      MPI_Comm comm) {
   return PMPI_Allreduce(in, out, count, type, op, comm);
 }
-inline int broadcast(void* buffer, int count, MPI_Datatype type, int root, MPI_Comm comm) {
-  return PMPI_Bcast(buffer, count, type, root, comm);
-}
 
 }  // namespace squall::preload::real_mpi

@@ -10,12 +10,10 @@ StepTracker::StepTracker(int64_t stepElements, int64_t learnCalls)
       learnCalls_(std::max<int64_t>(2, learnCalls)),
       learning_(stepElements <= 0) {}
 
-StepTracker::Placement StepTracker::place(size_t count, double seconds) {
+StepTracker::Placement StepTracker::place(size_t count) {
   Placement p;
-  const double gap = last_ < 0 ? 0 : seconds - last_;
-  last_ = seconds;
   if (learning_) {
-    window_.push_back(Seen{count, gap});
+    window_.push_back(count);
     p.agree = static_cast<int64_t>(window_.size()) >= learnCalls_;
     return p;
   }
@@ -28,7 +26,7 @@ StepTracker::Placement StepTracker::place(size_t count, double seconds) {
     offset_ = 0;
     window_.clear();
     learning_ = true;
-    window_.push_back(Seen{count, 0});
+    window_.push_back(count);
     return p;
   }
   p.known = true;
@@ -37,72 +35,41 @@ StepTracker::Placement StepTracker::place(size_t count, double seconds) {
   return p;
 }
 
-namespace {
-
-// The shortest L such that the counts repeat with period L; 0 when none
-// repeats at least twice in the window.
-size_t repeatingPeriod(const std::vector<size_t>& counts) {
-  for (size_t period = 1; 2 * period <= counts.size(); ++period) {
-    bool repeats = true;
-    for (size_t i = period; i < counts.size() && repeats; ++i)
-      repeats = counts[i] == counts[i - period];
-    if (repeats) return period;
-  }
-  return 0;
-}
-
-}  // namespace
-
-void StepTracker::proposal(int64_t out[2], bool timing) const {
+void StepTracker::proposal(int64_t out[2]) const {
   out[0] = out[1] = 0;
   const size_t n = window_.size();
   if (n < 2) return;
-  std::vector<size_t> counts(n);
   std::vector<int64_t> start(n + 1, 0);  // element offset of call i since the window began
-  size_t largest = 0;
+  int64_t largest = 0;
   for (size_t i = 0; i < n; ++i) {
-    counts[i] = window_[i].count;
-    start[i + 1] = start[i] + static_cast<int64_t>(counts[i]);
-    largest = std::max(largest, counts[i]);
+    start[i + 1] = start[i] + static_cast<int64_t>(window_[i]);
+    largest = std::max(largest, static_cast<int64_t>(window_[i]));
   }
-  // Pauses: the gaps above the widest jump between sorted gaps, when that jump
-  // is a clear one (3x); otherwise every call may start a step.
-  std::vector<double> gaps;
-  for (size_t i = 1; i < n; ++i) gaps.push_back(window_[i].gap);
-  std::vector<double> sorted = gaps;
-  std::sort(sorted.begin(), sorted.end());
-  double threshold = -1, best = 3.0;
-  for (size_t i = 0; i + 1 < sorted.size(); ++i) {
-    const double ratio = sorted[i + 1] / std::max(sorted[i], 1e-7);
-    if (ratio >= best) {
-      best = ratio;
-      threshold = sorted[i];
-    }
-  }
-  std::vector<size_t> starts;  // calls that begin a step
-  for (size_t i = 1; i < n; ++i)
-    if (window_[i].gap > threshold) starts.push_back(i);
-  int64_t step = 0, phase = 0;
-  if (timing && starts.size() >= 2) {
-    for (size_t k = 1; k < starts.size(); ++k)
-      step = std::gcd(step, start[starts[k]] - start[starts[k - 1]]);
-    phase = start[starts[0]];
-  }
-  // A length no call may cross; else fall back to repeating counts from the
-  // first call (the first call of a communicator begins a step).
+  // True when no call of the window crosses a multiple of `length` counted
+  // from `origin`: a framework never splits one call across two steps.
   auto fits = [&](int64_t length, int64_t origin) {
-    if (length < static_cast<int64_t>(largest)) return false;
+    if (length < largest) return false;
     for (size_t i = 0; i < n; ++i) {
       const int64_t at = ((start[i] - origin) % length + length) % length;
-      if (at + static_cast<int64_t>(counts[i]) > length) return false;
+      if (at + static_cast<int64_t>(window_[i]) > length) return false;
     }
     return true;
   };
-  if (step <= 0 || !fits(step, phase)) {
-    const size_t period = repeatingPeriod(counts);
-    step = period == 0 ? 0 : start[period];
-    phase = 0;
-    if (step > 0 && !fits(step, phase)) step = 0;
+  int64_t step = 0, phase = 0;
+  {
+    // The shortest span of consecutive calls, repeated from its first call,
+    // that no call of the window crosses.
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = i + 1; j <= n; ++j) {
+        const int64_t length = start[j] - start[i];
+        if (length < largest || (step != 0 && length >= step)) continue;
+        if (2 * length > start[n] - start[i]) break;  // seen at least twice
+        if (fits(length, start[i])) {
+          step = length;
+          phase = start[i];
+        }
+      }
+    }
   }
   if (step <= 0) return;
   out[0] = step;

@@ -12,14 +12,15 @@
 // call split differently gets a fresh (zero) residual, never another
 // gradient's.
 //
-// The step length (elements per step) is given, or learnt: the first calls of
-// a communicator run at full precision while rank 0 times them (a step ends
-// where the call sequence pauses: the forward pass of the next step) and
-// proposes a length and the offset of the next call, which the front end makes
-// every rank adopt (a broadcast), so all ranks place calls alike. Without a
-// clear pause the learner looks for the shortest repeating sequence of counts.
-// A call that would cross the end of the step proves the length wrong: the
-// communicator's residuals are dropped and the step is learnt again.
+// The step length (elements per step) is given (SQUALL_PRELOAD_STEP_ELEMENTS)
+// or learnt from the first calls of the communicator, which run at full
+// precision: the step is the shortest span of consecutive calls that, repeated,
+// no call of the window crosses (a framework never splits one call across two
+// steps). It is computed from the counts alone, so every rank finds the same
+// one without talking. A call that later crosses the end of the step proves the
+// length wrong: the communicator's residuals are dropped and the step is learnt
+// again. Counts cannot tell a model of identical blocks, each reduced in its own
+// call, from a model of one block: set SQUALL_PRELOAD_STEP_ELEMENTS for those.
 #pragma once
 
 #include <cstddef>
@@ -41,36 +42,26 @@ class StepTracker {
 
   struct Placement {
     bool known = false;    // false: run the call at full precision
-    bool agree = false;    // the learning window closed with this call: agree on proposal()
+    bool agree = false;    // the learning window closed with this call: adopt proposal()
     bool relearn = false;  // the call crossed the step's end: drop the residuals
     int64_t offset = 0;    // element offset within the step, when known
   };
-  // Places the next eligible call. `seconds` is a monotonic clock, used only
-  // for rank 0's proposal.
-  Placement place(size_t count, double seconds);
+  // Places the next eligible call.
+  Placement place(size_t count);
 
-  // The learnt step: {elements per step (0: none found), offset of the next
-  // call}. With `timing`, pauses in the sequence mark step ends (only rank 0
-  // may use it, and the others adopt its answer); without, only the counts
-  // are used, so every rank computes the same answer by itself.
-  void proposal(int64_t out[2], bool timing) const;
-  // Adopts rank 0's proposal (every rank, at the same call).
+  // The learnt step: {elements per step (0: none found), offset of the next call}.
+  void proposal(int64_t out[2]) const;
   void adopt(const int64_t in[2]);
 
   int64_t stepElements() const { return step_; }
   uint64_t relearns() const { return relearns_; }
 
  private:
-  struct Seen {
-    size_t count;
-    double gap;  // seconds since the previous call
-  };
   int64_t step_ = 0;
   int64_t offset_ = 0;
   int64_t learnCalls_;
   bool learning_;
-  std::vector<Seen> window_;
-  double last_ = -1;
+  std::vector<size_t> window_;  // counts of the learning window
   uint64_t relearns_ = 0;
 };
 

@@ -74,72 +74,73 @@ TEST(PreloadSteps, AGivenStepPlacesCallsByOffset) {
         step == 1 ? std::vector<size_t>{300} : std::vector<size_t>{100, 200};
     int64_t expect = 0;
     for (size_t n : split) {
-      auto at = t.place(n, step);
+      auto at = t.place(n);
       ASSERT_TRUE(at.known);
       EXPECT_EQ(at.offset, expect);
       expect += static_cast<int64_t>(n);
     }
   }
   // A call crossing the step's end: nothing is placed, learn again.
-  t.place(100, 4);
-  auto at = t.place(250, 4);
+  t.place(100);
+  auto at = t.place(250);
   EXPECT_FALSE(at.known);
   EXPECT_TRUE(at.relearn);
   EXPECT_EQ(t.relearns(), 1u);
 }
 
-// Feeds `steps` steps of `calls` with a pause before each step; returns the
-// proposal with or without timing.
-std::vector<int64_t> learn(const std::vector<std::vector<size_t>>& steps, bool timing) {
+// Feeds the steps' calls as one learning window; returns the proposal.
+std::vector<int64_t> learn(const std::vector<std::vector<size_t>>& steps) {
   size_t total = 0;
   for (auto& s : steps) total += s.size();
   StepTracker t(0, static_cast<int64_t>(total));
-  double clock = 0;
   bool agreed = false;
   for (auto& s : steps) {
-    clock += 0.050;  // the forward pass
     for (size_t n : s) {
-      clock += 0.001;
-      auto at = t.place(n, clock);
+      auto at = t.place(n);
       EXPECT_FALSE(at.known);
       agreed = at.agree;
     }
   }
   EXPECT_TRUE(agreed);
   int64_t out[2];
-  t.proposal(out, timing);
+  t.proposal(out);
   return {out[0], out[1]};
 }
 
 TEST(PreloadSteps, LearnsTheStepDespiteFusionChanges) {
   // Horovod-like: 1000 elements per step fused differently each step.
-  auto p = learn({{400, 600}, {1000}, {400, 100, 500}, {900, 100}}, true);
+  auto p = learn({{400, 600}, {1000}, {400, 100, 500}, {900, 100}});
   EXPECT_EQ(p[0], 1000);
   EXPECT_EQ(p[1], 0);
-  // Without timing the counts do not repeat: no step is claimed.
-  EXPECT_EQ(learn({{400, 600}, {1000}, {400, 100, 500}, {900, 100}}, false)[0], 0);
+  // A span that some call would cross is never the step.
+  EXPECT_EQ(learn({{300, 700}, {700, 300}, {300, 700}})[0], 1000);
+  // The window may end inside a step: the next call's offset says where.
+  p = learn({{400, 600}, {1000}, {400}});
+  EXPECT_EQ(p[0], 1000);
+  EXPECT_EQ(p[1], 400);
 }
 
-TEST(PreloadSteps, EqualLayersNeedThePause) {
-  // Ten equal layers: the counts repeat every 2 calls, but a step is 20.
-  std::vector<size_t> step;
-  for (int i = 0; i < 10; ++i) step.insert(step.end(), {1000, 10});
-  auto p = learn({step, step, step}, true);
-  EXPECT_EQ(p[0], 10100);
-  EXPECT_EQ(p[1], 0);
-}
-
-TEST(PreloadSteps, RepeatingCountsWithoutTiming) {
-  // DDP-like fixed buckets, learnt the same way on every rank.
-  auto p = learn({{700, 700, 300}, {700, 700, 300}, {700, 700, 300}}, false);
+TEST(PreloadSteps, RepeatingCounts) {
+  // DDP-like fixed buckets.
+  auto p = learn({{700, 700, 300}, {700, 700, 300}, {700, 700, 300}});
   EXPECT_EQ(p[0], 1700);
   EXPECT_EQ(p[1], 0);
+  // 700,700,300,700 has no step seen twice: none, and learning starts again.
   StepTracker t(0, 4);
-  for (size_t n : {700, 700, 300, 700}) t.place(n, 0);
+  for (size_t n : {700, 700, 300, 700}) t.place(n);
   int64_t out[2];
-  t.proposal(out, false);  // a window that ends inside a step
+  t.proposal(out);
   t.adopt(out);
-  EXPECT_EQ(t.stepElements(), 0);  // 700,700,300,700 does not repeat yet
+  EXPECT_EQ(t.stepElements(), 0);
+  EXPECT_FALSE(t.place(700).known);
+}
+
+TEST(PreloadSteps, IdenticalBlocksLookLikeOne) {
+  // Ten equal layers, each its own call: counts alone give one layer's span,
+  // the documented case for SQUALL_PRELOAD_STEP_ELEMENTS.
+  std::vector<size_t> step;
+  for (int i = 0; i < 10; ++i) step.insert(step.end(), {1000, 10});
+  EXPECT_EQ(learn({step, step})[0], 1010);
 }
 
 TEST(PreloadResiduals, EvictsLeastRecentlyUsedWithinTheCap) {
