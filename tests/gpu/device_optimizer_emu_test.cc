@@ -8,7 +8,6 @@
 // run on 2 ranks, where a sum of two values is order-free.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <nccl.h>
 
 #include <cmath>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_emu.h"
 #include "src/coll/context.h"
 #include "src/optim/cuda/device_optimizer.h"
 #include "src/optim/optimizer.h"
@@ -102,8 +102,12 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
     threads.emplace_back([&, r] {
       cudaStream_t stream = nullptr;
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      transport::nccl::DeviceComm comm;
+      ASSERT_EQ(transport::nccl::DeviceComm::wrap(comms[r], &comm), Status::kOk) << lastError();
+      ASSERT_EQ(comm.rank(), r);
+      ASSERT_EQ(comm.size(), n);
       std::unique_ptr<DeviceOptimizer> o;
-      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o), Status::kOk) << lastError();
+      ASSERT_EQ(DeviceOptimizer::create(comm, kCount, c, &o), Status::kOk) << lastError();
       float *dx = nullptr, *dg = nullptr;
       ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
@@ -125,7 +129,7 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
           << lastError();
       // The blob loads back into a fresh device optimizer.
       std::unique_ptr<DeviceOptimizer> o2;
-      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o2), Status::kOk);
+      ASSERT_EQ(DeviceOptimizer::create(comm, kCount, c, &o2), Status::kOk);
       ASSERT_EQ(o2->loadState(out.state[r].data(), written), Status::kOk) << lastError();
       EXPECT_EQ(o2->info().step, out.info[r].step);
       cudaFree(dx);

@@ -33,8 +33,8 @@
 #include <new>
 
 #include "src/codec/cuda/cuda_codec.h"
-#include "src/codec/cuda/cuda_status.h"
 #include "src/codec/numeric.h"
+#include "src/common/cuda_status.h"
 
 namespace squall::codec {
 namespace {

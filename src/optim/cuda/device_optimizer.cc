@@ -13,18 +13,12 @@
 #include <cstring>
 #include <utility>
 
-#include "src/codec/cuda/cuda_status.h"
+#include "src/common/cuda_status.h"
 #include "src/optim/cuda/update_kernels_cuda.h"
 #include "src/optim/state_blob.h"
 
 namespace squall::optim::cuda {
 namespace {
-
-Status ncclCheck(ncclResult_t res, const char* what) {
-  if (res == ncclSuccess) return Status::kOk;
-  return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl, "%s failed: %s", what,
-                     ncclGetErrorString(res));
-}
 
 Status allocZero(float** p, size_t count) {
   void* raw = nullptr;
@@ -43,14 +37,13 @@ Status copy(void* dst, const void* src, size_t floats, cudaMemcpyKind kind, cuda
 
 }  // namespace
 
-Status DeviceOptimizer::create(ncclComm_t comm, int nranks, int rank, size_t count, const Config& c,
-                               std::unique_ptr<DeviceOptimizer>* out) {
+Status DeviceOptimizer::create(const transport::nccl::DeviceComm& comm, size_t count,
+                               const Config& c, std::unique_ptr<DeviceOptimizer>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the optimizer output pointer is NULL");
-  SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument,
-                 Subsys::kOptim, "rank %d of %d is not a valid position in a communicator", rank,
-                 nranks);
-  SQUALL_REQUIRE(nranks == 1 || comm != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+  const int nranks = comm.size();
+  const int rank = comm.rank();
+  SQUALL_REQUIRE(nranks >= 1 && comm.handle() != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the device optimizer needs an NCCL communicator");
   int64_t warmup = 0;
   SQUALL_TRY(validateConfig(c, &warmup));
@@ -109,8 +102,7 @@ Status DeviceOptimizer::fullAverage(const float* in, float* out, cudaStream_t s)
   if (n == 1) return copy(out, in, count_, cudaMemcpyDeviceToDevice, s);
   if (count_ == 0) return Status::kOk;
   // Sum, then divide on the device: the host collectives' avg (finishAverage).
-  SQUALL_TRY(
-      ncclCheck(ncclAllReduce(in, out, count_, ncclFloat32, ncclSum, comm_, s), "ncclAllReduce"));
+  SQUALL_TRY(comm_.allReduceSum(in, out, count_, DataType::kF32, s));
   SQUALL_TRY(divide(count_, out, static_cast<float>(n), s));
   bytesSent_ +=
       2 * static_cast<uint64_t>(n - 1) * sizeof(float) * count_ / static_cast<uint64_t>(n);

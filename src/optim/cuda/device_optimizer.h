@@ -2,11 +2,11 @@
 // machine, step for step, with m, v, x_prev and u in device memory and the
 // element-wise work in update_kernels.cu (bit-identical to the CPU kernels).
 //
-//   warmup / sync Adam: ncclAllReduce(sum) of the gradient, then / n on the
+//   warmup / sync Adam: an NCCL allreduce (sum) of the gradient, then / n on the
 //     device (the host path's allreduce avg);
 //   compressed stage:   the momentum through coll::device::compressedAllReduce
 //     (DeviceCompressedState), residuals rolled back on a non-finite result;
-//   SlowMo:             ncclAllReduce(sum) / n of the parameters, or the
+//   SlowMo:             NCCL allreduce (sum) / n of the parameters, or the
 //     compressed drift x - x_prev, then the SlowMo kernel.
 //
 // Every step is enqueued on the caller's stream, and waits for it once: the
@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -28,13 +27,14 @@
 #include "src/coll/device/device_allreduce.h"
 #include "src/common/status.h"
 #include "src/optim/optimizer.h"
+#include "src/transport/nccl/device_comm.h"
 
 namespace squall::optim::cuda {
 
 class DeviceOptimizer {
  public:
-  // nranks and rank are those of `comm` (not owned; it must outlive this).
-  static Status create(ncclComm_t comm, int nranks, int rank, size_t count, const Config& config,
+  // Steps over `comm` (its ncclComm_t must outlive this).
+  static Status create(const transport::nccl::DeviceComm& comm, size_t count, const Config& config,
                        std::unique_ptr<DeviceOptimizer>* out);
   ~DeviceOptimizer();
   DeviceOptimizer(const DeviceOptimizer&) = delete;
@@ -66,7 +66,7 @@ class DeviceOptimizer {
   Status stageResidual(const codec::DeviceResidual* r, size_t n, std::vector<float>* out);
   Status restoreResidual(const codec::DeviceResidual* r, const float* data, size_t n);
 
-  ncclComm_t comm_ = nullptr;
+  transport::nccl::DeviceComm comm_;
   int nranks_ = 1;
   int rank_ = 0;
   size_t count_ = 0;
