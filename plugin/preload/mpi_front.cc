@@ -19,11 +19,11 @@
 #include <set>
 #include <vector>
 
-#include "plugin/preload/engine.h"
 #include "plugin/preload/interposer.h"
 #include "plugin/preload/real_mpi.h"
 #include "plugin/preload/report.h"
 #include "plugin/preload/residual_map.h"
+#include "src/core/comm.h"
 
 namespace squall::preload {
 namespace {
@@ -33,8 +33,8 @@ struct CommState {
       : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
   int64_t eligible = 0;
   StepTracker steps;
-  ResidualMap<Compressor> residuals;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
+  ResidualMap<core::Compressor> residuals;
   bool engineFailed = false;
 };
 
@@ -180,7 +180,9 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
   }
   if (verdict == Verdict::kCompress && !state->engine) {
     InsideSquall inside;
-    if (Engine::fromMpi(&comm, &state->engine) != Status::kOk) {
+    core::CommConfig config;
+    if (core::CommConfig::fromEnvironment(&config) != Status::kOk ||
+        core::Comm::fromMpi(&comm, config, &state->engine) != Status::kOk) {
       SQUALL_WARN(Subsys::kApi,
                   "the interposer passes this communicator's allreduces through "
                   "at full precision: %s",
@@ -197,9 +199,9 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
 
   InsideSquall inside;
   const ResidualKey key{DataType::kF32, offset, facts.count};
-  Compressor* c = state->residuals.find(key);
+  core::Compressor* c = state->residuals.find(key);
   if (c == nullptr) {
-    std::unique_ptr<Compressor> fresh;
+    std::unique_ptr<core::Compressor> fresh;
     if (state->engine->createCompressor(facts.count, policy().codec, &fresh) != Status::kOk)
       return MPI_ERR_INTERN;  // described where it failed
     c = fresh.get();
@@ -208,12 +210,12 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
     Report::get().evicted(state->residuals.evictions() - before);
   }
   const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-  uint64_t sent = 0;
   // Past this point the peers are in the compressed allreduce too: a failure
   // cannot fall back to MPI, it is the collective's error.
-  if (state->engine->compressedAllReduce(in, recvbuf, DataType::kF32, ReduceOp::kSum, *c, &sent) !=
+  if (state->engine->compressedAllReduce(in, recvbuf, DataType::kF32, ReduceOp::kSum, *c) !=
       Status::kOk)
     return MPI_ERR_OTHER;
-  Report::get().compressed(sent, fullBytes);
+  core::CompressorStats stats;
+  Report::get().compressed(c->stats(&stats) == Status::kOk ? stats.bytesSent : 0, fullBytes);
   return MPI_SUCCESS;
 }

@@ -9,12 +9,13 @@
 #include <memory>
 #include <mutex>
 
-#include "plugin/preload/engine.h"
 #include "plugin/preload/interposer.h"
 #include "plugin/preload/nccl_abi.h"
 #include "plugin/preload/real_nccl.h"
 #include "plugin/preload/report.h"
 #include "plugin/preload/residual_map.h"
+#include "src/codec/codec.h"
+#include "src/core/comm.h"
 
 namespace squall::preload {
 namespace {
@@ -25,8 +26,8 @@ struct CommState {
   int nranks;
   int64_t eligible = 0;
   StepTracker steps;
-  ResidualMap<Compressor> residuals;
-  std::unique_ptr<Engine> engine;
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
+  ResidualMap<core::Compressor> residuals;
   bool engineFailed = false;
 };
 
@@ -37,7 +38,7 @@ thread_local int tGroupDepth = 0;
 ncclResult_t missing() {
   SQUALL_WARN(Subsys::kApi,
               "the interposer has no real NCCL to call; set "
-              "SQUALL_PRELOAD_NCCL_LIBRARY to the real libnccl.so.2");
+              "SQUALL_NCCL_LIBRARY to the real libnccl.so.2");
   return nccl::kSystemError;
 }
 
@@ -96,6 +97,15 @@ size_t ncclTypeBytes(ncclDataType_t type) {
     case 7: return 4;   // float32
     default: return 1;  // fp8 and newer
   }
+}
+
+// Bytes one rank sends in the two-phase compressed allreduce of `count`
+// elements: its n-1 encoded chunks out, and its encoded chunk to n-1 peers.
+uint64_t compressedBytes(size_t count, int nranks) {
+  const size_t chunk = (count + static_cast<size_t>(nranks) - 1) / static_cast<size_t>(nranks);
+  size_t bytes = 0;
+  if (codec::encodedSize(policy().codec, chunk, &bytes) != Status::kOk) return 0;
+  return 2ull * static_cast<uint64_t>(nranks - 1) * bytes;
 }
 
 }  // namespace
@@ -220,7 +230,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   }
   if (verdict == Verdict::kCompress && !s->engine) {
     InsideSquall inside;
-    if (Engine::fromNccl(comm, &s->engine) != Status::kOk) {
+    if (core::Comm::fromNccl(comm, &s->engine) != Status::kOk) {
       SQUALL_WARN(Subsys::kApi,
                   "the interposer passes this NCCL communicator's allreduces "
                   "through unchanged: %s",
@@ -237,9 +247,9 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
 
   InsideSquall inside;
   const ResidualKey key{facts.dtype, offset, count};
-  Compressor* c = s->residuals.find(key);
+  core::Compressor* c = s->residuals.find(key);
   if (c == nullptr) {
-    std::unique_ptr<Compressor> fresh;
+    std::unique_ptr<core::Compressor> fresh;
     if (s->engine->createCompressor(count, policy().codec, &fresh) != Status::kOk)
       return nccl::kInternalError;
     c = fresh.get();
@@ -247,10 +257,11 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks));
     Report::get().evicted(s->residuals.evictions() - before);
   }
-  uint64_t sent = 0;
-  if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream,
-                                             &sent) != Status::kOk)
+  if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c,
+                                             stream) != Status::kOk)
     return nccl::kInternalError;
-  Report::get().compressed(sent, fullBytes);
+  // A device compressor's statistics wait for its stream; the report takes
+  // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
+  Report::get().compressed(compressedBytes(count, nranks), fullBytes);
   return nccl::kSuccess;
 }

@@ -4,6 +4,7 @@
 
 #include "src/common/log.h"
 #include "src/common/params.h"
+#include "src/core/api.h"
 
 namespace squall::preload {
 
@@ -53,9 +54,10 @@ Policy Policy::fromEnvironment() {
   Policy p;
   p.enabled = paramBool(Param::kPreloadEnable);
   const std::string codec = paramString(Param::kPreloadCodec);
-  squallCodecSpec_t spec;
-  if (squallCodecSpecParse(codec.c_str(), &spec) == squallSuccess &&
-      spec.codec != squallCodecNone) {
+  squallCodecSpec_t parsed;
+  codec::Spec spec;
+  if (squallCodecSpecParse(codec.c_str(), &parsed) == squallSuccess &&
+      parsed.codec != squallCodecNone && core::toCodecSpec(&parsed, &spec) == Status::kOk) {
     p.codec = spec;
     p.codecText = codec;
   } else {
@@ -85,7 +87,7 @@ Policy Policy::fromEnvironment() {
   p.residualCapBytes =
       static_cast<size_t>(std::max<int64_t>(0, paramInt(Param::kPreloadResidualMb))) << 20;
   p.reportPath = paramString(Param::kPreloadReport);
-  p.ncclLibrary = paramString(Param::kPreloadNcclLibrary);
+  p.ncclLibrary = paramString(Param::kNcclLibrary);
   return p;
 }
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "squall/squall.h"
+#include "src/codec/wire.h"
 #include "src/common/types.h"
 
 namespace squall::preload {
@@ -47,7 +47,7 @@ struct CallFacts {
 struct Policy {
   bool enabled = true;
   std::string codecText = "onebit";
-  squallCodecSpec_t codec = SQUALL_CODEC_SPEC_ONEBIT;
+  codec::Spec codec;  // onebit, block 2048
   size_t minBytes = 65536;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;

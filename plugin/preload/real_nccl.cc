@@ -23,7 +23,7 @@ RealNccl load() {
     if (handle == nullptr) {
       SQUALL_WARN(Subsys::kApi,
                   "the interposer found no NCCL after it and cannot open %s (%s); "
-                  "set SQUALL_PRELOAD_NCCL_LIBRARY to the real libnccl.so.2",
+                  "set SQUALL_NCCL_LIBRARY to the real libnccl.so.2",
                   policy().ncclLibrary.c_str(), dlerror());
       return t;
     }

@@ -1,6 +1,7 @@
 // The real NCCL: one table of its entry points, resolved on first use with
 // dlsym(RTLD_NEXT) (the library after this one in the search order), or from
-// a dlopen of SQUALL_PRELOAD_NCCL_LIBRARY (libnccl.so.2) when the application
+// a dlopen of SQUALL_NCCL_LIBRARY (libnccl.so.2, the library Squall's own
+// NCCL calls go to through src/transport/nccl's table) when the application
 // loads NCCL later (torch opens it lazily). Never this library's own symbols.
 #pragma once
 

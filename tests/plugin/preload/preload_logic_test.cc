@@ -49,8 +49,8 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
   setenv("SQUALL_PRELOAD_OPS", "sum", 1);
   setenv("SQUALL_PRELOAD_RESIDUAL_MB", "3", 1);
   Policy p = Policy::fromEnvironment();
-  EXPECT_EQ(p.codec.codec, squallCodecInt8);
-  EXPECT_EQ(p.codec.blockSize, 256u);
+  EXPECT_EQ(p.codec.codec, codec::CodecId::kInt8);
+  EXPECT_EQ(p.codec.block, 256u);
   EXPECT_TRUE(p.dtypes[0]);
   EXPECT_FALSE(p.dtypes[1] || p.dtypes[2]);
   EXPECT_TRUE(p.sum);
@@ -59,7 +59,7 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
   setenv("SQUALL_PRELOAD_CODEC", "none", 1);  // not a compression: the default stays
   setenv("SQUALL_PRELOAD_DTYPES", "fp32,int4", 1);
   p = Policy::fromEnvironment();
-  EXPECT_EQ(p.codec.codec, squallCodecOnebit);
+  EXPECT_EQ(p.codec.codec, codec::CodecId::kOnebit);
   EXPECT_TRUE(p.dtypes[0] && p.dtypes[1] && p.dtypes[2]);
   for (const char* v : {"SQUALL_PRELOAD_CODEC", "SQUALL_PRELOAD_DTYPES", "SQUALL_PRELOAD_OPS",
                         "SQUALL_PRELOAD_RESIDUAL_MB"})
