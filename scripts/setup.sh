@@ -10,6 +10,9 @@ SQUALL_PACKAGES=(
   libucx-dev libopenmpi-dev openmpi-bin
   iproute2 python3
   python3-torch python3-numpy python3-pytest
+  # the LD_PRELOAD interposer's tests: mpi4py, and what Horovod 0.28.1 builds
+  # against (tests/plugin/preload/horovod_test.py pip-installs Horovod itself)
+  python3-mpi4py libtorch-dev pybind11-dev python3-cloudpickle cmake
 )
 
 missing=()
