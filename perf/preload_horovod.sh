@@ -6,6 +6,9 @@
 # the uncompressed row is what the same calls send at full precision).
 #
 #   perf/preload_horovod.sh BUILD_DIR [--rates "1gbit 10gbit"] [--ranks "2 4"] [--epochs 1]
+#                           [--hidden 256] [--repeat 1]
+# --hidden sets the MLP's width (256: 77k parameters; 1024: 1.1M), --repeat
+# runs every configuration that many times, alternating with and without.
 #
 # mpirun starts every rank on this machine, and Open MPI's TCP layer carries
 # the data over the loopback of a private network namespace whose loopback is
@@ -19,11 +22,15 @@ shift
 rates="1gbit 10gbit"
 ranks="2 4"
 epochs=1
+hidden=256
+repeat=1
 while (($#)); do
   case $1 in
     --rates) rates=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
+    --hidden) hidden=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +57,7 @@ for rate in $rates; do
   burst=$(( bytes_per_s / 1000 > 65536 ? bytes_per_s / 1000 : 65536 ))
   ip netns exec "$ns" tc qdisc replace dev lo root tbf rate "$rate" burst "$burst" latency 50ms
   for np in $ranks; do
+    for ((rep = 0; rep < repeat; rep++)); do
     base_ms=""
     for mode in off on; do
       rm -f "$work"/report.* "$work"/out.json
@@ -57,7 +65,7 @@ for rate in $rates; do
       [[ $mode == on ]] && env+=(-x "LD_PRELOAD=$lib")
       ip netns exec "$ns" mpirun --allow-run-as-root --oversubscribe -np "$np" \
         --mca pml ob1 --mca btl self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-        "${env[@]}" /usr/bin/python3 "$root/tests/plugin/preload/horovod_train.py" "$work/out.json" "$epochs" \
+        "${env[@]}" /usr/bin/python3 "$root/tests/plugin/preload/horovod_train.py" "$work/out.json" "$epochs" "$hidden" \
         >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
       /usr/bin/python3 - "$work" "$rate" "$np" "$mode" "$base_ms" <<'PY' > "$work/row"
 import json, pathlib, sys
@@ -74,7 +82,8 @@ print(f"{out['step_ms']:.2f}|| {rate} | {np} | {mode} | {out['step_ms']:.1f} | {
 PY
       row=$(cat "$work/row")
       [[ $mode == off ]] && base_ms=${row%%||*}
-      echo "${row#*||}"
+      echo "|${row#*||}"
+    done
     done
   done
 done

@@ -148,14 +148,13 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
   facts.dtypeKnown = datatype == MPI_FLOAT;
   facts.opKnown = op == MPI_SUM;
   Verdict verdict = policy().judge(facts);
-  int nranks = 1, rank = 0, inter = 0;
+  int nranks = 1, inter = 0;
   if (comm != MPI_COMM_NULL) {
     PMPI_Comm_test_inter(comm, &inter);
     if (inter)
       PMPI_Comm_remote_size(comm, &nranks);
     else
       PMPI_Comm_size(comm, &nranks);
-    PMPI_Comm_rank(comm, &rank);
   }
   const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
   if (placed && (comm == MPI_COMM_NULL || inter || nranks < 2)) verdict = Verdict::kCommunicator;

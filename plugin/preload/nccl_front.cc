@@ -47,8 +47,10 @@ void track(ncclComm_t comm) {
   int n = 0, rank = -1;
   if (comm == nullptr || real.commCount == nullptr || real.commCount(comm, &n) != nccl::kSuccess)
     return;
-  if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl::kSuccess && n > 0)
-    Report::get().setRank(-1);  // the file is named by the launcher's rank, when there is one
+  // The report is named by the launcher's rank; without one, by the rank in
+  // the first communicator (torch's first is the world).
+  if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl::kSuccess)
+    Report::get().setFallbackRank(rank);
   std::lock_guard<std::mutex> lock(gMutex);
   gComms[comm] = std::make_unique<CommState>(policy(), n);
 }

@@ -66,6 +66,7 @@ std::string Report::json(const std::string& codec) const {
 void Report::finish(const Policy& policy) {
   if (finished_.exchange(true)) return;
   if (rank_.load() < 0) setRank(rankFromEnvironment());
+  if (rank_.load() < 0) setRank(fallback_.load());
   const int rank = rank_.load() < 0 ? static_cast<int>(getpid()) : rank_.load();
   if (!policy.reportPath.empty()) {
     const std::string path = policy.reportPath + "." + std::to_string(rank) + ".json";

@@ -24,6 +24,11 @@ class Report {
   void relearned() { ++relearns_; }
   // The process's rank for the file name, first caller wins.
   void setRank(int rank);
+  // Used when neither setRank nor the launcher's variables gave one.
+  void setFallbackRank(int rank) {
+    int unset = -1;
+    fallback_.compare_exchange_strong(unset, rank);
+  }
 
   std::string json(const std::string& codec) const;
   // Writes the file and the INFO line once (later calls do nothing).
@@ -33,7 +38,7 @@ class Report {
   std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
   std::atomic<uint64_t> evictions_{0}, relearns_{0};
   std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
-  std::atomic<int> rank_{-1};
+  std::atomic<int> rank_{-1}, fallback_{-1};
   std::atomic<bool> finished_{false};
 };
 

@@ -4,7 +4,7 @@ Trains a small MLP with momentum SGD on a fixed synthetic 10-class task, each
 rank on its shard, and writes (rank 0) a JSON line with the final test
 accuracy, whether every rank holds the same parameters bit for bit (gathered
 with hvd.allgather, which the interposer does not touch), and the mean step time.
-  horovod_train.py OUT.json [epochs]
+  horovod_train.py OUT.json [epochs] [hidden]
 """
 import json
 import sys
@@ -30,14 +30,15 @@ def data(seed=1234):
 
 def main():
     out, epochs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    hidden = int(sys.argv[3]) if len(sys.argv) > 3 else 256
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     (xt, yt), (xv, yv) = data()
     xt, yt = xt[hvd.rank()::hvd.size()], yt[hvd.rank()::hvd.size()]
-    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
+    model = torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
