@@ -188,7 +188,10 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
                                          cudaStream_t stream) {
   const RealNccl& real = realNccl();
   if (real.allReduce == nullptr) return missing();
-  if (insideSquall()) return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
+    Report::get().passed(Verdict::kReentry, 0);
+    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  }
   CallFacts facts;
   factsOf(datatype, op, count, &facts);
   Verdict verdict = policy().judge(facts);
