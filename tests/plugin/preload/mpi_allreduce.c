@@ -6,8 +6,8 @@
  *   holds its tensors at other addresses each step; ineligible calls match
  *   PMPI_Allreduce bit for bit; communicators made by Open MPI (split, dup,
  *   create_group, intercommunicators) work, including freed and remade ones.
- * argv[1] = "learn": the first SQUALL_PRELOAD_STEP_LEARN_CALLS calls are exact
- *   (the step is being learnt), the rest match the reference.
+ * argv[1] = "learn" N: the first N calls are exact (the step is being learnt,
+ *   or a warmup), the rest match the reference.
  * argv[1] = "off" (SQUALL_PRELOAD_ENABLE=0): every call matches PMPI exactly.
  * Exits non-zero with a message on the first mismatch. */
 #define _POSIX_C_SOURCE 200809L
@@ -20,6 +20,7 @@
 #include <time.h>
 
 static int rank_, size_;
+static long exactCalls_; /* "learn N": the first N calls run at full precision */
 
 #define CHECK(cond, ...)                                 \
   do {                                                   \
@@ -51,7 +52,7 @@ static float* shifted(size_t n, int step, void** base) {
 static void gradients(int mode) {
   enum { kSteps = 6, kTensors = 3 };
   const size_t counts[kTensors] = {5000, 3000, 2048};
-  const long learn = mode == 'l' ? atol(getenv("SQUALL_PRELOAD_STEP_LEARN_CALLS")) : 0;
+  const long learn = mode == 'l' ? exactCalls_ : 0;
   squallComm_t ref;
   MPI_Comm world = MPI_COMM_WORLD;
   SQ(squallCommInitFromMpi(&ref, &world, NULL));
@@ -189,7 +190,8 @@ int main(int argc, char** argv) {
                    : !strcmp(arg, "learn") ? 'l'
                    : !strcmp(arg, "on")    ? 'n'
                                            : 0;
-  CHECK(mode != 0, "usage: mpi_allreduce on|learn|off");
+  CHECK(mode != 0 && (mode != 'l' || argc > 2), "usage: mpi_allreduce on|learn N|off");
+  if (mode == 'l') exactCalls_ = atol(argv[2]);
   gradients(mode);
   if (mode != 'l') communicators(mode);
   if (rank_ == 0) printf("mpi_allreduce %s: ok on %d ranks\n", argv[1], size_);
