@@ -725,6 +725,53 @@ TEST(TcpMesh, StraysAreRefused) {
   EXPECT_NE(log.find("does not fit this job"), std::string::npos) << log;
 }
 
+// TCP only: clients that connect to a rank's mesh listener and say nothing
+// do not delay the real peer (the hellos of all pending clients are read
+// together; waiting for each in turn used to cost a second per stray).
+TEST(TcpMesh, SilentStraysDoNotDelayTheRealPeer) {
+  setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
+  std::thread real([&] {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
+    std::unique_ptr<Transport> net;
+    ASSERT_EQ(createTcpTransport(*boot, &net), Status::kOk) << lastError();
+    EXPECT_EQ(boot->barrier(), Status::kOk);
+  });
+  std::unique_ptr<bootstrap::Bootstrap> boot;
+  ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 0, 10s, &boot), Status::kOk);
+  bootstrap::WireAddress cards[2], mine{};
+  ASSERT_EQ(boot->allGather(&mine, sizeof(mine), cards), Status::kOk);
+  bootstrap::SocketAddress target;
+  ASSERT_TRUE(bootstrap::fromWire(cards[1], &target));
+  std::string error;
+  std::vector<int> silent;
+  for (int i = 0; i < 3; ++i) {
+    silent.push_back(bootstrap::connectWithRetry(target, Clock::now() + 5s, &error));
+    ASSERT_GE(silent.back(), 0) << error;
+  }
+  std::this_thread::sleep_for(50ms);  // the strays are queued first
+  const auto begin = Clock::now();
+  int fd = bootstrap::connectWithRetry(target, Clock::now() + 5s, &error);
+  ASSERT_GE(fd, 0) << error;
+  uint8_t hello[40] = {};
+  uint32_t words[2] = {0x48545153, 1};
+  int32_t ranks[3] = {0, 1, 2};
+  std::memcpy(hello, words, 8);
+  boot->jobSecret(hello + 8);
+  std::memcpy(hello + 24, ranks, 12);
+  int err = 0;
+  ASSERT_EQ(bootstrap::sendAll(fd, hello, sizeof(hello), Clock::now() + 5s, &err),
+            bootstrap::Io::kOk);
+  ASSERT_EQ(boot->barrier(), Status::kOk);  // the end of rank 1's createTcpTransport
+  EXPECT_LT(Clock::now() - begin, 1500ms) << "the silent clients held up the real peer";
+  EXPECT_EQ(boot->barrier(), Status::kOk);
+  real.join();
+  close(fd);
+  for (int s : silent) close(s);
+}
+
 // The TCP connection on its own, as the NCCL net plugin drives it: one
 // socket pair, no thread, the owner polling progress(); messages numbered in
 // posting order, receives that accept any size up to their buffer.
