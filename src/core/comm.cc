@@ -47,8 +47,12 @@ Status Comm::create(const bootstrap::UniqueId& id, int nranks, int rank, const C
                  "nranks is %d; a communicator needs at least one rank", nranks);
   SQUALL_REQUIRE(rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kApi,
                  "rank %d is outside 0..%d (nranks %d)", rank, nranks - 1, nranks);
-  SQUALL_REQUIRE(config.transport != TransportKind::kMpi, Status::kInvalidUsage, Subsys::kApi,
-                 "the MPI transport runs over an MPI communicator: use Comm::fromMpi");
+  SQUALL_REQUIRE(
+      config.transport != TransportKind::kMpi && config.transport != TransportKind::kNccl,
+      Status::kInvalidUsage, Subsys::kApi,
+      "the %s transport runs over an existing communicator: use Comm::%s",
+      config.transport == TransportKind::kMpi ? "MPI" : "NCCL",
+      config.transport == TransportKind::kMpi ? "fromMpi" : "fromNccl");
   std::unique_ptr<bootstrap::Bootstrap> b;
   SQUALL_TRY(bootstrap::Bootstrap::create(id, nranks, rank, config.timeout, &b));
   return fromBootstrap(std::move(b), config, out);
@@ -79,7 +83,9 @@ Status Comm::fromNccl(void* ncclComm, std::unique_ptr<Comm>* out) {
                  "the communicator output and the ncclComm_t must be set");
   std::unique_ptr<Engine> engine;
   SQUALL_TRY(createNcclEngine(ncclComm, &engine));
-  out->reset(new Comm(std::move(engine), CommConfig{}));
+  CommConfig config;
+  config.transport = TransportKind::kNccl;
+  out->reset(new Comm(std::move(engine), config));
   return Status::kOk;
 }
 
@@ -249,7 +255,70 @@ Status Comm::createOptimizer(size_t count, const optim::Config& config,
                              std::unique_ptr<Optimizer>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the optimizer output pointer is NULL");
-  return engine_->createOptimizer(this, count, config, out);
+  std::unique_ptr<optim::Optimizer> impl;
+  SQUALL_TRY(engine_->createOptimizer(count, config, &impl));
+  out->reset(new Optimizer(this, std::move(impl)));
+  return Status::kOk;
+}
+
+namespace {
+
+Status checkStepBuffers(size_t count, const float* params, const float* grads) {
+  SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
+                 Subsys::kApi,
+                 "squallOptimizerStep: params and grads must point to %zu floats each", count);
+  if (count != 0) {
+    const auto* p = reinterpret_cast<const char*>(params);
+    const auto* g = reinterpret_cast<const char*>(grads);
+    const size_t bytes = count * sizeof(float);
+    SQUALL_REQUIRE(p + bytes <= g || g + bytes <= p, Status::kInvalidArgument, Subsys::kApi,
+                   "squallOptimizerStep: params and grads overlap; pass separate buffers");
+  }
+  return Status::kOk;
+}
+
+}  // namespace
+
+Optimizer::Optimizer(const Comm* comm, std::unique_ptr<optim::Optimizer> impl)
+    : comm_(comm), impl_(std::move(impl)) {}
+
+Optimizer::~Optimizer() = default;
+
+size_t Optimizer::count() const { return impl_->count(); }
+bool Optimizer::onDevice() const { return impl_->onDevice(); }
+
+Status Optimizer::step(float* params, const float* grads, float lr) {
+  if (!impl_->onDevice()) {
+    SQUALL_TRY(impl_->refuseStep(checkStepBuffers(impl_->count(), params, grads)));
+  }
+  return impl_->step(params, grads, lr);
+}
+
+Status Optimizer::stepOnStream(float* params, const float* grads, float lr, void* cudaStream) {
+  if (impl_->onDevice()) return impl_->stepOnStream(params, grads, lr, cudaStream);
+  SQUALL_REQUIRE(impl_->count() == 0 || (params != nullptr && grads != nullptr),
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "squallOptimizerStepOnStream: params and grads must point to %zu floats each",
+                 impl_->count());
+  return stagedOptimizerStep(*impl_, params, grads, lr, cudaStream);
+}
+
+Status Optimizer::info(optim::Info* out) const {
+  *out = impl_->info();
+  return Status::kOk;
+}
+
+Status Optimizer::stateSize(size_t* bytes) const {
+  *bytes = impl_->stateSize();
+  return Status::kOk;
+}
+
+Status Optimizer::saveState(void* buffer, size_t capacity, size_t* written) const {
+  return impl_->saveState(buffer, capacity, written);
+}
+
+Status Optimizer::loadState(const void* buffer, size_t bytes) {
+  return impl_->loadState(buffer, bytes);
 }
 
 }  // namespace squall::core

@@ -83,33 +83,37 @@ class Compressor {
 };
 
 // APMSqueeze / sync / local Adam (+ SlowMo) over one flat fp32 buffer of
-// count() parameters (src/optim); its state on the host or on the device
-// depending on the engine.
+// count() parameters: the one schedule of src/optim over a backend in host
+// memory (host engine) or in device memory (NCCL engine).
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
+  ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
   const Comm& comm() const { return *comm_; }
-  size_t count() const { return count_; }
+  size_t count() const;
+  // The state is in device memory (an optimizer of the NCCL engine).
+  bool onDevice() const;
   // One step on host buffers (host engine); lr > 0 overrides the configured
   // rate. Bad buffers are refused on every rank (optim::Optimizer::refuseStep).
-  virtual Status step(float* params, const float* grads, float lr) = 0;
+  // kInvalidUsage on the device.
+  Status step(float* params, const float* grads, float lr);
   // One step on device buffers, enqueued on `cudaStream`: on the device (NCCL
-  // engine) or staged through host memory (host engine, two stream waits).
-  virtual Status stepOnStream(float* params, const float* grads, float lr, void* cudaStream) = 0;
-  virtual Status info(optim::Info* out) = 0;
-  virtual Status stateSize(size_t* bytes) = 0;
-  virtual Status saveState(void* buffer, size_t capacity, size_t* written) = 0;
-  virtual Status loadState(const void* buffer, size_t bytes) = 0;
-
- protected:
-  Optimizer(const Comm* comm, size_t count) : comm_(comm), count_(count) {}
+  // engine), or staged through host memory around a host step (host engine,
+  // two stream waits).
+  Status stepOnStream(float* params, const float* grads, float lr, void* cudaStream);
+  Status info(optim::Info* out) const;
+  // On the device these wait for the stream of the last step.
+  Status stateSize(size_t* bytes) const;
+  Status saveState(void* buffer, size_t capacity, size_t* written) const;
+  Status loadState(const void* buffer, size_t bytes);
 
  private:
+  friend class Comm;
+  Optimizer(const Comm* comm, std::unique_ptr<optim::Optimizer> impl);
   const Comm* comm_;
-  size_t count_;
+  std::unique_ptr<optim::Optimizer> impl_;
 };
 
 class Comm {

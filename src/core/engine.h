@@ -31,8 +31,9 @@ class Engine {
                                      Compressor& c, coll::OperationPtr* operation) = 0;
   virtual Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                              Compressor& c, void* stream) = 0;
-  virtual Status createOptimizer(const Comm* owner, size_t count, const optim::Config& config,
-                                 std::unique_ptr<Optimizer>* out) = 0;
+  // The schedule over this engine's backend (host or device memory).
+  virtual Status createOptimizer(size_t count, const optim::Config& config,
+                                 std::unique_ptr<optim::Optimizer>* out) = 0;
 };
 
 // host_engine.cc. `bootstrap` may be null (a transport from MPI).
@@ -55,7 +56,7 @@ class Staging {
 Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState& state,
                                  std::unique_ptr<Staging>* staging, const void* in, void* out,
                                  DataType dtype, ReduceOp op, void* stream);
-// One host optimizer step on device buffers.
+// One step of a host optimizer on device buffers.
 Status stagedOptimizerStep(optim::Optimizer& optimizer, float* params, const float* grads, float lr,
                            void* stream);
 

@@ -1,7 +1,7 @@
 // The host engine: coll::Communicator over a transport, and the bootstrap
 // it rendezvoused through, destroyed in the reverse order. Compressors hold a
-// coll::CompressedState, optimizers an optim::Optimizer; device buffers are
-// staged through host memory (host_staging.cc).
+// coll::CompressedState, optimizers are optim::Optimizer over host memory;
+// device buffers are staged through host memory (host_staging.cc).
 #include <memory>
 #include <utility>
 
@@ -37,55 +37,6 @@ class HostCompressor final : public Compressor {
   std::unique_ptr<coll::CompressedState> state_;
   std::unique_ptr<Staging> staging_;  // pinned buffers, once given device pointers
   uint64_t calls_ = 0;
-};
-
-Status checkStepBuffers(size_t count, const float* params, const float* grads) {
-  SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
-                 Subsys::kApi,
-                 "squallOptimizerStep: params and grads must point to %zu floats each", count);
-  if (count != 0) {
-    const auto* p = reinterpret_cast<const char*>(params);
-    const auto* g = reinterpret_cast<const char*>(grads);
-    const size_t bytes = count * sizeof(float);
-    SQUALL_REQUIRE(p + bytes <= g || g + bytes <= p, Status::kInvalidArgument, Subsys::kApi,
-                   "squallOptimizerStep: params and grads overlap; pass separate buffers");
-  }
-  return Status::kOk;
-}
-
-class HostOptimizer final : public Optimizer {
- public:
-  HostOptimizer(const Comm* comm, std::unique_ptr<optim::Optimizer> impl)
-      : Optimizer(comm, impl->count()), impl_(std::move(impl)) {}
-
-  Status step(float* params, const float* grads, float lr) override {
-    SQUALL_TRY(impl_->refuseStep(checkStepBuffers(count(), params, grads)));
-    return impl_->step(params, grads, lr);
-  }
-  Status stepOnStream(float* params, const float* grads, float lr, void* stream) override {
-    SQUALL_REQUIRE(count() == 0 || (params != nullptr && grads != nullptr),
-                   Status::kInvalidArgument, Subsys::kApi,
-                   "squallOptimizerStepOnStream: params and grads must point to %zu floats each",
-                   count());
-    return stagedOptimizerStep(*impl_, params, grads, lr, stream);
-  }
-  Status info(optim::Info* out) override {
-    *out = impl_->info();
-    return Status::kOk;
-  }
-  Status stateSize(size_t* bytes) override {
-    *bytes = impl_->stateSize();
-    return Status::kOk;
-  }
-  Status saveState(void* buffer, size_t capacity, size_t* written) override {
-    return impl_->saveState(buffer, capacity, written);
-  }
-  Status loadState(const void* buffer, size_t bytes) override {
-    return impl_->loadState(buffer, bytes);
-  }
-
- private:
-  std::unique_ptr<optim::Optimizer> impl_;
 };
 
 class HostEngine final : public Engine {
@@ -138,12 +89,9 @@ class HostEngine final : public Engine {
     return Status::kOk;
   }
 
-  Status createOptimizer(const Comm* owner, size_t count, const optim::Config& config,
-                         std::unique_ptr<Optimizer>* out) override {
-    std::unique_ptr<optim::Optimizer> impl;
-    SQUALL_TRY(optim::Optimizer::create(coll_.get(), count, config, &impl));
-    *out = std::make_unique<HostOptimizer>(owner, std::move(impl));
-    return Status::kOk;
+  Status createOptimizer(size_t count, const optim::Config& config,
+                         std::unique_ptr<optim::Optimizer>* out) override {
+    return optim::Optimizer::create(coll_.get(), count, config, out);
   }
 
  private:

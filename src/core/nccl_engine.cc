@@ -1,7 +1,7 @@
 // The NCCL engine (built with CUDA and NCCL): a borrowed ncclComm_t behind
 // transport::nccl::DeviceComm, compressors holding the device compressed
-// state (src/coll/device) and optimizers holding the device optimizer
-// (src/optim/cuda). It runs only stream-ordered operations on device
+// state (src/coll/device), and optimizers whose backend is device memory
+// over the same DeviceComm (src/optim/cuda). It runs only stream-ordered operations on device
 // buffers; Comm refuses the host collectives before they get here.
 #include <cuda_runtime_api.h>
 
@@ -59,38 +59,6 @@ class DeviceCompressor final : public Compressor {
   uint64_t calls_ = 0;
 };
 
-class DeviceOptimizer final : public Optimizer {
- public:
-  DeviceOptimizer(const Comm* comm, std::unique_ptr<optim::cuda::DeviceOptimizer> impl)
-      : Optimizer(comm, impl->count()), impl_(std::move(impl)) {}
-
-  Status step(float*, const float*, float) override {
-    return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kApi,
-                       "squallOptimizerStep: this optimizer lives on a communicator from NCCL and "
-                       "steps device buffers; call squallOptimizerStepOnStream");
-  }
-  Status stepOnStream(float* params, const float* grads, float lr, void* stream) override {
-    return impl_->step(params, grads, lr, static_cast<cudaStream_t>(stream));
-  }
-  Status info(optim::Info* out) override {
-    *out = impl_->info();
-    return Status::kOk;
-  }
-  Status stateSize(size_t* bytes) override {
-    *bytes = impl_->stateSize();
-    return Status::kOk;
-  }
-  Status saveState(void* buffer, size_t capacity, size_t* written) override {
-    return impl_->saveState(buffer, capacity, written);
-  }
-  Status loadState(const void* buffer, size_t bytes) override {
-    return impl_->loadState(buffer, bytes);
-  }
-
- private:
-  std::unique_ptr<optim::cuda::DeviceOptimizer> impl_;
-};
-
 class NcclEngine final : public Engine {
  public:
   explicit NcclEngine(const DeviceComm& comm) : comm_(comm) {}
@@ -120,12 +88,9 @@ class NcclEngine final : public Engine {
                                                  static_cast<cudaStream_t>(stream));
   }
 
-  Status createOptimizer(const Comm* owner, size_t count, const optim::Config& config,
-                         std::unique_ptr<Optimizer>* out) override {
-    std::unique_ptr<optim::cuda::DeviceOptimizer> impl;
-    SQUALL_TRY(optim::cuda::DeviceOptimizer::create(comm_, count, config, &impl));
-    *out = std::make_unique<DeviceOptimizer>(owner, std::move(impl));
-    return Status::kOk;
+  Status createOptimizer(size_t count, const optim::Config& config,
+                         std::unique_ptr<optim::Optimizer>* out) override {
+    return optim::cuda::createDeviceOptimizer(comm_, count, config, out);
   }
 
  private:

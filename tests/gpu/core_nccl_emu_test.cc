@@ -80,6 +80,7 @@ TEST(CoreNcclEmu, EngineIdentityAndRefusals) {
     EXPECT_EQ(c.rank(), r);
     EXPECT_EQ(c.size(), 2);
     EXPECT_STREQ(c.transportName(), "nccl");
+    EXPECT_EQ(c.config().transport, TransportKind::kNccl);
     float x = 1.0f;
     EXPECT_EQ(c.allReduce(&x, &x, 1, DataType::kF32, ReduceOp::kSum), Status::kInvalidUsage);
     EXPECT_NE(lastError().find("use NCCL itself"), std::string::npos) << lastError();

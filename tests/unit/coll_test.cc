@@ -1,5 +1,5 @@
-// Full-precision collectives over the local transport (ranks as threads),
-// checked against closed-form values, plus the local transport itself.
+// Full-precision collectives, ranks as threads, over every wire (the local
+// transport, and tcp and ucx on loopback), checked against closed-form values.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -18,6 +18,8 @@ namespace {
 using coll::AllReduceAlgo;
 using coll::Communicator;
 using testing::Group;
+
+class Collectives : public testing::WireTest {};
 
 constexpr int kRankCounts[] = {1, 2, 3, 4, 5, 8};
 constexpr DataType kTypes[] = {DataType::kF32, DataType::kF16, DataType::kBf16,
@@ -150,7 +152,7 @@ void checkAllReduce(Group& group, size_t count, DataType dtype, ReduceOp op, boo
   }
 }
 
-TEST(Collectives, AllReduceEveryTypeOpAndAlgorithm) {
+TEST_P(Collectives, AllReduceEveryTypeOpAndAlgorithm) {
   for (int n : kRankCounts) {
     for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
       coll::Options options = testing::testOptions();
@@ -165,7 +167,7 @@ TEST(Collectives, AllReduceEveryTypeOpAndAlgorithm) {
   }
 }
 
-TEST(Collectives, AllReduceLargeAndAuto) {
+TEST_P(Collectives, AllReduceLargeAndAuto) {
   for (int n : {3, 8}) {
     Group group(n);  // auto: ring above 32 KiB
     checkAllReduce(group, (1 << 20) + 3, DataType::kF32, ReduceOp::kSum, false);
@@ -181,7 +183,7 @@ std::vector<uint8_t> randomBytes(size_t bytes, unsigned seed) {
   return v;
 }
 
-TEST(Collectives, AllGatherAllToAllBroadcast) {
+TEST_P(Collectives, AllGatherAllToAllBroadcast) {
   for (int n : kRankCounts) {
     Group group(n);
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{1000}}) {
@@ -216,7 +218,7 @@ TEST(Collectives, AllGatherAllToAllBroadcast) {
   }
 }
 
-TEST(Collectives, BroadcastFromEveryRoot) {
+TEST_P(Collectives, BroadcastFromEveryRoot) {
   Group group(5);
   for (int root = 0; root < 5; ++root) {
     std::vector<std::vector<int32_t>> data(5, std::vector<int32_t>(33, -1));
@@ -228,7 +230,7 @@ TEST(Collectives, BroadcastFromEveryRoot) {
   }
 }
 
-TEST(Collectives, BarrierHoldsEveryRank) {
+TEST_P(Collectives, BarrierHoldsEveryRank) {
   for (int n : kRankCounts) {
     Group group(n);
     std::atomic<int> entered{0};
@@ -241,7 +243,7 @@ TEST(Collectives, BarrierHoldsEveryRank) {
   }
 }
 
-TEST(Collectives, AsyncOperationsRunInOrder) {
+TEST_P(Collectives, AsyncOperationsRunInOrder) {
   Group group(4);
   constexpr size_t kCount = 5000;
   std::vector<std::vector<float>> a(4, std::vector<float>(kCount)),
@@ -279,7 +281,7 @@ TEST(Collectives, AsyncOperationsRunInOrder) {
 // A rank that refuses its own arguments tells the others, who are already
 // waiting in the collective: they fail at once (not after the 30 s deadline)
 // with its reason, for blocking and async calls, and the group stays usable.
-TEST(Collectives, ARanksBadArgumentFailsItsPeersAtOnce) {
+TEST_P(Collectives, ARanksBadArgumentFailsItsPeersAtOnce) {
   Group group(3);
   std::vector<Status> status(3);
   std::vector<std::string> message(3);
@@ -317,7 +319,7 @@ TEST(Collectives, ARanksBadArgumentFailsItsPeersAtOnce) {
   }
 }
 
-TEST(Collectives, MismatchedCallsFailOnEveryRank) {
+TEST_P(Collectives, MismatchedCallsFailOnEveryRank) {
   coll::Options options = testing::testOptions();
   for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
     options.allReduceAlgo = algo;
@@ -349,7 +351,7 @@ TEST(Collectives, MismatchedCallsFailOnEveryRank) {
   }
 }
 
-TEST(Collectives, AbsentRankTimesOutEveryoneQuickly) {
+TEST_P(Collectives, AbsentRankTimesOutEveryoneQuickly) {
   coll::Options options = testing::testOptions();
   options.timeout = std::chrono::milliseconds(300);
   for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
@@ -372,7 +374,7 @@ TEST(Collectives, AbsentRankTimesOutEveryoneQuickly) {
   }
 }
 
-TEST(Collectives, RejectsBadArguments) {
+TEST_P(Collectives, RejectsBadArguments) {
   Group group(1);
   Communicator& c = group.comm(0);
   float x = 0;
@@ -384,6 +386,9 @@ TEST(Collectives, RejectsBadArguments) {
   EXPECT_EQ(c.broadcast(&x, 1, DataType::kF32, 1), Status::kInvalidArgument);
   EXPECT_EQ(c.allToAll(&x, &x, 1, DataType::kF32), Status::kInvalidUsage);
 }
+
+INSTANTIATE_TEST_SUITE_P(Wires, Collectives, ::testing::ValuesIn(testing::allWires()),
+                         testing::wireCaseName);
 
 }  // namespace
 }  // namespace squall

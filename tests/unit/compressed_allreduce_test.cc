@@ -1,4 +1,5 @@
-// The compressed allreduce over the local transport (ranks as threads),
+// The compressed allreduce, ranks as threads, over every wire (the local
+// transport, and tcp and ucx on loopback),
 // checked bit for bit against the single-process reference simulation in
 // compressed_reference.h: across ranks, segment sizes, both algorithms, sum
 // and avg, several codecs; plus wire bytes, error feedback, n = 1 and the
@@ -27,6 +28,8 @@ using coll::CompressedAlgo;
 using coll::CompressedState;
 using testing::CompressedReference;
 using testing::Group;
+
+class CompressedAllReduce : public testing::WireTest {};
 
 codec::Spec specOf(codec::CodecId id, uint32_t block) {
   codec::Spec spec;
@@ -69,13 +72,19 @@ std::string describeCase(const Case& c) {
 
 // Runs `calls` calls (fresh inputs each) on a group and on the reference;
 // every rank's output must equal the reference bit for bit, and so must the
-// residuals.
-void checkAgainstReference(const Case& c) {
+// residuals. The group is `reuse` (of c.n ranks, given the case's options)
+// or a new one: sweeps share one per rank count, since setting up real
+// transports costs more than the calls.
+void checkAgainstReference(const Case& c, Group* reuse = nullptr) {
   SCOPED_TRACE(describeCase(c));
   coll::Options options = testing::testOptions();
   options.compressedAlgo = c.algo;
   options.segmentBytes = c.segmentBytes;
-  Group group(c.n, options);
+  std::unique_ptr<Group> made;
+  if (reuse == nullptr) made = std::make_unique<Group>(c.n, options);
+  Group& group = reuse != nullptr ? *reuse : *made;
+  ASSERT_EQ(group.size(), c.n);
+  for (int r = 0; r < c.n; ++r) group.comm(r).options() = options;
   std::vector<std::unique_ptr<CompressedState>> states(c.n);
   for (auto& s : states) ASSERT_EQ(CompressedState::create(c.n, c.count, c.spec, &s), Status::kOk);
   CompressedReference reference(c.n, c.count, c.spec);
@@ -110,15 +119,16 @@ void checkAgainstReference(const Case& c) {
   }
 }
 
-TEST(CompressedAllReduce, MatchesReferenceAcrossRanksSizesAndSegments) {
+TEST_P(CompressedAllReduce, MatchesReferenceAcrossRanksSizesAndSegments) {
   const codec::Spec onebit64 = specOf(codec::CodecId::kOnebit, 64);
   for (int n : {1, 2, 3, 4, 5, 8}) {
+    Group group(n);
     const size_t ragged = static_cast<size_t>(n) * 64 * 3 + 17;  // not a multiple of n * B
     for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{1000}, ragged}) {
       for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
           for (size_t segmentBytes : {size_t{0}, size_t{256}, size_t{1000}}) {
-            checkAgainstReference(Case{n, count, onebit64, algo, op, segmentBytes, 2});
+            checkAgainstReference(Case{n, count, onebit64, algo, op, segmentBytes, 2}, &group);
           }
         }
       }
@@ -126,23 +136,25 @@ TEST(CompressedAllReduce, MatchesReferenceAcrossRanksSizesAndSegments) {
   }
 }
 
-TEST(CompressedAllReduce, MatchesReferenceForEveryCodec) {
+TEST_P(CompressedAllReduce, MatchesReferenceForEveryCodec) {
   const codec::Spec specs[] = {
       specOf(codec::CodecId::kOnebit, 2048), specOf(codec::CodecId::kInt8, 64),
       specOf(codec::CodecId::kInt8, 256),    specOf(codec::CodecId::kFp16, 64),
       specOf(codec::CodecId::kBf16, 64),     specOf(codec::CodecId::kNone, 64)};
-  for (const codec::Spec& spec : specs) {
-    for (int n : {3, 4}) {
+  for (int n : {3, 4}) {
+    Group group(n);
+    for (const codec::Spec& spec : specs) {
       for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
         for (size_t segmentBytes : {size_t{0}, size_t{1024}}) {
-          checkAgainstReference(Case{n, 20000 + 3, spec, algo, ReduceOp::kAvg, segmentBytes, 3});
+          checkAgainstReference(Case{n, 20000 + 3, spec, algo, ReduceOp::kAvg, segmentBytes, 3},
+                                &group);
         }
       }
     }
   }
 }
 
-TEST(CompressedAllReduce, LargeBuffersMatchReference) {
+TEST_P(CompressedAllReduce, LargeBuffersMatchReference) {
   // 1 Mi elements, several segments per chunk.
   checkAgainstReference(Case{4, 1 << 20, specOf(codec::CodecId::kOnebit, 2048),
                              CompressedAlgo::kTwoPhase, ReduceOp::kAvg, 64 << 10, 2});
@@ -152,7 +164,7 @@ TEST(CompressedAllReduce, LargeBuffersMatchReference) {
                              CompressedAlgo::kAllGather, ReduceOp::kSum, 256 << 10, 1});
 }
 
-TEST(CompressedAllReduce, WireBytesMatchTheCostModel) {
+TEST_P(CompressedAllReduce, WireBytesMatchTheCostModel) {
   for (int n : {2, 4, 8}) {
     const size_t count = 1 << 18;
     const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
@@ -186,7 +198,7 @@ TEST(CompressedAllReduce, WireBytesMatchTheCostModel) {
   }
 }
 
-TEST(CompressedAllReduce, AllGatherWireBytes) {
+TEST_P(CompressedAllReduce, AllGatherWireBytes) {
   // (n-1) copies of the whole encoded buffer, one per peer.
   constexpr int kN = 4;
   constexpr size_t kCount = 100000;
@@ -213,7 +225,7 @@ TEST(CompressedAllReduce, AllGatherWireBytes) {
   }
 }
 
-TEST(CompressedAllReduce, OneRankReturnsInputAndKeepsResiduals) {
+TEST_P(CompressedAllReduce, OneRankReturnsInputAndKeepsResiduals) {
   Group group(1);
   std::unique_ptr<CompressedState> state;
   ASSERT_EQ(CompressedState::create(1, 1000, specOf(codec::CodecId::kOnebit, 64), &state),
@@ -229,7 +241,7 @@ TEST(CompressedAllReduce, OneRankReturnsInputAndKeepsResiduals) {
   EXPECT_EQ(state->lastStats().bytesSent, 0u);
 }
 
-TEST(CompressedAllReduce, ErrorFeedbackConverges) {
+TEST_P(CompressedAllReduce, ErrorFeedbackConverges) {
   // Constant inputs g_r: the running mean of the outputs approaches
   // mean_r(g_r) (the residuals carry what each call could not send).
   constexpr int kN = 4;
@@ -290,7 +302,7 @@ TEST(CompressedAllReduce, ErrorFeedbackConverges) {
   }
 }
 
-TEST(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
+TEST_P(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
   constexpr int kN = 4;
   constexpr size_t kCount = 4 * 256 + 40;
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
@@ -341,7 +353,7 @@ TEST(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
   }
 }
 
-TEST(CompressedAllReduce, HalfPrecisionInputIsWidened) {
+TEST_P(CompressedAllReduce, HalfPrecisionInputIsWidened) {
   constexpr int kN = 3;
   constexpr size_t kCount = 3000;
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
@@ -382,7 +394,7 @@ TEST(CompressedAllReduce, HalfPrecisionInputIsWidened) {
   }
 }
 
-TEST(CompressedAllReduce, AsyncFormMatchesBlocking) {
+TEST_P(CompressedAllReduce, AsyncFormMatchesBlocking) {
   constexpr int kN = 4;
   constexpr size_t kCount = 5000;
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 64);
@@ -406,7 +418,7 @@ TEST(CompressedAllReduce, AsyncFormMatchesBlocking) {
   for (int r = 0; r < kN; ++r) EXPECT_TRUE(sameBits(out[r].data(), expected.data(), kCount));
 }
 
-TEST(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
+TEST_P(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
   const double tenGbit = coll::Options().latencyBytes();  // 50 us at 10 Gbit/s
   EXPECT_DOUBLE_EQ(tenGbit, 62500.0);
@@ -426,7 +438,7 @@ TEST(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
   EXPECT_EQ(coll::chooseCompressedAlgo(4, 300000, spec, tenGbit), CompressedAlgo::kAllGather);
 }
 
-TEST(CompressedAllReduce, NetworkModelComesFromTheEnvironment) {
+TEST_P(CompressedAllReduce, NetworkModelComesFromTheEnvironment) {
   ::setenv("SQUALL_NET_MBPS", "1000", 1);
   ::setenv("SQUALL_NET_LATENCY_US", "20", 1);
   coll::Options o = coll::Options::fromEnvironment();
@@ -438,7 +450,7 @@ TEST(CompressedAllReduce, NetworkModelComesFromTheEnvironment) {
   ::unsetenv("SQUALL_NET_LATENCY_US");
 }
 
-TEST(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
+TEST_P(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
   coll::Options options = testing::testOptions();
   options.timeout = std::chrono::seconds(5);
   options.compressedAlgo = CompressedAlgo::kTwoPhase;
@@ -475,7 +487,7 @@ TEST(CompressedAllReduce, MismatchedCallsFailOnEveryRank) {
   }
 }
 
-TEST(CompressedAllReduce, RejectsBadArguments) {
+TEST_P(CompressedAllReduce, RejectsBadArguments) {
   Group group(2);
   std::unique_ptr<CompressedState> state, wrongSize;
   ASSERT_EQ(CompressedState::create(2, 100, specOf(codec::CodecId::kOnebit, 64), &state),
@@ -504,7 +516,7 @@ TEST(CompressedAllReduce, RejectsBadArguments) {
 namespace squall {
 namespace {
 
-TEST(CompressedAllReduce, OptionsComeFromTheEnvironment) {
+TEST_P(CompressedAllReduce, OptionsComeFromTheEnvironment) {
   setenv("SQUALL_COMPRESSED_ALGO", "allgather", 1);
   setenv("SQUALL_SEGMENT_BYTES", "4096", 1);
   setenv("SQUALL_TIMEOUT_S", "7", 1);
@@ -525,7 +537,7 @@ TEST(CompressedAllReduce, OptionsComeFromTheEnvironment) {
 
 // Timing on the local transport (memory copies, ranks sharing the cores):
 // run with --gtest_also_run_disabled_tests.
-TEST(CompressedAllReduce, DISABLED_Timing) {
+TEST_P(CompressedAllReduce, DISABLED_Timing) {
   constexpr int kN = 4;
   constexpr size_t kCount = size_t{1} << 24;
   for (size_t segmentBytes : {size_t{0}, size_t{1} << 20}) {
@@ -565,6 +577,9 @@ TEST(CompressedAllReduce, DISABLED_Timing) {
     std::printf("fp32 ring allreduce n=%d N=%zu: %.1f ms\n", kN, kCount, s * 1e3);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Wires, CompressedAllReduce, ::testing::ValuesIn(testing::allWires()),
+                         testing::wireCaseName);
 
 }  // namespace
 }  // namespace squall

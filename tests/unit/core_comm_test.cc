@@ -13,6 +13,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/common/status.h"
 #include "src/core/comm.h"
+#include "src/transport/nccl/nccl_table.h"
 
 namespace squall::core {
 namespace {
@@ -183,6 +184,22 @@ TEST(CoreComm, SplitByParity) {
 TEST(CoreComm, DeviceEntryPointsFailCleanlyOrWork) {
   std::unique_ptr<Comm> nccl;
   EXPECT_EQ(Comm::fromNccl(nullptr, &nccl), Status::kInvalidArgument);
+  // An ncclComm_t that NCCL (here a table refusing every query) does not
+  // know: kInvalidArgument with the GPU path, kUnsupported without.
+  transport::nccl::Table refusing{};
+  refusing.getErrorString = [](int) { return "invalid communicator"; };
+  refusing.commCount = [](void*, int*) -> int { return transport::nccl::kNcclInvalidArgument; };
+  refusing.commUserRank = refusing.commCount;
+  refusing.origin = "refusing table";
+  transport::nccl::installTable(&refusing);
+  int notAComm = 0;
+  const Status s = Comm::fromNccl(&notAComm, &nccl);
+  transport::nccl::installTable(nullptr);
+  EXPECT_TRUE(s == Status::kInvalidArgument || s == Status::kUnsupported) << statusName(s);
+  EXPECT_EQ(nccl, nullptr);
+  if (s == Status::kInvalidArgument) {
+    EXPECT_NE(lastError().find("invalid communicator"), std::string::npos) << lastError();
+  }
   runRanks(1, [&](Comm& comm) {
     std::unique_ptr<Compressor> c;
     ASSERT_EQ(comm.createCompressor(16, codec::Spec{}, &c), Status::kOk);

@@ -8,15 +8,6 @@
 
 #include "src/common/params.h"
 
-#if defined(SQUALL_NCCL_LINKED)
-// NCCL's version query, named once so that the linker keeps libnccl.so.2
-// among the dependencies of whatever links this room (libsquall.so): the
-// Python binding reaches NCCL through libsquall's handle, and dlopen of the
-// soname below then finds the copy already loaded. It is never called here.
-extern "C" int ncclGetVersion(int* version);
-[[gnu::used]] static int (*const kLinkedNccl)(int*) = &ncclGetVersion;
-#endif
-
 namespace squall::transport::nccl {
 namespace {
 
