@@ -5,11 +5,14 @@
 set -euo pipefail
 
 SQUALL_PACKAGES=(
-  meson ninja-build pkg-config g++ clang-format
+  meson ninja-build pkg-config g++ clang-format clang-tidy
   libgtest-dev
   libucx-dev libopenmpi-dev openmpi-bin
   iproute2 python3
   python3-torch python3-numpy python3-pytest python3-wheel python3-venv
+  # the LD_PRELOAD interposer's tests: mpi4py, and what Horovod 0.28.1 builds
+  # against (tests/plugin/preload/horovod_test.py pip-installs Horovod itself)
+  python3-mpi4py libtorch-dev pybind11-dev python3-cloudpickle cmake
 )
 
 missing=()

@@ -18,8 +18,8 @@
 #   SQUALL_GPU_BUILD   build directory (default: build-gpu)
 #   SQUALL_GPU_ARCHS   gpu_archs option (default: 80;90)
 #   SQUALL_GPU_PYTHON  Python for the binding's test (default: /usr/bin/python3)
-# Budget: the steps' timeouts add up to 560 s, plus 30 s for the torch check:
-# under 10 minutes.
+# Budget: the steps' timeouts add up to 680 s (120 of them the interposer's
+# DDP step), plus 60 s for the torch checks.
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -146,6 +146,22 @@ fi
 
 step gpu-allreduce-bench 40 "$build/perf/gpu_allreduce_bench" || true
 grep -E 'BENCH|SKIP|FAIL' "$out/gpu-allreduce-bench.log" | tee -a "$summary" || true
+
+# ---- interposer (plugin/preload): torch DDP over NCCL under libsquall-preload.so,
+# 2 processes sharing the GPU (distinct NCCL_HOSTID, NCCL_MNNVL_ENABLE=0):
+# DDP's gradient allreduces compressed (reports non-empty), ranks bit-identical,
+# loss close to the uncompressed run's. Needs CUDA torch, like the step above.
+preload_lib="$build/plugin/preload/libsquall-preload.so"
+[[ $preload_lib == /* ]] || preload_lib="$PWD/$preload_lib"
+if [[ ! -f $preload_lib ]]; then
+  note "SKIP: preload-ddp: $preload_lib was not built (needs MPI)"
+elif timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  step preload-ddp 120 "$py" tests/plugin/preload/ddp_gpu.py "$preload_lib" "$out" || true
+  grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-ddp.log" | tee -a "$summary" || true
+else
+  note "SKIP: preload-ddp: $py has no CUDA torch with a GPU"
+fi
+# ---- end of the interposer step
 
 if [[ $failed -eq 0 ]]; then
   note "PASS: all GPU checks"

@@ -1,0 +1,223 @@
+// The MPI front end: MPI_Allreduce of fp32 sums on intracommunicators runs as
+// Squall's compressed allreduce; every other call goes to PMPI_Allreduce with
+// its arguments unchanged.
+//
+// Per-communicator state hangs off the communicator as an MPI attribute, so it
+// follows the communicator's life: MPI_Comm_dup does not copy it (a duplicate
+// gets its own step and residuals), and MPI_Comm_free hands it to a list that
+// the next call (or MPI_Finalize) destroys outside MPI's callback. An
+// attribute on MPI_COMM_SELF, deleted first thing in MPI_Finalize while MPI
+// still works, tears down every Squall communicator and writes the report.
+//
+// Calls may come from any thread (Horovod calls from its background thread);
+// one lock serialises the compressed path, which MPI's rules already make
+// one collective at a time per communicator.
+#include <mpi.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "plugin/preload/interposer.h"
+#include "plugin/preload/real_mpi.h"
+#include "plugin/preload/report.h"
+#include "plugin/preload/residual_map.h"
+#include "src/core/comm.h"
+
+namespace squall::preload {
+namespace {
+
+struct CommState {
+  explicit CommState(const Policy& p)
+      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  int64_t eligible = 0;
+  StepTracker steps;
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
+  ResidualMap<core::Compressor> residuals;
+  bool engineFailed = false;
+};
+
+std::mutex gMutex;           // the compressed path and the registry
+std::mutex gGraveyardMutex;  // states of freed communicators, destroyed later
+std::vector<CommState*> gGraveyard;
+std::set<CommState*> gLive;
+int gKeyval = MPI_KEYVAL_INVALID;
+int gSelfKeyval = MPI_KEYVAL_INVALID;
+bool gFinalized = false;
+
+int forgetState(MPI_Comm, int, void* attribute, void*) {
+  std::lock_guard<std::mutex> lock(gGraveyardMutex);
+  gGraveyard.push_back(static_cast<CommState*>(attribute));
+  return MPI_SUCCESS;
+}
+
+void drainGraveyard() {
+  std::vector<CommState*> dead;
+  {
+    std::lock_guard<std::mutex> lock(gGraveyardMutex);
+    dead.swap(gGraveyard);
+  }
+  for (CommState* s : dead) {
+    gLive.erase(s);
+    delete s;
+  }
+}
+
+// MPI_Finalize deletes MPI_COMM_SELF's attributes before anything else.
+int finalizing(MPI_Comm, int, void*, void*) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  InsideSquall inside;
+  drainGraveyard();
+  for (CommState* s : gLive) {  // still attached to live communicators: keep the shell
+    s->residuals.clear();
+    s->engine.reset();
+    s->engineFailed = true;
+  }
+  gFinalized = true;
+  Report::get().finish(policy());
+  return MPI_SUCCESS;
+}
+
+// Once, under gMutex.
+void setUp() {
+  if (gKeyval != MPI_KEYVAL_INVALID) return;
+  PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, forgetState, &gKeyval, nullptr);
+  PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, finalizing, &gSelfKeyval, nullptr);
+  PMPI_Comm_set_attr(MPI_COMM_SELF, gSelfKeyval, nullptr);
+  int rank = -1;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  Report::get().setRank(rank);
+}
+
+CommState* stateOf(MPI_Comm comm) {
+  void* value = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, gKeyval, &value, &found);
+  if (found) return static_cast<CommState*>(value);
+  auto* s = new CommState(policy());
+  PMPI_Comm_set_attr(comm, gKeyval, s);
+  gLive.insert(s);
+  return s;
+}
+
+int typeBytes(MPI_Datatype type) {
+  int size = 0;
+  if (type == MPI_DATATYPE_NULL || PMPI_Type_size(type, &size) != MPI_SUCCESS) return 0;
+  return size;
+}
+
+// The decision for a call of a compressible type and op, given its
+// communicator's state. Every such call is placed in the step, small ones too:
+// they are part of the step's sequence even though they run at full precision.
+Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offset) {
+  const Policy& p = policy();
+  StepTracker::Placement at = s.steps.place(count);
+  if (at.agree) {
+    int64_t proposal[2];
+    s.steps.proposal(proposal);
+    s.steps.adopt(proposal);
+    SQUALL_INFO(Subsys::kApi, "preload: a step of %lld elements, next call at %lld%s",
+                static_cast<long long>(proposal[0]), static_cast<long long>(proposal[1]),
+                proposal[0] > 0 ? "" : " (none found: learning again)");
+  }
+  if (at.relearn) {
+    s.residuals.clear();
+    Report::get().relearned();
+  }
+  if (small) return Verdict::kSmall;
+  if (s.eligible++ < p.warmupCalls) return Verdict::kWarmup;
+  if (!at.known) return Verdict::kLearning;
+  *offset = at.offset;
+  if (!s.residuals.fits(residualBytes(count, nranks))) return Verdict::kResidualCap;
+  if (s.engineFailed) return Verdict::kEngine;
+  return Verdict::kCompress;
+}
+
+}  // namespace
+}  // namespace squall::preload
+
+extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf, void* recvbuf,
+                                                            int count, MPI_Datatype datatype,
+                                                            MPI_Op op, MPI_Comm comm) {
+  using namespace squall;
+  using namespace squall::preload;
+  if (insideSquall()) {  // Squall's own call (none today: its MPI transport has no allreduce)
+    Report::get().passed(Verdict::kReentry, 0);
+    return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
+  }
+  CallFacts facts;
+  facts.count = count > 0 ? static_cast<size_t>(count) : 0;
+  facts.dtypeKnown = datatype == MPI_FLOAT;
+  facts.opKnown = op == MPI_SUM;
+  Verdict verdict = policy().judge(facts);
+  int nranks = 1, inter = 0;
+  if (comm != MPI_COMM_NULL) {
+    PMPI_Comm_test_inter(comm, &inter);
+    if (inter)
+      PMPI_Comm_remote_size(comm, &nranks);
+    else
+      PMPI_Comm_size(comm, &nranks);
+  }
+  const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
+  if (placed && (comm == MPI_COMM_NULL || inter || nranks < 2)) verdict = Verdict::kCommunicator;
+  const uint64_t fullBytes =
+      nranks > 1 && count > 0
+          ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * typeBytes(datatype))
+          : 0;
+
+  std::unique_lock<std::mutex> lock(gMutex, std::defer_lock);
+  CommState* state = nullptr;
+  int64_t offset = 0;
+  if (placed && verdict != Verdict::kCommunicator) {
+    lock.lock();
+    if (gFinalized) {
+      if (verdict == Verdict::kCompress) verdict = Verdict::kEngine;
+    } else {
+      setUp();
+      drainGraveyard();
+      state = stateOf(comm);
+      verdict = decide(*state, facts.count, verdict == Verdict::kSmall, nranks, &offset);
+    }
+  }
+  if (verdict == Verdict::kCompress && !state->engine) {
+    InsideSquall inside;
+    core::CommConfig config;
+    if (core::CommConfig::fromEnvironment(&config) != Status::kOk ||
+        core::Comm::fromMpi(&comm, config, &state->engine) != Status::kOk) {
+      SQUALL_WARN(Subsys::kApi,
+                  "the interposer passes this communicator's allreduces through "
+                  "at full precision: %s",
+                  lastError().c_str());
+      state->engineFailed = true;
+      verdict = Verdict::kEngine;
+    }
+  }
+  if (verdict != Verdict::kCompress) {
+    if (lock.owns_lock()) lock.unlock();
+    Report::get().passed(verdict, fullBytes);
+    return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
+  }
+
+  InsideSquall inside;
+  const ResidualKey key{DataType::kF32, offset, facts.count};
+  core::Compressor* c = state->residuals.find(key);
+  if (c == nullptr) {
+    std::unique_ptr<core::Compressor> fresh;
+    if (state->engine->createCompressor(facts.count, policy().codec, &fresh) != Status::kOk)
+      return MPI_ERR_INTERN;  // described where it failed
+    c = fresh.get();
+    const uint64_t before = state->residuals.evictions();
+    state->residuals.insert(key, std::move(fresh), residualBytes(facts.count, nranks));
+    Report::get().evicted(state->residuals.evictions() - before);
+  }
+  const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
+  // Past this point the peers are in the compressed allreduce too: a failure
+  // cannot fall back to MPI, it is the collective's error.
+  if (state->engine->compressedAllReduce(in, recvbuf, DataType::kF32, ReduceOp::kSum, *c) !=
+      Status::kOk)
+    return MPI_ERR_OTHER;
+  core::CompressorStats stats;
+  Report::get().compressed(c->stats(&stats) == Status::kOk ? stats.bytesSent : 0, fullBytes);
+  return MPI_SUCCESS;
+}

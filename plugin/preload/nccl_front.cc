@@ -1,0 +1,272 @@
+// The NCCL front end: ncclAllReduce of fp32/fp16/bf16 sums and averages on a
+// communicator this process created through the interposed ncclCommInit* /
+// ncclCommSplit runs as Squall's compressed allreduce on the caller's stream;
+// everything else goes to the real NCCL unchanged: calls inside
+// ncclGroupStart/ncclGroupEnd (NCCL fuses a group into one launch and the
+// caller expects it so), other reductions (prod, min, max, ncclRedOpCreate*
+// ops), other types, small buffers, and communicators created elsewhere.
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "plugin/preload/interposer.h"
+#include "plugin/preload/nccl_abi.h"
+#include "plugin/preload/real_nccl.h"
+#include "plugin/preload/report.h"
+#include "plugin/preload/residual_map.h"
+#include "src/codec/codec.h"
+#include "src/core/comm.h"
+
+namespace squall::preload {
+namespace {
+
+struct CommState {
+  CommState(const Policy& p, int n)
+      : nranks(n), steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  int nranks;
+  int64_t eligible = 0;
+  StepTracker steps;
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
+  ResidualMap<core::Compressor> residuals;
+  bool engineFailed = false;
+};
+
+std::mutex gMutex;
+std::map<ncclComm_t, std::unique_ptr<CommState>> gComms;
+thread_local int tGroupDepth = 0;
+
+ncclResult_t missing() {
+  SQUALL_WARN(Subsys::kApi,
+              "the interposer has no real NCCL to call; set "
+              "SQUALL_NCCL_LIBRARY to the real libnccl.so.2");
+  return nccl::kSystemError;
+}
+
+void track(ncclComm_t comm) {
+  const RealNccl& real = realNccl();
+  int n = 0, rank = -1;
+  if (comm == nullptr || real.commCount == nullptr || real.commCount(comm, &n) != nccl::kSuccess)
+    return;
+  // The report is named by the launcher's rank; without one, by the rank in
+  // the first communicator (torch's first is the world).
+  if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl::kSuccess)
+    Report::get().setFallbackRank(rank);
+  std::lock_guard<std::mutex> lock(gMutex);
+  gComms[comm] = std::make_unique<CommState>(policy(), n);
+}
+
+void untrack(ncclComm_t comm) {
+  std::unique_ptr<CommState> dead;
+  {
+    std::lock_guard<std::mutex> lock(gMutex);
+    auto it = gComms.find(comm);
+    if (it == gComms.end()) return;
+    dead = std::move(it->second);
+    gComms.erase(it);
+  }
+  InsideSquall inside;  // the engine borrows `comm`: gone before NCCL destroys it
+  dead.reset();
+}
+
+bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
+  facts->count = count;
+  facts->dtypeKnown = true;
+  if (type == nccl::kFloat32)
+    facts->dtype = DataType::kF32;
+  else if (type == nccl::kFloat16)
+    facts->dtype = DataType::kF16;
+  else if (type == nccl::kBfloat16)
+    facts->dtype = DataType::kBf16;
+  else
+    facts->dtypeKnown = false;
+  facts->opKnown = op == nccl::kSum || op == nccl::kAvg;
+  facts->op = op == nccl::kAvg ? ReduceOp::kAvg : ReduceOp::kSum;
+  return true;
+}
+
+// Bytes of one element of an NCCL type, for the report's full-precision size.
+size_t ncclTypeBytes(ncclDataType_t type) {
+  switch (type) {
+    case 0:
+    case 1: return 1;  // int8, uint8
+    case 2:
+    case 3: return 4;  // int32, uint32
+    case 4:
+    case 5:
+    case 8: return 8;  // int64, uint64, float64
+    case 6:
+    case 9: return 2;   // float16, bfloat16
+    case 7: return 4;   // float32
+    default: return 1;  // fp8 and newer
+  }
+}
+
+// Bytes one rank sends in the two-phase compressed allreduce of `count`
+// elements: its n-1 encoded chunks out, and its encoded chunk to n-1 peers.
+uint64_t compressedBytes(size_t count, int nranks) {
+  const size_t chunk = (count + static_cast<size_t>(nranks) - 1) / static_cast<size_t>(nranks);
+  size_t bytes = 0;
+  if (codec::encodedSize(policy().codec, chunk, &bytes) != Status::kOk) return 0;
+  return 2ull * static_cast<uint64_t>(nranks - 1) * bytes;
+}
+
+}  // namespace
+}  // namespace squall::preload
+
+using namespace squall;
+using namespace squall::preload;
+
+#define SQUALL_EXPORT extern "C" [[gnu::visibility("default")]]
+
+SQUALL_EXPORT ncclResult_t ncclGroupStart() {
+  const RealNccl& real = realNccl();
+  if (real.groupStart == nullptr) return missing();
+  ++tGroupDepth;
+  return real.groupStart();
+}
+
+SQUALL_EXPORT ncclResult_t ncclGroupEnd() {
+  const RealNccl& real = realNccl();
+  if (real.groupEnd == nullptr) return missing();
+  if (tGroupDepth > 0) --tGroupDepth;
+  return real.groupEnd();
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                            int rank) {
+  const RealNccl& real = realNccl();
+  if (real.commInitRank == nullptr) return missing();
+  const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
+  if (r == nccl::kSuccess && !insideSquall()) track(*comm);
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                                  int rank, ncclConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.commInitRankConfig == nullptr) return missing();
+  const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
+  // ncclInProgress (non-blocking init) still hands out the communicator.
+  if ((r == nccl::kSuccess || r == 7) && !insideSquall()) track(*comm);
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  const RealNccl& real = realNccl();
+  if (real.commInitAll == nullptr) return missing();
+  const ncclResult_t r = real.commInitAll(comms, ndev, devlist);
+  // One process drives every rank of these: its calls come one rank at a time
+  // inside a group, so they pass through; they are not tracked.
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                         ncclConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.commSplit == nullptr) return missing();
+  const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
+  if ((r == nccl::kSuccess || r == 7) && newcomm != nullptr && !insideSquall()) track(*newcomm);
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  const RealNccl& real = realNccl();
+  if (real.commDestroy == nullptr) return missing();
+  untrack(comm);
+  return real.commDestroy(comm);
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  const RealNccl& real = realNccl();
+  if (real.commAbort == nullptr) return missing();
+  untrack(comm);
+  return real.commAbort(comm);
+}
+
+SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  const RealNccl& real = realNccl();
+  if (real.allReduce == nullptr) return missing();
+  if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
+    Report::get().passed(Verdict::kReentry, 0);
+    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  }
+  CallFacts facts;
+  factsOf(datatype, op, count, &facts);
+  Verdict verdict = policy().judge(facts);
+  if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
+
+  std::unique_lock<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  CommState* s = it == gComms.end() ? nullptr : it->second.get();
+  const int nranks = s != nullptr ? s->nranks : 0;
+  const uint64_t fullBytes =
+      nranks > 1
+          ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * ncclTypeBytes(datatype))
+          : 0;
+  // Small calls of a compressible type and op are placed in the step too.
+  const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
+  if (placed && (s == nullptr || nranks < 2)) verdict = Verdict::kCommunicator;
+  int64_t offset = 0;
+  if (placed && verdict != Verdict::kCommunicator) {
+    StepTracker::Placement at = s->steps.place(count);
+    if (at.agree) {
+      int64_t proposal[2];
+      s->steps.proposal(proposal);
+      s->steps.adopt(proposal);
+    }
+    if (at.relearn) {
+      s->residuals.clear();
+      Report::get().relearned();
+    }
+    offset = at.offset;
+    if (verdict == Verdict::kSmall) {
+      // placed, and passed through
+    } else if (s->eligible++ < policy().warmupCalls) {
+      verdict = Verdict::kWarmup;
+    } else if (!at.known) {
+      verdict = Verdict::kLearning;
+    } else if (!s->residuals.fits(residualBytes(count, nranks))) {
+      verdict = Verdict::kResidualCap;
+    } else if (s->engineFailed) {
+      verdict = Verdict::kEngine;
+    }
+  }
+  if (verdict == Verdict::kCompress && !s->engine) {
+    InsideSquall inside;
+    if (core::Comm::fromNccl(comm, &s->engine) != Status::kOk) {
+      SQUALL_WARN(Subsys::kApi,
+                  "the interposer passes this NCCL communicator's allreduces "
+                  "through unchanged: %s",
+                  lastError().c_str());
+      s->engineFailed = true;
+      verdict = Verdict::kEngine;
+    }
+  }
+  if (verdict != Verdict::kCompress) {
+    lock.unlock();
+    Report::get().passed(verdict, fullBytes);
+    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  }
+
+  InsideSquall inside;
+  const ResidualKey key{facts.dtype, offset, count};
+  core::Compressor* c = s->residuals.find(key);
+  if (c == nullptr) {
+    std::unique_ptr<core::Compressor> fresh;
+    if (s->engine->createCompressor(count, policy().codec, &fresh) != Status::kOk)
+      return nccl::kInternalError;
+    c = fresh.get();
+    const uint64_t before = s->residuals.evictions();
+    s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks));
+    Report::get().evicted(s->residuals.evictions() - before);
+  }
+  if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c,
+                                             stream) != Status::kOk)
+    return nccl::kInternalError;
+  // A device compressor's statistics wait for its stream; the report takes
+  // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
+  Report::get().compressed(compressedBytes(count, nranks), fullBytes);
+  return nccl::kSuccess;
+}

@@ -1,0 +1,32 @@
+// The real NCCL: one table of its entry points, resolved on first use with
+// dlsym(RTLD_NEXT) (the library after this one in the search order), or from
+// a dlopen of SQUALL_NCCL_LIBRARY (libnccl.so.2, the library Squall's own
+// NCCL calls go to through src/transport/nccl's table) when the application
+// loads NCCL later (torch opens it lazily). Never this library's own symbols.
+#pragma once
+
+#include "plugin/preload/nccl_abi.h"
+
+namespace squall::preload {
+
+struct RealNccl {
+  ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t) = nullptr;
+  ncclResult_t (*commInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
+  ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*commInitAll)(ncclComm_t*, int, const int*) = nullptr;
+  ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
+  ncclResult_t (*commDestroy)(ncclComm_t) = nullptr;
+  ncclResult_t (*commAbort)(ncclComm_t) = nullptr;
+  ncclResult_t (*groupStart)() = nullptr;
+  ncclResult_t (*groupEnd)() = nullptr;
+  ncclResult_t (*commCount)(ncclComm_t, int*) = nullptr;
+  ncclResult_t (*commUserRank)(ncclComm_t, int*) = nullptr;
+  bool found = false;  // ncclAllReduce was resolved
+};
+
+// Resolved once; a missing entry stays null (its wrapper then fails with
+// ncclSystemError and says which library it looked for).
+const RealNccl& realNccl();
+
+}  // namespace squall::preload

@@ -1,0 +1,94 @@
+#include "plugin/preload/report.h"
+
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+
+#include "src/common/log.h"
+
+namespace squall::preload {
+
+Report& Report::get() {
+  static Report* report = new Report();  // never destroyed: calls may come during exit
+  return *report;
+}
+
+void Report::compressed(uint64_t bytesSent, uint64_t bytesFull) {
+  ++callsCompressed_;
+  ++reasons_[static_cast<int>(Verdict::kCompress)];
+  bytesSent_ += bytesSent;
+  bytesFull_ += bytesFull;
+}
+
+void Report::passed(Verdict why, uint64_t bytesFull) {
+  ++callsPassed_;
+  ++reasons_[static_cast<int>(why)];
+  bytesSent_ += bytesFull;
+  bytesFull_ += bytesFull;
+}
+
+void Report::setRank(int rank) {
+  int unset = -1;
+  rank_.compare_exchange_strong(unset, rank);
+}
+
+namespace {
+// The rank for the file name when no communicator told it: the launchers'.
+int rankFromEnvironment() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return -1;
+}
+}  // namespace
+
+std::string Report::json(const std::string& codec) const {
+  char buffer[1024];
+  std::snprintf(buffer, sizeof(buffer),
+                "{\n  \"rank\": %d,\n  \"codec\": \"%s\",\n  \"calls_compressed\": %" PRIu64
+                ",\n  \"calls_passed\": %" PRIu64 ",\n  \"bytes_sent\": %" PRIu64
+                ",\n  \"bytes_full_precision\": %" PRIu64 ",\n  \"residual_evictions\": %" PRIu64
+                ",\n  \"step_relearns\": %" PRIu64 ",\n  \"calls_by_reason\": {",
+                rank_.load(), codec.c_str(), callsCompressed_.load(), callsPassed_.load(),
+                bytesSent_.load(), bytesFull_.load(), evictions_.load(), relearns_.load());
+  std::string out = buffer;
+  for (int i = 0; i < static_cast<int>(Verdict::kCount); ++i) {
+    std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 0 ? "" : ", ",
+                  verdictName(static_cast<Verdict>(i)), reasons_[i].load());
+    out += buffer;
+  }
+  out += "}\n}\n";
+  return out;
+}
+
+void Report::finish(const Policy& policy) {
+  if (finished_.exchange(true)) return;
+  if (rank_.load() < 0) setRank(rankFromEnvironment());
+  if (rank_.load() < 0) setRank(fallback_.load());
+  const int rank = rank_.load() < 0 ? static_cast<int>(getpid()) : rank_.load();
+  if (!policy.reportPath.empty()) {
+    const std::string path = policy.reportPath + "." + std::to_string(rank) + ".json";
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      const std::string text = json(policy.codecText);
+      std::fwrite(text.data(), 1, text.size(), f);
+      std::fclose(f);
+    } else {
+      SQUALL_WARN(Subsys::kApi,
+                  "cannot write the interposer report %s; check that its "
+                  "directory exists and is writable",
+                  path.c_str());
+    }
+  }
+  const uint64_t full = bytesFull_.load();
+  SQUALL_INFO(
+      Subsys::kApi,
+      "preload rank %d: %" PRIu64 " allreduces compressed (%s), %" PRIu64
+      " passed through; %" PRIu64 " bytes sent of %" PRIu64 " at full precision (%.1fx)",
+      rank, callsCompressed_.load(), policy.codecText.c_str(), callsPassed_.load(),
+      bytesSent_.load(), full,
+      bytesSent_.load() ? static_cast<double>(full) / static_cast<double>(bytesSent_.load()) : 1.0);
+}
+
+}  // namespace squall::preload

@@ -1,0 +1,45 @@
+// What the interposer did, per process: counters updated by every call, and
+// at exit a JSON file (SQUALL_PRELOAD_REPORT=PATH -> PATH.<rank>.json) and,
+// at SQUALL_DEBUG=INFO, one summary line.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "plugin/preload/policy.h"
+
+namespace squall::preload {
+
+class Report {
+ public:
+  static Report& get();
+
+  // A call that ran compressed: what it sent, and what a full-precision
+  // allreduce of it would have sent.
+  void compressed(uint64_t bytesSent, uint64_t bytesFull);
+  // A call passed through (sent at full precision).
+  void passed(Verdict why, uint64_t bytesFull);
+  void evicted(uint64_t entries) { evictions_ += entries; }
+  void relearned() { ++relearns_; }
+  // The process's rank for the file name, first caller wins.
+  void setRank(int rank);
+  // Used when neither setRank nor the launcher's variables gave one.
+  void setFallbackRank(int rank) {
+    int unset = -1;
+    fallback_.compare_exchange_strong(unset, rank);
+  }
+
+  std::string json(const std::string& codec) const;
+  // Writes the file and the INFO line once (later calls do nothing).
+  void finish(const Policy& policy);
+
+ private:
+  std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
+  std::atomic<uint64_t> evictions_{0}, relearns_{0};
+  std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
+  std::atomic<int> rank_{-1}, fallback_{-1};
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace squall::preload

@@ -1,0 +1,142 @@
+/* The interposer's NCCL front end against the stand-in libnccl.so.2, on the
+ * CPU: which communicators it tracks, what it passes through and why. Without
+ * CUDA the compressed path cannot run, so eligible calls must reach the
+ * stand-in too, reported as "no_engine"; what the compressed path does on a
+ * device is covered by tests/gpu/run.sh.
+ *
+ * A child process makes the calls under LD_PRELOAD (its report is written at
+ * exit); the parent then checks the report's reasons. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+  char internal[128];
+} UniqueId;
+typedef struct {
+  const void* send;
+  void* recv;
+  size_t count;
+  int dtype, op;
+  void* comm;
+  void* stream;
+} Logged;
+
+int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
+int ncclCommInitRank(void**, int, UniqueId, int);
+int ncclCommInitRankConfig(void**, int, UniqueId, int, void*);
+int ncclCommSplit(void*, int, int, void**, void*);
+int ncclCommDestroy(void*);
+int ncclCommAbort(void*);
+int ncclGroupStart(void);
+int ncclGroupEnd(void);
+int standinMakeComm(void**, int);
+int standinLogged(void);
+const Logged* standinCall(int);
+int standinGroups(void);
+
+enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
+enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
+
+static float buf[16384], out[16384];
+static int made_;
+
+#define CHECK(cond, ...)                         \
+  do {                                           \
+    if (!(cond)) {                               \
+      fprintf(stderr, "FAILED: " __VA_ARGS__);   \
+      fprintf(stderr, " (line %d)\n", __LINE__); \
+      exit(1);                                   \
+    }                                            \
+  } while (0)
+
+static void call(size_t count, int dtype, int op, void* comm) {
+  void* stream = (void*)(size_t)(0x1000 + made_);
+  CHECK(ncclAllReduce(buf, out, count, dtype, op, comm, stream) == 0, "ncclAllReduce");
+  CHECK(standinLogged() == made_ + 1, "call %d did not reach NCCL", made_);
+  const Logged* l = standinCall(made_);
+  CHECK(l->send == buf && l->recv == out && l->count == count && l->dtype == dtype && l->op == op &&
+            l->comm == comm && l->stream == stream,
+        "call %d reached NCCL with other arguments", made_);
+  ++made_;
+}
+
+static int child(void) {
+  UniqueId id;
+  memset(&id, 0, sizeof id);
+  void *a, *b, *c, *one, *untracked;
+  CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
+  CHECK(ncclCommInitRankConfig(&b, 1, id, 0, NULL) == 0, "init config");
+  CHECK(ncclCommSplit(a, 0, 1, &c, NULL) == 0, "split");
+  CHECK(standinMakeComm(&untracked, 2) == 0, "stand-in comm");
+  one = b;
+  call(4096, kFloat32, kSum, a);       /* eligible: no engine without CUDA */
+  call(4096, kFloat32, kSum, a);       /* eligible */
+  call(4096, kFloat32, kAvg, a);       /* eligible */
+  call(8192, kBfloat16, kSum, a);      /* eligible */
+  call(8192, kFloat16, kAvg, a);       /* eligible */
+  call(4096, kFloat32, kMax, a);       /* op */
+  call(4096, kFloat32, kPreMulSum, a); /* op: ncclRedOpCreatePreMulSum's */
+  call(4096, kInt32, kSum, a);         /* dtype */
+  call(2048, kFloat64, kSum, a);       /* dtype */
+  call(100, kFloat32, kSum, a);        /* small */
+  CHECK(ncclGroupStart() == 0, "group");
+  call(4096, kFloat32, kSum, a); /* group */
+  CHECK(ncclGroupStart() == 0, "nested group");
+  call(4096, kFloat32, kSum, c); /* group */
+  CHECK(ncclGroupEnd() == 0, "nested group end");
+  CHECK(ncclGroupEnd() == 0, "group end");
+  CHECK(standinGroups() == 2002, "group calls did not all reach NCCL");
+  call(4096, kFloat32, kSum, c);         /* eligible: the split is tracked */
+  call(4096, kFloat32, kSum, untracked); /* communicator: not made through the interposer */
+  call(4096, kFloat32, kSum, one);       /* communicator: one rank */
+  CHECK(ncclCommDestroy(a) == 0, "destroy");
+  CHECK(ncclCommAbort(c) == 0, "abort");
+  /* A new communicator, perhaps at a freed one's address, starts afresh. */
+  CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init again");
+  call(4096, kFloat32, kSum, a); /* eligible */
+  CHECK(ncclCommDestroy(a) == 0 && ncclCommDestroy(b) == 0, "destroy");
+  return 0;
+}
+
+int main(void) {
+  char dir[] = "/tmp/squall-nccl-front-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  char prefix[256], path[320];
+  snprintf(prefix, sizeof prefix, "%s/report", dir);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("SQUALL_PRELOAD_REPORT", prefix, 1);
+    setenv("RANK", "5", 1);
+    return child();
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed");
+  snprintf(path, sizeof path, "%s.5.json", prefix);
+  FILE* f = fopen(path, "r");
+  CHECK(f != NULL, "no report %s (is LD_PRELOAD set?)", path);
+  char text[4096];
+  const size_t n = fread(text, 1, sizeof text - 1, f);
+  text[n] = 0;
+  fclose(f);
+  remove(path);
+  rmdir(dir);
+  printf("%s", text);
+  const char* expect[] = {"\"calls_compressed\": 0",
+                          "\"calls_passed\": 16",
+                          "\"no_engine\": 7",
+                          "\"op\": 2",
+                          "\"dtype\": 2",
+                          "\"small\": 1",
+                          "\"group\": 2",
+                          "\"communicator\": 2",
+                          "\"rank\": 5"};
+  for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i)
+    CHECK(strstr(text, expect[i]) != NULL, "the report lacks %s", expect[i]);
+  printf("nccl_front: ok\n");
+  return 0;
+}

@@ -1,0 +1,96 @@
+/* A stand-in libnccl.so.2 for testing the interposer's NCCL front end on a
+ * machine without a GPU: communicators are plain records, ncclAllReduce copies
+ * its input and logs its arguments, so the test can check that every call it
+ * made arrived unchanged. Only the entry points the interposer resolves. */
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct {
+  int nranks, rank;
+} Comm;
+typedef struct {
+  char internal[128];
+} UniqueId;
+
+typedef struct {
+  const void* send;
+  void* recv;
+  size_t count;
+  int dtype, op;
+  void* comm;
+  void* stream;
+} Logged;
+
+static Logged log_[256];
+static int logged_, groupStarts_, groupEnds_;
+
+static size_t typeBytes(int t) {
+  return t <= 1 ? 1 : t == 6 || t == 9 ? 2 : t == 4 || t == 5 || t == 8 ? 8 : 4;
+}
+
+EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                         void* stream) {
+  if (logged_ < 256) log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream};
+  if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
+  return 0;
+}
+static int make(void** comm, int nranks, int rank) {
+  Comm* c = malloc(sizeof(Comm));
+  c->nranks = nranks;
+  c->rank = rank;
+  *comm = c;
+  return 0;
+}
+EXPORT int ncclCommInitRank(void** comm, int nranks, UniqueId id, int rank) {
+  (void)id;
+  return make(comm, nranks, rank);
+}
+EXPORT int ncclCommInitRankConfig(void** comm, int nranks, UniqueId id, int rank, void* config) {
+  (void)id;
+  (void)config;
+  return make(comm, nranks, rank);
+}
+EXPORT int ncclCommInitAll(void** comms, int ndev, const int* devs) {
+  (void)devs;
+  for (int i = 0; i < ndev; ++i) make(&comms[i], ndev, i);
+  return 0;
+}
+EXPORT int ncclCommSplit(void* comm, int color, int key, void** out, void* config) {
+  (void)color;
+  (void)config;
+  const Comm* c = comm;
+  return make(out, c->nranks, key % c->nranks);
+}
+EXPORT int ncclCommDestroy(void* comm) {
+  free(comm);
+  return 0;
+}
+EXPORT int ncclCommAbort(void* comm) {
+  free(comm);
+  return 0;
+}
+EXPORT int ncclGroupStart(void) {
+  ++groupStarts_;
+  return 0;
+}
+EXPORT int ncclGroupEnd(void) {
+  ++groupEnds_;
+  return 0;
+}
+EXPORT int ncclCommCount(void* comm, int* n) {
+  *n = ((Comm*)comm)->nranks;
+  return 0;
+}
+EXPORT int ncclCommUserRank(void* comm, int* r) {
+  *r = ((Comm*)comm)->rank;
+  return 0;
+}
+
+/* For the test only (not NCCL API): a communicator made behind the
+ * interposer's back, and the log. */
+EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 0); }
+EXPORT int standinLogged(void) { return logged_; }
+EXPORT const Logged* standinCall(int i) { return &log_[i]; }
+EXPORT int standinGroups(void) { return groupStarts_ * 1000 + groupEnds_; }
