@@ -31,6 +31,10 @@ for entry in json.load(open(os.path.join(build, "compile_commands.json"))):
         print(rel)
 PY
 )
+if [[ -n ${SQUALL_TIDY_BASE:-} ]] && ! git cat-file -e "$SQUALL_TIDY_BASE^{commit}" 2>/dev/null; then
+  echo "clang-tidy: revision $SQUALL_TIDY_BASE is not in this clone (shallow?); checking every source"
+  SQUALL_TIDY_BASE=
+fi
 if [[ -n ${SQUALL_TIDY_BASE:-} ]]; then
   mapfile -t changed < <(git diff --name-only "$SQUALL_TIDY_BASE" -- '*.cc' '*.cpp' '*.h')
   keep=()

@@ -24,6 +24,9 @@ SQUALL_LIBRARY="$PWD/build/src/core/libsquall.so" /usr/bin/python3 -m pytest pyt
 echo "== format"
 scripts/check_format.sh
 
+echo "== clang-tidy (the sources changed since .ci/tidy-base)"
+SQUALL_TIDY_BASE=$(cat .ci/tidy-base) scripts/clang_tidy.sh build
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 [[ -f build-asan/build.ninja ]] ||
   meson setup build-asan -Dbuildtype=debug -Db_sanitize=address,undefined \
