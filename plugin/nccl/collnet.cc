@@ -64,6 +64,7 @@ struct CollComm {
   // Compressed states by element count; one per operation in flight.
   std::map<size_t, std::vector<std::unique_ptr<coll::CompressedState>>> idle;
   size_t outstanding = 0;
+  uint64_t started = 0;  // operations NCCL gave us (logged at close)
 };
 
 struct CollRequest {
@@ -144,9 +145,10 @@ Status checkComm(void* collComm, void** request, const char* what) {
   return Status::kOk;
 }
 
-// Queues `op` as the request NCCL will test; nullptr when too many are in flight.
+// Hands `r` to NCCL as the request it will test.
 void hand(CollComm* c, std::unique_ptr<CollRequest> r, void** request) {
   ++c->outstanding;
+  ++c->started;
   *request = r.release();
 }
 
@@ -382,8 +384,12 @@ Status collTest(void* request, int* done) {
 }
 
 Status collClose(void* collComm) {
+  auto* c = static_cast<CollComm*>(collComm);
+  if (c == nullptr) return Status::kOk;
+  SQUALL_INFO(Subsys::kColl, "CollNet/Squall: closed after %llu operations",
+              static_cast<unsigned long long>(c->started));
   // The communicator's destructor stops its worker thread.
-  delete static_cast<CollComm*>(collComm);
+  delete c;
   return Status::kOk;
 }
 
