@@ -174,6 +174,8 @@ if [[ -x $plugin_drv && -f $plugin_so ]]; then
             grep -qi 'Using network squall' "$out/nccl-plugin/squall-n$n.rank0.log" ||
               { note "FAIL: nccl-plugin-squall-n$n: the NCCL log does not say it used the squall network"; failed=1; } ;;
           collnet)
+            ! grep -q 'Cannot initialize CollNet' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
+              { note "FAIL: nccl-plugin-collnet-n$n: NCCL says it cannot initialize CollNet"; failed=1; }
             grep -q 'CollNet/Squall: rank' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
               { note "FAIL: nccl-plugin-collnet-n$n: Squall's CollNet group never formed (NCCL fell back)"; failed=1; }
             grep -q 'CollNet/Squall: closed after [1-9]' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
