@@ -1124,6 +1124,48 @@ TEST(CollNet, CodecsWithinBounds) {
     collNetRanks(4, 11, codec);
   }
 }
+// A head killed after the group formed: the others' pending iallreduce fails
+// with ncclRemoteError within SQUALL_TIMEOUT_S (20 s here).
+TEST(CollNet, KilledHeadFailsPendingAllReduce) {
+  const int nranks = 3;
+  auto body = [nranks](int rank, int fd) {
+    void* lib = loadPlugin();
+    auto* t = static_cast<wire::CollNetV11*>(dlsym(lib, "ncclCollNetPlugin_v11"));
+    void* ctx = nullptr;
+    CHECK_OK(t->init(&ctx, 5, logger));
+    char handle[wire::kHandleMaxBytes];
+    void* lc = nullptr;
+    CHECK_OK(t->listen(ctx, 0, handle, &lc));
+    writeAll(fd, handle, sizeof(handle));
+    std::vector<char> all(static_cast<size_t>(nranks) * wire::kHandleMaxBytes);
+    readAll(fd, all.data(), all.size());
+    std::vector<void*> handles;
+    for (int r = 0; r < nranks; ++r)
+      handles.push_back(all.data() + static_cast<size_t>(r) * wire::kHandleMaxBytes);
+    void* comm = nullptr;
+    CHECK_OK(t->connect(handles.data(), nranks, rank, lc, &comm));
+    CHECK_OK(t->closeListen(lc));
+    if (rank == nranks - 1) raise(SIGKILL);
+    std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
+    void* req = nullptr;
+    CHECK_OK(t->iallreduce(comm, in.data(), out.data(), in.size(), wire::kFloat32, wire::kSum,
+                           nullptr, nullptr, &req));
+    auto start = Clock::now();
+    int done = 0, rc = wire::kSuccess;
+    while (!done && rc == wire::kSuccess && Clock::now() - start < std::chrono::seconds(40))
+      rc = t->test(req, &done, nullptr);
+    double took = std::chrono::duration<double>(Clock::now() - start).count();
+    CHECK(!done && rc == wire::kRemoteError, "allreduce with a dead head: done %d rc %d", done, rc);
+    CHECK(took < 21, "took %.1f s (SQUALL_TIMEOUT_S is 20)", took);
+    CHECK_OK(t->closeColl(comm));
+    CHECK_OK(t->finalize(ctx));
+  };
+  auto codes = runRanks(nranks, body, relayAll, 120);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_EQ(codes[2], -SIGKILL);
+}
+
 TEST(CollNet, OneBitIsRefusedAtInit) {
   auto codes = runRanks(1, [](int, int) {
     setenv("SQUALL_COLLNET_CODEC", "onebit", 1);
