@@ -56,8 +56,20 @@ struct CollListen {
 
 struct CollComm {
   std::unique_ptr<bootstrap::Bootstrap> boot;
-  std::unique_ptr<transport::Transport> transport;
-  std::unique_ptr<coll::Communicator> comm;
+  // Lanes: independent communicators over the same heads. Operation k runs
+  // on lane k mod lanes, the same on every head since NCCL issues the same
+  // order everywhere, so one slice's codec work and round trips overlap the
+  // next slice's instead of queueing behind them on one worker.
+  struct Lane {
+    std::unique_ptr<transport::Transport> transport;
+    std::unique_ptr<coll::Communicator> comm;
+  };
+  std::vector<Lane> lanes;
+  size_t nextLane = 0;
+  int rank = 0;
+  int size = 1;
+  // The lane of the next operation (called under `mutex`).
+  coll::Communicator* next() { return lanes[nextLane++ % lanes.size()].comm.get(); }
   bool compress = false;
   codec::Spec spec;
   std::mutex mutex;  // one caller at a time drives the communicator
@@ -208,10 +220,21 @@ Status collConnect(void* const* handles, int nranks, int rank, void* listenComm,
     SQUALL_TRY(receiveOnRendezvous(listen->rendezvous, &id, sizeof(id), timeoutMs));
   }
   SQUALL_TRY(bootstrap::Bootstrap::create(id, nranks, rank, timeout, &c->boot));
-  SQUALL_TRY(createTransport(*c->boot, &c->transport));
-  c->comm = std::make_unique<coll::Communicator>(c->transport.get());
-  SQUALL_INFO(Subsys::kColl, "CollNet/Squall: rank %d of %d joined (codec %s)", rank, nranks,
-              c->compress ? codec::codecName(c->spec.codec) : "none");
+  // Every head must use as many lanes as the others: take the smallest asked for.
+  int64_t mine = std::clamp<int64_t>(paramInt(Param::kCollnetLanes), 1, 8);
+  std::vector<int64_t> asked(static_cast<size_t>(nranks));
+  SQUALL_TRY(c->boot->allGather(&mine, sizeof(mine), asked.data()));
+  int64_t lanes = *std::min_element(asked.begin(), asked.end());
+  c->lanes.resize(static_cast<size_t>(lanes));
+  for (auto& lane : c->lanes) {
+    SQUALL_TRY(createTransport(*c->boot, &lane.transport));
+    lane.comm = std::make_unique<coll::Communicator>(lane.transport.get());
+  }
+  c->rank = rank;
+  c->size = nranks;
+  SQUALL_INFO(Subsys::kColl, "CollNet/Squall: rank %d of %d joined (codec %s, %lld lanes)", rank,
+              nranks, c->compress ? codec::codecName(c->spec.codec) : "none",
+              static_cast<long long>(lanes));
   *collComm = c.release();
   return Status::kOk;
 }
@@ -260,14 +283,14 @@ Status collAllReduce(void* collComm, const void* send, void* recv, size_t count,
   if (c->compress && compressible && op == ReduceOp::kSum && count > 0) {
     auto& pool = c->idle[count];
     if (pool.empty()) {
-      SQUALL_TRY(coll::CompressedState::create(c->comm->size(), count, c->spec, &r->state));
+      SQUALL_TRY(coll::CompressedState::create(c->size, count, c->spec, &r->state));
     } else {
       r->state = std::move(pool.back());
       pool.pop_back();
     }
-    SQUALL_TRY(c->comm->startCompressedAllReduce(send, recv, type, op, r->state.get(), &r->op));
+    SQUALL_TRY(c->next()->startCompressedAllReduce(send, recv, type, op, r->state.get(), &r->op));
   } else {
-    SQUALL_TRY(c->comm->startAllReduce(send, recv, count, type, op, &r->op));
+    SQUALL_TRY(c->next()->startAllReduce(send, recv, count, type, op, &r->op));
   }
   hand(c, std::move(r), request);
   return Status::kOk;
@@ -297,7 +320,7 @@ Status collAllGather(void* collComm, const void* send, void* recv, size_t recvBy
   auto* c = static_cast<CollComm*>(collComm);
   std::lock_guard<std::mutex> lock(c->mutex);
   if (c->outstanding >= kMaxOutstanding) return Status::kOk;
-  int n = c->comm->size();
+  int n = c->size;
   size_t most = 0;
   for (int r = 0; r < n; ++r)
     most = std::max(most, partOf(r, bytesPerRank, windowOffset, windowBytes).bytes);
@@ -305,10 +328,10 @@ Status collAllGather(void* collComm, const void* send, void* recv, size_t recvBy
   auto req = std::make_unique<CollRequest>();
   req->owner = c;
   req->scratch.assign(words * static_cast<size_t>(n + 1), 0);
-  WindowPart mine = partOf(c->comm->rank(), bytesPerRank, windowOffset, windowBytes);
+  WindowPart mine = partOf(c->rank, bytesPerRank, windowOffset, windowBytes);
   uint64_t* out = req->scratch.data() + words;
   if (mine.bytes > 0) std::memcpy(req->scratch.data(), send, mine.bytes);
-  SQUALL_TRY(c->comm->startAllGather(req->scratch.data(), out, words, DataType::kI64, &req->op));
+  SQUALL_TRY(c->next()->startAllGather(req->scratch.data(), out, words, DataType::kI64, &req->op));
   req->finish = [out, n, words, bytesPerRank, windowOffset, windowBytes, recv] {
     for (int r = 0; r < n; ++r) {
       WindowPart p = partOf(r, bytesPerRank, windowOffset, windowBytes);
@@ -347,9 +370,9 @@ Status collReduceScatter(void* collComm, const void* send, size_t sendBytes, voi
   req->owner = c;
   req->scratch.assign((windowBytes + 7) / 8, 0);
   // Reduce the whole window everywhere, keep this rank's part of it.
-  SQUALL_TRY(c->comm->startAllReduce(send, req->scratch.data(), windowBytes / element, type, op,
-                                     &req->op));
-  WindowPart mine = partOf(c->comm->rank(), bytesPerRank, windowOffset, windowBytes);
+  SQUALL_TRY(c->next()->startAllReduce(send, req->scratch.data(), windowBytes / element, type, op,
+                                       &req->op));
+  WindowPart mine = partOf(c->rank, bytesPerRank, windowOffset, windowBytes);
   const uint64_t* reduced = req->scratch.data();
   req->finish = [reduced, mine, windowOffset, recv] {
     if (mine.bytes > 0)
