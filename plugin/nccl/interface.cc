@@ -278,8 +278,15 @@ Result closeListenAny(void* comm) {
 
 // ---- CollNet adapters -------------------------------------------------------------
 
+// v8 to v10 share one process-wide context; the codec is checked all the same.
+template <int V>
 Result collInitOld(Logger logger) {
-  return guarded([&] { return initCommon("CollNet", 9, logger); });
+  return guarded([&] {
+    SQUALL_TRY(initCommon("CollNet", V, logger));
+    CollContext* c = nullptr;
+    SQUALL_TRY(collInit(&c));
+    return collFinalize(c);
+  });
 }
 Result collInitV11(void** ctx, uint64_t, Logger logger) {
   return guarded([&] {
@@ -440,7 +447,7 @@ wire::CollNetV11 ncclCollNetPlugin_v11 = {
 SQUALL_EXPORT wire::CollNetV10 ncclCollNetPlugin_v10;
 wire::CollNetV10 ncclCollNetPlugin_v10 = {
     "squall",
-    np::collInitOld,
+    np::collInitOld<10>,
     np::devicesAny,
     np::getPropertiesV9,
     np::collListenOld,
@@ -460,12 +467,16 @@ wire::CollNetV10 ncclCollNetPlugin_v10 = {
 };
 
 SQUALL_EXPORT wire::CollNetV9 ncclCollNetPlugin_v9;
-wire::CollNetV9 ncclCollNetPlugin_v9 = ncclCollNetPlugin_v10;
+wire::CollNetV9 ncclCollNetPlugin_v9 = [] {
+  wire::CollNetV9 table = ncclCollNetPlugin_v10;
+  table.init = np::collInitOld<9>;
+  return table;
+}();
 
 SQUALL_EXPORT wire::CollNetV8 ncclCollNetPlugin_v8;
 wire::CollNetV8 ncclCollNetPlugin_v8 = {
     "squall",
-    np::collInitOld,
+    np::collInitOld<8>,
     np::devicesAny,
     np::getPropertiesV8,
     np::collListenOld,

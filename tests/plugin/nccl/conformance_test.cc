@@ -1145,9 +1145,17 @@ TEST(CollNet, KilledHeadFailsPendingAllReduce) {
     void* comm = nullptr;
     CHECK_OK(t->connect(handles.data(), nranks, rank, lc, &comm));
     CHECK_OK(t->closeListen(lc));
-    if (rank == nranks - 1) raise(SIGKILL);
     std::vector<float> in(1 << 16, 1.0f), out(1 << 16);
     void* req = nullptr;
+    // A few operations on every lane first, so the group is complete
+    // everywhere before the head dies.
+    for (int op = 0; op < 8; ++op) {
+      CHECK_OK(t->iallreduce(comm, in.data(), out.data(), in.size(), wire::kFloat32, wire::kSum,
+                             nullptr, nullptr, &req));
+      int done = 0;
+      while (!done) CHECK_OK(t->test(req, &done, nullptr));
+    }
+    if (rank == nranks - 1) raise(SIGKILL);
     CHECK_OK(t->iallreduce(comm, in.data(), out.data(), in.size(), wire::kFloat32, wire::kSum,
                            nullptr, nullptr, &req));
     auto start = Clock::now();
@@ -1174,6 +1182,11 @@ TEST(CollNet, OneBitIsRefusedAtInit) {
     void* ctx = nullptr;
     CHECK(t->init(&ctx, 1, logger) == wire::kInvalidArgument,
           "onebit must disable CollNet at init");
+    for (const char* name :
+         {"ncclCollNetPlugin_v8", "ncclCollNetPlugin_v9", "ncclCollNetPlugin_v10"}) {
+      auto* older = static_cast<wire::CollNetV9*>(dlsym(lib, name));
+      CHECK(older->init(logger) == wire::kInvalidArgument, "%s: onebit must disable CollNet", name);
+    }
   });
   expectAllZero(codes);
 }
