@@ -35,6 +35,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <unordered_set>
 
 #include "plugin/nccl/abi/net_abi.h"
 #include "plugin/nccl/devices.h"
@@ -199,8 +200,8 @@ struct Comm {
   std::mutex mutex;
   int fd;
   bool send;
-  std::deque<Request*> queue;  // posted, not yet complete, in posting order
-  size_t outstanding = 0;      // posted and not yet reported done by test()
+  std::deque<Request*> queue;         // posted, not yet complete, in posting order
+  std::unordered_set<Request*> live;  // posted and not yet reported done by test()
   Status failed = Status::kOk;
   std::string failure;
   // receive progress: the header being read, then the slot being filled
@@ -604,7 +605,7 @@ Status netIsend(void* sendComm, void* data, size_t size, int tag, void** request
   std::lock_guard<std::mutex> lock(c->mutex);
   *request = nullptr;
   if (c->failed != Status::kOk) return c->failed;
-  if (c->outstanding >= kMaxOutstanding) return Status::kOk;
+  if (c->live.size() >= kMaxOutstanding) return Status::kOk;
   auto* r = new Request{};
   r->comm = c;
   r->send = true;
@@ -612,7 +613,7 @@ Status netIsend(void* sendComm, void* data, size_t size, int tag, void** request
   r->capacity[0] = size;
   r->header = MessageHeader{kMessageMagic, tag, size};
   c->queue.push_back(r);
-  ++c->outstanding;
+  c->live.insert(r);
   progressSend(c);
   *request = r;
   return Status::kOk;
@@ -632,7 +633,7 @@ Status netIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
   std::lock_guard<std::mutex> lock(c->mutex);
   *request = nullptr;
   if (c->failed != Status::kOk) return c->failed;
-  if (c->outstanding >= kMaxOutstanding) return Status::kOk;
+  if (c->live.size() >= kMaxOutstanding) return Status::kOk;
   auto* r = new Request{};
   r->comm = c;
   r->send = false;
@@ -645,7 +646,7 @@ Status netIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
     r->filled[i] = false;
   }
   c->queue.push_back(r);
-  ++c->outstanding;
+  c->live.insert(r);
   progressRecv(c);
   *request = r;
   return Status::kOk;
@@ -673,7 +674,7 @@ Status netTest(void* request, int* done, size_t* sizes, int* count) {
     else
       for (int i = 0; i < r->n; ++i) sizes[i] = r->received[i];
   }
-  --c->outstanding;
+  c->live.erase(r);
   delete r;
   return Status::kOk;
 }
@@ -685,7 +686,8 @@ Status closeComm(void* comm) {
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     // Requests NCCL never tested to completion die with the comm.
-    for (Request* r : c->queue) delete r;
+    for (Request* r : c->live) delete r;
+    c->live.clear();
     c->queue.clear();
   }
   delete c;
