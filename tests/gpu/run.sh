@@ -148,43 +148,16 @@ step gpu-allreduce-bench 40 "$build/perf/gpu_allreduce_bench" || true
 grep -E 'BENCH|SKIP|FAIL' "$out/gpu-allreduce-bench.log" | tee -a "$summary" || true
 
 # ---- NCCL plugin (plugin/nccl): real NCCL loads libnccl-net-squall.so ------
-# 2 and 4 processes share the GPU, each its own node (distinct NCCL_HOSTID,
-# NCCL_MNNVL_ENABLE=0), so every byte between them crosses the net plugin.
-# For each size: NCCL_NET=squall (the log must say NCCL uses the squall
-# network), the same with NCCL_COLLNET_ENABLE=1 NCCL_ALGO=CollNetChain (the
-# log must show Squall's CollNet group formed and allreduces run through it),
-# and NCCL's own Socket network as the baseline. ncclAllReduce results are
-# checked exactly by the driver. Budget: 6 runs x 40 s = 240 s at most.
+# 2 and 4 processes share the GPU, each its own node; NCCL_NET=squall, then
+# CollNetChain through Squall's CollNet, then NCCL's Socket network as the
+# baseline; results checked exactly and the NCCL logs checked for the plugin
+# (tests/plugin/nccl/gpu_check.sh, which also runs on its own). 6 runs of at
+# most 30 s: 190 s with this step's margin.
 plugin_so="$build/plugin/nccl/libnccl-net-squall.so"
 plugin_drv="$build/plugin/nccl/nccl_plugin_gpu_test"
-[[ $plugin_so == /* ]] || plugin_so="$PWD/$plugin_so"
 if [[ -x $plugin_drv && -f $plugin_so ]]; then
-  mkdir -p "$out/nccl-plugin"
-  for n in 2 4; do
-    for mode in squall collnet socket; do
-      args=(--ranks "$n" --mib 16 --iters 5 --timeout 35 --logs "$out/nccl-plugin")
-      case $mode in
-        squall) args+=(--net squall --plugin "$plugin_so") ;;
-        collnet) args+=(--net squall --plugin "$plugin_so" --collnet) ;;
-        socket) args+=(--net socket) ;;
-      esac
-      if step "nccl-plugin-$mode-n$n" 40 "$plugin_drv" "${args[@]}"; then
-        case $mode in
-          squall)
-            grep -qi 'Using network squall' "$out/nccl-plugin/squall-n$n.rank0.log" ||
-              { note "FAIL: nccl-plugin-squall-n$n: the NCCL log does not say it used the squall network"; failed=1; } ;;
-          collnet)
-            ! grep -q 'Cannot initialize CollNet' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
-              { note "FAIL: nccl-plugin-collnet-n$n: NCCL says it cannot initialize CollNet"; failed=1; }
-            grep -q 'CollNet/Squall: rank' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
-              { note "FAIL: nccl-plugin-collnet-n$n: Squall's CollNet group never formed (NCCL fell back)"; failed=1; }
-            grep -q 'CollNet/Squall: closed after [1-9]' "$out/nccl-plugin/squall-collnet-n$n.rank0.log" ||
-              { note "FAIL: nccl-plugin-collnet-n$n: no allreduce went through Squall's CollNet"; failed=1; } ;;
-        esac
-      fi
-      grep -E '^RESULT' "$out/nccl-plugin-$mode-n$n.log" | tee -a "$summary" || true
-    done
-  done
+  step nccl-plugin 190 tests/plugin/nccl/gpu_check.sh "$plugin_so" "$plugin_drv" "$out/nccl-plugin" || true
+  grep -E '^(PASS|FAIL|SKIP)' "$out/nccl-plugin.log" | tee -a "$summary" || true
 else
   note "FAIL: nccl-plugin: $plugin_drv or $plugin_so not built (needs -Dnccl_plugin and NCCL)"
   failed=1
