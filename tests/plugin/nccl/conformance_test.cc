@@ -920,6 +920,42 @@ TEST(Lifecycle, LoadUnloadReload) {
   expectAllZero(codes);
 }
 
+// The same for CollNet, whose communicators run worker threads: a group (of
+// one head, so it fits in one process) forms, reduces, closes, and the
+// library leaves memory, three times over.
+TEST(Lifecycle, CollNetThreadsStopBeforeUnload) {
+  auto codes = runRanks(1, [](int, int) {
+    for (int cycle = 0; cycle < 3; ++cycle) {
+      void* lib = loadPlugin();
+      auto* t = static_cast<wire::CollNetV11*>(dlsym(lib, "ncclCollNetPlugin_v11"));
+      void* ctx = nullptr;
+      CHECK_OK(t->init(&ctx, 3, logger));
+      char handle[wire::kHandleMaxBytes];
+      void* lc = nullptr;
+      CHECK_OK(t->listen(ctx, 0, handle, &lc));
+      void* handles[1] = {handle};
+      void* comm = nullptr;
+      CHECK_OK(t->connect(handles, 1, 0, lc, &comm));
+      CHECK_OK(t->closeListen(lc));
+      std::vector<float> in(1000, 2.0f), out(1000, 0.0f);
+      for (int op = 0; op < 8; ++op) {
+        void* req = nullptr;
+        CHECK_OK(t->iallreduce(comm, in.data(), out.data(), in.size(), wire::kFloat32, wire::kSum,
+                               nullptr, nullptr, &req));
+        int done = 0;
+        while (!done) CHECK_OK(t->test(req, &done, nullptr));
+      }
+      CHECK(out[999] == 2.0f, "a group of one returns its input");
+      CHECK_OK(t->closeColl(comm));
+      CHECK_OK(t->finalize(ctx));
+      CHECK(dlclose(lib) == 0, "dlclose: %s", dlerror());
+      CHECK(dlopen(SQUALL_PLUGIN_PATH, RTLD_NOW | RTLD_NOLOAD) == nullptr,
+            "the library stayed loaded after its CollNet closed (cycle %d)", cycle);
+    }
+  });
+  expectAllZero(codes);
+}
+
 // ---- CollNet -------------------------------------------------------------------
 
 struct CollNet {
