@@ -394,6 +394,12 @@ class SlowMo(torch.optim.Optimizer):
     sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
     average gradients otherwise): SlowMo only communicates parameters. It
     keeps x_prev and u on the host and needs a host communicator.
+
+    The update runs in torch, in torch's fp32 order, not through the C
+    optimizer's SlowMo step (which evaluates x_prev from the old u so that
+    alpha=1, beta=0 is exact without a special case): the parameters after a
+    synchronisation can differ from the C path's in the last bits, while
+    all ranks of a job agree with each other (docs/optim.md, "SlowMo").
     """
 
     def __init__(self, base, tau=12, alpha=1.0, beta=0.5, mode="full", codec="onebit",

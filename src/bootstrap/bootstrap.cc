@@ -160,13 +160,6 @@ class SocketBootstrap final : public Bootstrap {
   Status joinAsMember();
 
  private:
-  struct Pending {
-    int fd;
-    SocketAddress remote;
-    Hello hello;
-    size_t got = 0;
-  };
-
   Deadline deadline() const { return std::chrono::steady_clock::now() + timeout_; }
   void closeAll() {
     for (int& fd : peers_) {
@@ -220,61 +213,32 @@ std::string SocketBootstrap::checkHello(const Hello& hello) const {
 Status SocketBootstrap::joinAsRoot(int listener) {
   local_ = root_;
   local_.setPort(0);
-  Deadline until = deadline();
   int joined = 1;
-  std::vector<Pending> pending;
-  while (joined < nranks_ && std::chrono::steady_clock::now() < until) {
-    std::vector<pollfd> fds;
-    fds.push_back({listener, POLLIN, 0});
-    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    int n = poll(fds.data(), fds.size(),
-                 static_cast<int>(std::clamp<long long>(left.count() + 1, 0, 1000)));
-    if (n <= 0) continue;
-    // Read what the pending clients sent; iterate backwards so erasing is safe.
-    for (size_t i = pending.size(); i-- > 0;) {
-      if (fds[i + 1].revents == 0) continue;
-      Pending& p = pending[i];
-      char* dst = reinterpret_cast<char*>(&p.hello) + p.got;
-      ssize_t got = recv(p.fd, dst, sizeof(Hello) - p.got, MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      std::string reason;
-      if (got <= 0) {
-        reason = "it closed the connection before completing the handshake";
-      } else {
-        p.got += static_cast<size_t>(got);
-        if (p.got < sizeof(Hello)) continue;
-        reason = checkHello(p.hello);
-      }
-      if (!reason.empty()) {
-        SQUALL_WARN(Subsys::kBootstrap,
-                    "rank 0 refused a bootstrap connection from %s: %s; the job keeps waiting "
-                    "for its real ranks",
-                    p.remote.toString().c_str(), reason.c_str());
-        close(p.fd);
-      } else {
-        SocketAddress address;
-        fromWire(p.hello.address, &address);
-        SQUALL_INFO(Subsys::kBootstrap, "rank %d joined from %s (reachable at %s)", p.hello.rank,
-                    p.remote.toString().c_str(), address.toString().c_str());
-        peers_[static_cast<size_t>(p.hello.rank)] = p.fd;
-        ++joined;
-      }
-      pending.erase(pending.begin() + static_cast<long>(i));
-    }
-    if ((fds[0].revents & POLLIN) != 0) {
-      for (;;) {
-        Pending p{};
-        p.fd = acceptOne(listener, &p.remote);
-        if (p.fd < 0) break;
-        tuneStream(p.fd, 0);  // small request/reply frames: no Nagle delays
-        pending.push_back(p);
-      }
-    }
-  }
+  HelloAcceptor acceptor;
+  acceptor.helloBytes = sizeof(Hello);
+  acceptor.admit = [&](const void* bytes, int fd, const SocketAddress& remote) {
+    Hello hello;
+    std::memcpy(&hello, bytes, sizeof(hello));
+    std::string reason = checkHello(hello);
+    if (!reason.empty()) return reason;
+    SocketAddress address;
+    fromWire(hello.address, &address);
+    SQUALL_INFO(Subsys::kBootstrap, "rank %d joined from %s (reachable at %s)", hello.rank,
+                remote.toString().c_str(), address.toString().c_str());
+    tuneStream(fd, 0);  // small request/reply frames: no Nagle delays
+    peers_[static_cast<size_t>(hello.rank)] = fd;
+    ++joined;
+    return reason;
+  };
+  acceptor.refused = [](const SocketAddress& remote, const std::string& reason) {
+    SQUALL_WARN(Subsys::kBootstrap,
+                "rank 0 refused a bootstrap connection from %s: %s; the job keeps waiting "
+                "for its real ranks",
+                remote.toString().c_str(), reason.c_str());
+  };
+  acceptor.complete = [&] { return joined == nranks_; };
+  acceptHellos(listener, acceptor, deadline());
   close(listener);
-  for (const Pending& p : pending) close(p.fd);
 
   Ack ack{kAckMagic, joined == nranks_ ? 1u : 0u};
   for (int r = 1; r < nranks_; ++r) {

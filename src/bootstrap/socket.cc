@@ -9,9 +9,11 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "src/common/params.h"
 
@@ -219,6 +221,57 @@ int acceptOne(int listener, SocketAddress* remote) {
   int fd = accept4(listener, reinterpret_cast<sockaddr*>(&remote->storage), &remote->length,
                    SOCK_CLOEXEC | SOCK_NONBLOCK);
   return fd;
+}
+
+bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline) {
+  struct Pending {
+    int fd;
+    SocketAddress remote;
+    std::string hello;
+    size_t got = 0;
+  };
+  std::vector<Pending> pending;
+  while (!acceptor.complete() && std::chrono::steady_clock::now() < deadline) {
+    std::vector<pollfd> fds;
+    fds.push_back({listener, POLLIN, 0});
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    int n = poll(fds.data(), fds.size(),
+                 static_cast<int>(std::clamp<long long>(left.count() + 1, 0, 1000)));
+    if (n <= 0) continue;
+    // Read what the pending clients sent; backwards, so erasing is safe.
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (fds[i + 1].revents == 0) continue;
+      Pending& p = pending[i];
+      ssize_t got = recv(p.fd, p.hello.data() + p.got, acceptor.helloBytes - p.got, MSG_DONTWAIT);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      std::string reason;
+      if (got <= 0) {
+        reason = "it closed the connection before completing the handshake";
+      } else {
+        p.got += static_cast<size_t>(got);
+        if (p.got < acceptor.helloBytes) continue;
+        reason = acceptor.admit(p.hello.data(), p.fd, p.remote);
+      }
+      if (!reason.empty()) {
+        acceptor.refused(p.remote, reason);
+        close(p.fd);
+      }
+      pending.erase(pending.begin() + static_cast<long>(i));
+    }
+    if ((fds[0].revents & POLLIN) != 0) {
+      for (;;) {
+        Pending p{};
+        p.fd = acceptOne(listener, &p.remote);
+        if (p.fd < 0) break;
+        p.hello.assign(acceptor.helloBytes, '\0');
+        pending.push_back(std::move(p));
+      }
+    }
+  }
+  for (const Pending& p : pending) close(p.fd);
+  return acceptor.complete();
 }
 
 Io sendAll(int fd, const void* data, size_t bytes, Deadline deadline, int* err) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace squall::bootstrap {
@@ -62,6 +63,27 @@ int connectWithRetry(const SocketAddress& address, Deadline deadline, std::strin
 
 // Accepts one pending connection on a non-blocking listener; -1 when none.
 int acceptOne(int listener, SocketAddress* remote);
+
+// Accepting authenticated connections, for the bootstrap root and the TCP
+// transport's mesh alike: every client must first send a fixed-size hello.
+// The hellos of all pending clients are read together without blocking on
+// any one, so a stray or malicious client that connects and stays silent
+// cannot hold up the real ones.
+struct HelloAcceptor {
+  size_t helloBytes = 0;
+  // Judges a complete hello: "" adopts the connection (the callee now owns
+  // `fd`); anything else is the reason to refuse it, and `fd` is closed.
+  std::function<std::string(const void* hello, int fd, const SocketAddress& remote)> admit;
+  // Reports a refused client: admit's reason, or that it closed first.
+  std::function<void(const SocketAddress& remote, const std::string& reason)> refused;
+  // True once every client the caller waits for has been admitted.
+  std::function<bool()> complete;
+};
+
+// Accepts on `listener` until acceptor.complete() or `deadline`, and returns
+// complete(). Clients still pending at the end are closed; the listener stays
+// open.
+bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline);
 
 enum class Io { kOk, kTimeout, kClosed, kError };
 

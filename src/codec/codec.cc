@@ -101,31 +101,36 @@ Status encodedSize(const Spec& spec, size_t count, size_t* bytes) {
   return Status::kOk;
 }
 
+Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t count,
+                       const void* output, size_t capacity, Subsys subsys, Layout* layout) {
+  SQUALL_REQUIRE(static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kBf16),
+                 Status::kInvalidArgument, subsys,
+                 "codecs take fp32, fp16 or bf16 input, not data type %u",
+                 static_cast<unsigned>(dtype));
+  SQUALL_REQUIRE(input != nullptr || count == 0, Status::kInvalidArgument, subsys,
+                 "the input pointer is NULL but count is %zu", count);
+  SQUALL_REQUIRE(output != nullptr, Status::kInvalidArgument, subsys, "the output pointer is NULL");
+  SQUALL_TRY(layoutFor(spec, count, layout));
+  SQUALL_REQUIRE(capacity >= layout->totalBytes, Status::kInvalidArgument, subsys,
+                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
+                 "size it with squallEncodedSize",
+                 capacity, count, codecName(spec.codec), layout->totalBytes);
+  const size_t inputBytes = count * dtypeSize(dtype);  // cannot overflow: the layout fit
+  SQUALL_REQUIRE(count == 0 || !overlaps(input, inputBytes, output, layout->totalBytes),
+                 Status::kInvalidUsage, subsys,
+                 "the input and the encoded output overlap; encode into a separate buffer");
+  return Status::kOk;
+}
+
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
                  const float* residualIn, float* residualOut, void* output, size_t capacity,
                  EncodeResult* result) {
-  SQUALL_REQUIRE(static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kBf16),
-                 Status::kInvalidArgument, Subsys::kCodec,
-                 "codecs take fp32, fp16 or bf16 input, not data type %u",
-                 static_cast<unsigned>(dtype));
-  SQUALL_REQUIRE(input != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
-                 "the input pointer is NULL but count is %zu", count);
-  SQUALL_REQUIRE(output != nullptr, Status::kInvalidArgument, Subsys::kCodec,
-                 "the output pointer is NULL");
   SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the result pointer is NULL");
   SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
                  Subsys::kCodec, "residual input and output must be both set or both NULL");
   Layout layout;
-  SQUALL_TRY(layoutFor(spec, count, &layout));
-  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCodec,
-                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
-                 "size it with squallEncodedSize",
-                 capacity, count, codecName(spec.codec), layout.totalBytes);
-  const size_t inputBytes = count * dtypeSize(dtype);  // cannot overflow: layout fit
-  SQUALL_REQUIRE(count == 0 || !overlaps(input, inputBytes, output, layout.totalBytes),
-                 Status::kInvalidUsage, Subsys::kCodec,
-                 "the input and the encoded output overlap; encode into a separate buffer");
+  SQUALL_TRY(checkEncodeArgs(spec, input, dtype, count, output, capacity, Subsys::kCodec, &layout));
   auto* out = static_cast<uint8_t*>(output);
   writeHeader(spec, count, out);
   zeroPadding(layout, out + kHeaderBytes);

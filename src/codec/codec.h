@@ -48,6 +48,13 @@ struct EncodeResult {
 
 Status encodedSize(const Spec& spec, size_t count, size_t* bytes);
 
+// The checks every encoder (CPU and CUDA) makes before touching memory: the
+// data type, the input and output pointers, the spec, the output's capacity
+// and its overlap with the input. `layout` gets the encoding's layout; errors
+// are logged under `subsys`, the caller's.
+Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t count,
+                       const void* output, size_t capacity, Subsys subsys, Layout* layout);
+
 // Low-level encode: reads residualIn (may be null), writes residualOut for
 // every element (may alias nothing else). Callers such as the collectives
 // encode sub-ranges with this and commit the residual once per call.

@@ -13,9 +13,6 @@
 namespace squall::codec {
 struct Spec;
 }
-namespace squall::coll {
-class Communicator;
-}
 
 namespace squall::core {
 
@@ -33,10 +30,6 @@ int rawEnum(const Enum& e) {
 
 // Checks a caller's codec spec and converts it.
 Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out);
-
-// Checks a caller's communicator and returns its collective engine (for the API
-// files that need no more of struct squallComm, see api_objects.h).
-Status communicatorOf(squallComm_t comm, coll::Communicator** out);
 
 template <typename Body>
 squallResult_t guard(const char* function, Body&& body) noexcept {

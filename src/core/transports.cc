@@ -64,7 +64,8 @@ Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
 #else
       break;
 #endif
-    case TransportKind::kMpi: break;
+    case TransportKind::kMpi:
+    case TransportKind::kNccl: break;
   }
   return SQUALL_FAIL(Status::kInternal, Subsys::kInit,
                      "transport kind %d cannot be built from a bootstrap; please report this",

@@ -10,7 +10,9 @@
 
 namespace squall::core {
 
-enum class TransportKind { kUcx, kTcp, kMpi };
+// kNccl: a communicator from NCCL (Comm::fromNccl); never chosen and never
+// built from a bootstrap.
+enum class TransportKind { kUcx, kTcp, kMpi, kNccl };
 
 // Resolves squallTransportDefault through SQUALL_TRANSPORT and what was built
 // in; an explicit choice that was not built in is an error that says so.

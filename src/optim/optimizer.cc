@@ -1,4 +1,6 @@
-// The optimizer state machine over one flat fp32 buffer.
+// The optimizer state machine over one flat fp32 buffer, written once over a
+// backend (backend.h) that holds the state in host memory or in device
+// memory: the schedule below decides, the backend moves and computes.
 //
 // Adam (mode sync; mode local; APMSqueeze warmup, steps t <= T_w): the
 // gradient g is the full-precision allreduce average (sync, warmup) or the
@@ -33,6 +35,11 @@
 // x = x_prev = x_prev - alpha lr u, exact periodic averaging for alpha = 1,
 // beta = 0.
 //
+// A rank that refuses its step for a bad argument (refuseStep) opens the
+// step with that refusal instead of kOk (Backend::exchangeStatus) when the
+// step would communicate; the peers' step then fails before it changes any
+// state, and every rank's step count stays where it was.
+//
 // bytesSent: compressed calls add the bytes the collective reports (headers
 // included); full-precision allreduces add the ring volume 2 (n - 1) / n * 4N
 // (an estimate: the collective does not report its bytes, and small buffers
@@ -41,7 +48,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
+#include "src/optim/backend.h"
+#include "src/optim/host_backend.h"
 #include "src/optim/state_blob.h"
 #include "src/optim/update_kernels.h"
 
@@ -121,32 +131,55 @@ Status Optimizer::create(coll::Communicator* comm, size_t count, const Config& c
                          std::unique_ptr<Optimizer>* out) {
   SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the optimizer needs a communicator");
+  return createOn(std::make_unique<HostBackend>(comm), count, c, out);
+}
+
+Status Optimizer::createOn(std::unique_ptr<Backend> backend, size_t count, const Config& c,
+                           std::unique_ptr<Optimizer>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the optimizer output pointer is NULL");
+  SQUALL_REQUIRE(backend != nullptr, Status::kInvalidArgument, Subsys::kOptim,
+                 "the optimizer needs a backend");
   int64_t warmup = 0;
   SQUALL_TRY(validateConfig(c, &warmup));
-  const int mode = static_cast<int>(c.mode);
   std::unique_ptr<Optimizer> o(new Optimizer());
-  o->comm_ = comm;
+  Backend& b = *backend;
+  o->backend_ = std::move(backend);
   o->count_ = count;
   o->config_ = c;
   o->warmupSteps_ = warmup;
-  o->m_.assign(count, 0.0f);
-  o->v_.assign(count, 0.0f);
-  o->scratch_.assign(count, 0.0f);
-  if (c.mode == Mode::kApmSqueeze)
-    SQUALL_TRY(coll::CompressedState::create(comm->size(), count, c.codec, &o->momentum_));
+  SQUALL_TRY(b.allocate(count, &o->m_));
+  SQUALL_TRY(b.allocate(count, &o->v_));
+  SQUALL_TRY(b.allocate(count, &o->scratch_));
+  o->momentumChannel_ = c.mode == Mode::kApmSqueeze;
+  if (o->momentumChannel_) SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec));
   if (c.slowmoTau > 0) {
-    o->xPrev_.assign(count, 0.0f);
-    o->u_.assign(count, 0.0f);
-    o->xAvg_.assign(count, 0.0f);
-    if (c.slowmoCompressed)
-      SQUALL_TRY(coll::CompressedState::create(comm->size(), count, c.codec, &o->slowmoState_));
+    SQUALL_TRY(b.allocate(count, &o->xPrev_));
+    SQUALL_TRY(b.allocate(count, &o->u_));
+    SQUALL_TRY(b.allocate(count, &o->xAvg_));
+    o->slowmoChannel_ = c.slowmoCompressed;
+    if (o->slowmoChannel_) SQUALL_TRY(b.createChannel(Channel::kSlowmo, count, c.codec));
   }
-  SQUALL_INFO(Subsys::kOptim, "optimizer: mode %d, %zu parameters, warmup %lld, SlowMo tau %d",
-              mode, count, static_cast<long long>(warmup), c.slowmoTau);
+  SQUALL_INFO(Subsys::kOptim,
+              "optimizer (%s): mode %d, %zu parameters, warmup %lld, SlowMo tau %d, rank %d/%d",
+              b.onDevice() ? "device" : "host", static_cast<int>(c.mode), count,
+              static_cast<long long>(warmup), c.slowmoTau, b.rank(), b.nranks());
   *out = std::move(o);
   return Status::kOk;
+}
+
+Optimizer::~Optimizer() = default;
+
+bool Optimizer::onDevice() const { return backend_->onDevice(); }
+
+coll::CompressedState* Optimizer::momentumState() {
+  auto* host = dynamic_cast<HostBackend*>(backend_.get());
+  return host != nullptr ? host->state(Channel::kMomentum) : nullptr;
+}
+
+coll::CompressedState* Optimizer::slowmoState() {
+  auto* host = dynamic_cast<HostBackend*>(backend_.get());
+  return host != nullptr ? host->state(Channel::kSlowmo) : nullptr;
 }
 
 Info Optimizer::info() const {
@@ -160,39 +193,33 @@ Info Optimizer::info() const {
 }
 
 Status Optimizer::fullAverage(const float* in, float* out) {
-  const int n = comm_->size();
-  if (n == 1) {
-    if (in != out && count_ != 0) std::memcpy(out, in, count_ * sizeof(float));
-    return Status::kOk;
-  }
-  SQUALL_TRY(comm_->allReduce(in, out, count_, DataType::kF32, ReduceOp::kAvg));
+  const int n = backend_->nranks();
+  if (n == 1) return backend_->copy(out, in, count_);
+  SQUALL_TRY(backend_->average(in, out, count_));
   bytesSent_ +=
       2 * static_cast<uint64_t>(n - 1) * sizeof(float) * count_ / static_cast<uint64_t>(n);
   return Status::kOk;
 }
 
-Status Optimizer::compressedAverage(coll::CompressedState* state, float* buffer, bool* finite) {
-  const float* workerBefore = state->worker().current();
-  const float* serverBefore = state->server().current();
-  SQUALL_TRY(comm_->compressedAllReduce(buffer, buffer, DataType::kF32, ReduceOp::kAvg, state));
-  bytesSent_ += state->lastStats().bytesSent;
-  *finite = allFinite(buffer, count_);
-  if (!*finite) {
-    // The residuals are double-buffered and a commit flips them: flipping
-    // again restores the previous residual, which the call did not touch.
-    if (state->worker().current() != workerBefore) state->worker().commit(true);
-    if (state->server().current() != serverBefore) state->server().commit(true);
-  }
+Status Optimizer::compressedAverage(Channel channel, float* buffer, bool* finite) {
+  SQUALL_TRY(backend_->markResiduals(channel));
+  uint64_t bytes = 0;
+  SQUALL_TRY(backend_->compressedAverage(channel, buffer, &bytes));
+  bytesSent_ += bytes;
+  SQUALL_TRY(backend_->allFinite(buffer, count_, finite));
+  if (!*finite) SQUALL_TRY(backend_->restoreResiduals(channel));
   return Status::kOk;
 }
 
 Status Optimizer::adamStep(float* params, const float* grads, float lr, bool allReduce) {
   const float* g = grads;
   if (allReduce) {
-    SQUALL_TRY(fullAverage(grads, scratch_.data()));
-    g = scratch_.data();
+    SQUALL_TRY(fullAverage(grads, scratch_));
+    g = scratch_;
   }
-  if (!allFinite(g, count_)) {
+  bool finite = true;
+  SQUALL_TRY(backend_->allFinite(g, count_, &finite));
+  if (!finite) {
     ++skipped_;
     SQUALL_WARN(Subsys::kOptim, "step %lld: non-finite %s gradient; the update is skipped",
                 static_cast<long long>(step_ + 1), allReduce ? "averaged" : "local");
@@ -201,30 +228,30 @@ Status Optimizer::adamStep(float* params, const float* grads, float lr, bool all
   ++adamSteps_;
   const AdamScalars s =
       adamScalars(lr, config_.beta1, config_.beta2, config_.eps, config_.weightDecay, adamSteps_);
-  optim::adamStep(count_, params, m_.data(), v_.data(), g, s);
-  return Status::kOk;
+  return backend_->adamStep(count_, params, m_, v_, g, s);
 }
 
-void Optimizer::switchToCompressed() {
+Status Optimizer::switchToCompressed() {
   if (adamSteps_ > 0) {
     const double bc2 =
         1.0 - std::pow(static_cast<double>(config_.beta2), static_cast<double>(adamSteps_));
-    scale(count_, v_.data(), static_cast<float>(bc2));
+    SQUALL_TRY(backend_->scale(count_, v_, static_cast<float>(bc2)));
   } else {
     SQUALL_WARN(Subsys::kOptim, "every warmup step was skipped; the frozen variance is zero");
   }
   phase_ = Phase::kCompressed;
   SQUALL_INFO(Subsys::kOptim, "APMSqueeze: variance frozen after step %lld",
               static_cast<long long>(step_ + 1));
+  return Status::kOk;
 }
 
 Status Optimizer::compressedStep(float* params, const float* grads, float lr) {
   const float b1 = config_.beta1;
-  momentumStep(count_, scratch_.data(), m_.data(), grads, b1,
-               static_cast<float>(1.0 - static_cast<double>(b1)),
-               config_.guard ? v_.data() : nullptr);
+  SQUALL_TRY(backend_->momentumStep(count_, scratch_, m_, grads, b1,
+                                    static_cast<float>(1.0 - static_cast<double>(b1)),
+                                    config_.guard ? v_ : nullptr));
   bool finite = true;
-  SQUALL_TRY(compressedAverage(momentum_.get(), scratch_.data(), &finite));
+  SQUALL_TRY(compressedAverage(Channel::kMomentum, scratch_, &finite));
   if (!finite) {
     ++skipped_;
     SQUALL_WARN(Subsys::kOptim,
@@ -233,39 +260,41 @@ Status Optimizer::compressedStep(float* params, const float* grads, float lr) {
                 static_cast<long long>(step_ + 1));
     return Status::kOk;
   }
-  m_.swap(scratch_);
-  frozenStep(count_, params, m_.data(), v_.data(), frozenScalarsOf(config_, lr));
-  return Status::kOk;
+  std::swap(m_, scratch_);
+  return backend_->frozenStep(count_, params, m_, v_, frozenScalarsOf(config_, lr));
 }
 
 Status Optimizer::slowmoSync(float* params, float lr) {
-  if (slowmoState_ != nullptr) {
-    for (size_t i = 0; i < count_; ++i) xAvg_[i] = params[i] - xPrev_[i];
+  if (slowmoChannel_) {
+    SQUALL_TRY(backend_->subtract(count_, xAvg_, params, xPrev_));
     bool finite = true;
-    SQUALL_TRY(compressedAverage(slowmoState_.get(), xAvg_.data(), &finite));
+    SQUALL_TRY(compressedAverage(Channel::kSlowmo, xAvg_, &finite));
     if (!finite) {
       SQUALL_WARN(Subsys::kOptim, "step %lld: the SlowMo average is non-finite; skipped",
                   static_cast<long long>(step_));
       return Status::kOk;
     }
-    for (size_t i = 0; i < count_; ++i) xAvg_[i] = xPrev_[i] + xAvg_[i];
+    SQUALL_TRY(backend_->add(count_, xAvg_, xPrev_, xAvg_));
   } else {
-    SQUALL_TRY(fullAverage(params, xAvg_.data()));
+    SQUALL_TRY(fullAverage(params, xAvg_));
   }
-  slowmoStep(count_, params, xPrev_.data(), u_.data(), xAvg_.data(), lr, config_.slowmoAlpha,
-             config_.slowmoBeta);
-  return Status::kOk;
+  return backend_->slowmoStep(count_, params, xPrev_, u_, xAvg_, lr, config_.slowmoAlpha,
+                              config_.slowmoBeta);
 }
 
 bool Optimizer::nextStepCommunicates() const {
-  if (comm_->size() == 1) return false;
+  if (backend_->nranks() == 1) return false;
   if (config_.mode != Mode::kLocal) return true;  // sync, APMSqueeze: every step
   if (config_.slowmoTau == 0) return false;
-  return (step_ == 0 && slowmoState_ != nullptr) || (step_ + 1) % config_.slowmoTau == 0;
+  return (step_ == 0 && slowmoChannel_) || (step_ + 1) % config_.slowmoTau == 0;
+}
+
+Status Optimizer::openStep(Status check) {
+  return nextStepCommunicates() ? backend_->exchangeStatus(check) : check;
 }
 
 Status Optimizer::refuseStep(Status check) {
-  return check != Status::kOk && nextStepCommunicates() ? comm_->refuse(check) : check;
+  return check == Status::kOk ? Status::kOk : openStep(check);
 }
 
 namespace {
@@ -280,19 +309,43 @@ Status checkStepArguments(size_t count, const float* params, const float* grads,
   return Status::kOk;
 }
 
+Status checkMemory(bool deviceStep, bool deviceState) {
+  if (deviceStep == deviceState) return Status::kOk;
+  return deviceState
+             ? SQUALL_FAIL(Status::kInvalidUsage, Subsys::kOptim,
+                           "this optimizer keeps its state in device memory and steps device "
+                           "buffers; call the step on a CUDA stream (squallOptimizerStepOnStream)")
+             : SQUALL_FAIL(Status::kInvalidUsage, Subsys::kOptim,
+                           "this optimizer keeps its state in host memory and steps host buffers; "
+                           "copy device buffers to the host around the step");
+}
+
 }  // namespace
 
 Status Optimizer::step(float* params, const float* grads, float lr) {
-  SQUALL_TRY(refuseStep(checkStepArguments(count_, params, grads, lr)));
+  return run(params, grads, lr, false, nullptr);
+}
+
+Status Optimizer::stepOnStream(float* dParams, const float* dGrads, float lr, void* cudaStream) {
+  return run(dParams, dGrads, lr, true, cudaStream);
+}
+
+Status Optimizer::run(float* params, const float* grads, float lr, bool device, void* stream) {
+  Status check = checkMemory(device, backend_->onDevice());
+  if (check == Status::kOk) {
+    check = checkStepArguments(count_, params, grads, lr);
+    if (device) backend_->setStream(stream);
+  }
+  SQUALL_TRY(openStep(check));
   const float rate = lr > 0.0f ? lr : config_.lr;
   if (config_.slowmoTau > 0 && step_ == 0) {
     // x_prev starts at the parameters. With compressed synchronisations it is
     // their full-precision average, so that it is identical on every rank
     // even if the ranks' initial parameters differ.
-    if (slowmoState_ != nullptr) {
-      SQUALL_TRY(fullAverage(params, xPrev_.data()));
-    } else if (count_ != 0) {
-      std::memcpy(xPrev_.data(), params, count_ * sizeof(float));
+    if (slowmoChannel_) {
+      SQUALL_TRY(fullAverage(params, xPrev_));
+    } else {
+      SQUALL_TRY(backend_->copy(xPrev_, params, count_));
     }
   }
   switch (config_.mode) {
@@ -301,7 +354,7 @@ Status Optimizer::step(float* params, const float* grads, float lr) {
     case Mode::kApmSqueeze:
       if (phase_ == Phase::kWarmup) {
         SQUALL_TRY(adamStep(params, grads, rate, true));
-        if (step_ + 1 >= warmupSteps_) switchToCompressed();
+        if (step_ + 1 >= warmupSteps_) SQUALL_TRY(switchToCompressed());
       } else {
         SQUALL_TRY(compressedStep(params, grads, rate));
       }
@@ -317,34 +370,18 @@ Status Optimizer::step(float* params, const float* grads, float lr) {
 // Sections: "m", "v" (v_hat once compressed), and with APMSqueeze "worker"
 // (the worker residual's first count values: the padding beyond them is never
 // encoded and stays zero) and "server" (this rank's chunk); with SlowMo
-// "x_prev" and "u", and when compressed "sm_worker" and "sm_server".
+// "x_prev" and "u", and when compressed "sm_worker" and "sm_server". The
+// device backend stages its buffers through host memory into the same blob.
 
 namespace {
 
-void addResidualSections(coll::CompressedState* state, const char* worker, const char* server,
-                         size_t count, std::vector<SectionView>* out) {
-  if (state == nullptr) return;
-  out->push_back({worker, state->worker().current(), count});
-  out->push_back({server, state->server().current(), state->chunk()});
-}
-
-}  // namespace
-
-std::vector<SectionView> Optimizer::sections() const {
-  // CompressedState hands out its residuals through non-const accessors only;
-  // nothing here writes through them.
-  auto* self = const_cast<Optimizer*>(this);
-  std::vector<SectionView> out{{"m", m_.data(), count_}, {"v", v_.data(), count_}};
-  addResidualSections(self->momentum_.get(), "worker", "server", count_, &out);
-  if (config_.slowmoTau > 0) {
-    out.push_back({"x_prev", xPrev_.data(), count_});
-    out.push_back({"u", u_.data(), count_});
-  }
-  addResidualSections(self->slowmoState_.get(), "sm_worker", "sm_server", count_, &out);
-  return out;
-}
-
-size_t Optimizer::stateSize() const { return blobSize(sections()); }
+struct Names {
+  Channel channel;
+  const char* worker;
+  const char* server;
+};
+constexpr Names kMomentumNames{Channel::kMomentum, "worker", "server"};
+constexpr Names kSlowmoNames{Channel::kSlowmo, "sm_worker", "sm_server"};
 
 BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
                        int64_t adamSteps) {
@@ -374,9 +411,62 @@ BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank,
   return h;
 }
 
+}  // namespace
+
+// With `staging` null only the names and sizes are filled in (stateSize).
+Status Optimizer::sections(std::vector<SectionView>* out,
+                           std::vector<std::vector<float>>* staging) const {
+  // One staging vector per section at most: reserved, so that the views into
+  // the earlier ones stay valid.
+  if (staging != nullptr) staging->reserve(kMaxSections);
+  auto add = [&](const char* name, size_t n, auto&& viewOf) -> Status {
+    const float* data = nullptr;
+    if (staging != nullptr) {
+      staging->emplace_back();
+      SQUALL_TRY(viewOf(&staging->back(), &data));
+    }
+    out->push_back({name, data, n});
+    return Status::kOk;
+  };
+  auto buffer = [&](const char* name, const float* b) {
+    return add(name, count_, [&](std::vector<float>* s, const float** d) {
+      return backend_->view(b, count_, s, d);
+    });
+  };
+  auto residuals = [&](bool present, const Names& names) -> Status {
+    if (!present) return Status::kOk;
+    size_t worker = 0, server = 0;
+    backend_->residualSizes(names.channel, &worker, &server);
+    SQUALL_TRY(add(names.worker, worker, [&](std::vector<float>* s, const float** d) {
+      return backend_->viewResidual(names.channel, false, s, d);
+    }));
+    return add(names.server, server, [&](std::vector<float>* s, const float** d) {
+      return backend_->viewResidual(names.channel, true, s, d);
+    });
+  };
+  SQUALL_TRY(buffer("m", m_));
+  SQUALL_TRY(buffer("v", v_));
+  SQUALL_TRY(residuals(momentumChannel_, kMomentumNames));
+  if (config_.slowmoTau > 0) {
+    SQUALL_TRY(buffer("x_prev", xPrev_));
+    SQUALL_TRY(buffer("u", u_));
+  }
+  return residuals(slowmoChannel_, kSlowmoNames);
+}
+
+size_t Optimizer::stateSize() const {
+  std::vector<SectionView> views;
+  (void)sections(&views, nullptr);  // cannot fail without staging
+  return blobSize(views);
+}
+
 Status Optimizer::saveState(void* buffer, size_t capacity, size_t* written) const {
-  return writeBlob(stateHeader(config_, count_, comm_->size(), comm_->rank(), info(), adamSteps_),
-                   sections(), buffer, capacity, written);
+  std::vector<SectionView> views;
+  std::vector<std::vector<float>> staging;
+  SQUALL_TRY(sections(&views, &staging));
+  return writeBlob(
+      stateHeader(config_, count_, backend_->nranks(), backend_->rank(), info(), adamSteps_), views,
+      buffer, capacity, written);
 }
 
 namespace {
@@ -394,37 +484,27 @@ Status requireSection(const ParsedBlob& blob, const char* name, size_t count, co
   return Status::kOk;
 }
 
-// Checks the residual sections of `state` in `blob`; sets *keepServer to
-// whether the server residual can be restored (same group size and rank).
-Status checkResiduals(const ParsedBlob& blob, coll::CompressedState* state, const char* worker,
-                      const char* server, size_t count, bool sameChunk, const Section** w,
-                      const Section** s) {
+// Finds the residual sections of `names` in `blob`: the worker's always, the
+// server's (*s) only when it can be restored (sameChunk: same group size and
+// rank) and the backend keeps one, although it must be present.
+Status checkResiduals(const ParsedBlob& blob, const Backend& backend, bool present,
+                      const Names& names, bool sameChunk, const Section** w, const Section** s) {
   *w = *s = nullptr;
-  if (state == nullptr) return Status::kOk;
-  SQUALL_TRY(requireSection(blob, worker, count, w));
-  const Section* found = blob.find(server);
-  if (found == nullptr)
+  if (!present) return Status::kOk;
+  size_t worker = 0, server = 0;
+  backend.residualSizes(names.channel, &worker, &server);
+  SQUALL_TRY(requireSection(blob, names.worker, worker, w));
+  if (blob.find(names.server) == nullptr)
     return SQUALL_FAIL(Status::kCorruptData, Subsys::kOptim,
-                       "the optimizer state lacks its '%s' section", server);
-  if (sameChunk) SQUALL_TRY(requireSection(blob, server, state->chunk(), s));
+                       "the optimizer state lacks its '%s' section", names.server);
+  if (sameChunk && server != 0) SQUALL_TRY(requireSection(blob, names.server, server, s));
   return Status::kOk;
-}
-
-void restoreResiduals(coll::CompressedState* state, const Section* w, const Section* s) {
-  if (state == nullptr) return;
-  state->reset();
-  if (!w->data.empty())
-    std::memcpy(state->worker().current(), w->data.data(), w->data.size() * sizeof(float));
-  if (s != nullptr && !s->data.empty())
-    std::memcpy(state->server().current(), s->data.data(), s->data.size() * sizeof(float));
 }
 
 bool sameSpec(const BlobHeader& h, const codec::Spec& spec) {
   return h.codec == static_cast<uint32_t>(spec.codec) &&
          h.scale == static_cast<uint32_t>(spec.scale) && h.block == spec.block;
 }
-
-}  // namespace
 
 Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count, bool usesCodec) {
   // What must match the optimizer: a different shape or algorithm is a usage error.
@@ -463,33 +543,35 @@ Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count,
   return Status::kOk;
 }
 
+}  // namespace
+
 Status Optimizer::loadState(const void* buffer, size_t bytes) {
   ParsedBlob blob;
   SQUALL_TRY(parseBlob(buffer, bytes, &blob));
   const BlobHeader& h = blob.header;
-  const bool usesCodec = momentum_ != nullptr || slowmoState_ != nullptr;
+  const bool usesCodec = momentumChannel_ || slowmoChannel_;
   SQUALL_TRY(checkStateHeader(h, config_, count_, usesCodec));
-  const bool sameChunk = h.nranks == comm_->size() && h.rank == comm_->rank();
+  const int nranks = backend_->nranks(), rank = backend_->rank();
+  const bool sameChunk = h.nranks == nranks && h.rank == rank;
   const Section *m = nullptr, *v = nullptr, *xPrev = nullptr, *u = nullptr;
   const Section *w = nullptr, *s = nullptr, *smw = nullptr, *sms = nullptr;
   SQUALL_TRY(requireSection(blob, "m", count_, &m));
   SQUALL_TRY(requireSection(blob, "v", count_, &v));
-  SQUALL_TRY(checkResiduals(blob, momentum_.get(), "worker", "server", count_, sameChunk, &w, &s));
+  SQUALL_TRY(checkResiduals(blob, *backend_, momentumChannel_, kMomentumNames, sameChunk, &w, &s));
   if (config_.slowmoTau > 0) {
     SQUALL_TRY(requireSection(blob, "x_prev", count_, &xPrev));
     SQUALL_TRY(requireSection(blob, "u", count_, &u));
   }
-  SQUALL_TRY(checkResiduals(blob, slowmoState_.get(), "sm_worker", "sm_server", count_, sameChunk,
-                            &smw, &sms));
+  SQUALL_TRY(checkResiduals(blob, *backend_, slowmoChannel_, kSlowmoNames, sameChunk, &smw, &sms));
 
   // Accepted. Tell about what does not carry over or differs.
-  if (!sameChunk && (momentum_ != nullptr || slowmoState_ != nullptr)) {
-    if (h.nranks != comm_->size())
+  if (!sameChunk && usesCodec) {
+    if (h.nranks != nranks)
       SQUALL_WARN(Subsys::kOptim, "server residual reset: saved with %d ranks, loading into %d",
-                  h.nranks, comm_->size());
+                  h.nranks, nranks);
     else
       SQUALL_WARN(Subsys::kOptim, "server residual reset: saved by rank %d, loading on rank %d",
-                  h.rank, comm_->rank());
+                  h.rank, rank);
   }
   if (h.lr != config_.lr || h.beta1 != config_.beta1 || h.beta2 != config_.beta2 ||
       h.eps != config_.eps || h.weightDecay != config_.weightDecay ||
@@ -505,14 +587,18 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
                 "%lld; the saved schedule is kept",
                 static_cast<long long>(h.warmupSteps), static_cast<long long>(warmupSteps_));
 
-  std::memcpy(m_.data(), m->data.data(), count_ * sizeof(float));
-  std::memcpy(v_.data(), v->data.data(), count_ * sizeof(float));
-  restoreResiduals(momentum_.get(), w, s);
+  SQUALL_TRY(backend_->upload(m_, m->data.data(), count_));
+  SQUALL_TRY(backend_->upload(v_, v->data.data(), count_));
+  if (momentumChannel_)
+    SQUALL_TRY(backend_->loadResiduals(Channel::kMomentum, w->data.data(),
+                                       s != nullptr ? s->data.data() : nullptr));
   if (config_.slowmoTau > 0) {
-    std::memcpy(xPrev_.data(), xPrev->data.data(), count_ * sizeof(float));
-    std::memcpy(u_.data(), u->data.data(), count_ * sizeof(float));
+    SQUALL_TRY(backend_->upload(xPrev_, xPrev->data.data(), count_));
+    SQUALL_TRY(backend_->upload(u_, u->data.data(), count_));
   }
-  restoreResiduals(slowmoState_.get(), smw, sms);
+  if (slowmoChannel_)
+    SQUALL_TRY(backend_->loadResiduals(Channel::kSlowmo, smw->data.data(),
+                                       sms != nullptr ? sms->data.data() : nullptr));
   if (config_.mode == Mode::kApmSqueeze) warmupSteps_ = h.warmupSteps;
   phase_ = static_cast<Phase>(h.phase);
   step_ = h.step;

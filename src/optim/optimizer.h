@@ -1,8 +1,9 @@
 // The APMSqueeze / sync / local Adam optimizers with optional SlowMo, over one
 // flat fp32 buffer (the algorithms are described in optimizer.cc and
 // docs/optim.md). Every rank creates one with the same count and config and
-// calls step() once per training step; the communicator must outlive it and
-// must not run other operations concurrently with step().
+// calls step() (stepOnStream() on the device) once per training step; the
+// communicator must outlive it and must not run other operations
+// concurrently with a step.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include "src/coll/communicator.h"
 #include "src/coll/compressed_state.h"
 #include "src/common/status.h"
+#include "src/optim/backend.h"
 #include "src/optim/state_blob.h"
 #include "src/optim/update_kernels.h"
 
@@ -49,70 +51,79 @@ struct Info {
 };
 
 // Checks a config (with messages naming the bad field) and resolves the
-// APMSqueeze warmup length; shared by the host and device optimizers.
+// APMSqueeze warmup length.
 Status validateConfig(const Config& config, int64_t* warmupSteps);
 
-// The scalars of the compressed-stage update at learning rate lr; shared by
-// the host and device optimizers.
+// The scalars of the compressed-stage update at learning rate lr.
 FrozenScalars frozenScalarsOf(const Config& config, float lr);
 
-// The header of a state blob: what the optimizer is and how far it got.
-// Shared by the host optimizer and the device one (src/optim/cuda), whose
-// blobs are interchangeable.
-BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
-                       int64_t adamSteps);
-
-// Checks that a parsed state blob's header fits an optimizer of `count`
-// parameters with `config` (kInvalidUsage naming what differs) and is
-// consistent in itself (kCorruptData). `usesCodec`: the optimizer keeps
-// compressed-allreduce residuals, so the codec must match too. Shared by the
-// host and device optimizers.
-Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count, bool usesCodec);
-
+// One schedule (optimizer.cc) over a backend (backend.h): host memory over a
+// coll::Communicator (create), or device memory over NCCL
+// (optim::cuda::createDeviceOptimizer, src/optim/cuda/device_optimizer.h).
 class Optimizer {
  public:
   // Checks the config (with messages naming the bad field) and allocates the
-  // state: m, v, and the compressed states the config needs.
+  // state in host memory: m, v, and the compressed states the config needs.
   static Status create(coll::Communicator* comm, size_t count, const Config& config,
                        std::unique_ptr<Optimizer>* out);
+  // The same over another backend (owned from here on).
+  static Status createOn(std::unique_ptr<Backend> backend, size_t count, const Config& config,
+                         std::unique_ptr<Optimizer>* out);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
-  // One step; lr > 0 overrides the configured learning rate for this step.
+  // True when the state (and the buffers a step takes) is in device memory.
+  bool onDevice() const;
+
+  // One step on host buffers; lr > 0 overrides the configured learning rate
+  // for this step. kInvalidUsage on a device optimizer.
   Status step(float* params, const float* grads, float lr);
+
+  // One step on device buffers, enqueued on `cudaStream` (a cudaStream_t);
+  // it returns after the stream has reached the step's skip decision (see
+  // docs/optim.md, "Device buffers"). kInvalidUsage on a host optimizer.
+  Status stepOnStream(float* dParams, const float* dGrads, float lr, void* cudaStream);
 
   // This rank refuses its next step for a bad argument (`check`, not kOk).
   // When that step would communicate, the peers, waiting in its first
-  // collective, are told (coll::Communicator::refuse) and their step fails at
-  // once, before it changes any state, so the ranks stay in step. Returns
-  // `check`; kOk passes through.
+  // collective, are told and their step fails at once, before it changes any
+  // state, so the ranks stay in step. Returns `check`; kOk passes through.
   Status refuseStep(Status check);
 
   Info info() const;
   size_t count() const { return count_; }
   const Config& config() const { return config_; }
 
+  // On the device these wait for the stream of the last step.
   size_t stateSize() const;
   Status saveState(void* buffer, size_t capacity, size_t* written) const;
   Status loadState(const void* buffer, size_t bytes);
 
-  // For tests: the compressed state of the momentum (null outside APMSqueeze).
-  coll::CompressedState* momentumState() { return momentum_.get(); }
-  coll::CompressedState* slowmoState() { return slowmoState_.get(); }
+  // For tests: the compressed state of the momentum (null outside APMSqueeze,
+  // and on the device), and of compressed SlowMo.
+  coll::CompressedState* momentumState();
+  coll::CompressedState* slowmoState();
 
  private:
   Optimizer() = default;
+  Status run(float* params, const float* grads, float lr, bool device, void* stream);
   bool nextStepCommunicates() const;
+  Status openStep(Status check);
   Status adamStep(float* params, const float* grads, float lr, bool allReduce);
   Status compressedStep(float* params, const float* grads, float lr);
   Status slowmoSync(float* params, float lr);
-  Status compressedAverage(coll::CompressedState* state, float* buffer, bool* finite);
+  Status compressedAverage(Channel channel, float* buffer, bool* finite);
   Status fullAverage(const float* in, float* out);
-  void switchToCompressed();
-  std::vector<SectionView> sections() const;
+  Status switchToCompressed();
+  Status sections(std::vector<SectionView>* out, std::vector<std::vector<float>>* staging) const;
 
-  coll::Communicator* comm_ = nullptr;
+  std::unique_ptr<Backend> backend_;
   size_t count_ = 0;
   Config config_;
-  int64_t warmupSteps_ = 0;  // resolved
+  int64_t warmupSteps_ = 0;       // resolved
+  bool momentumChannel_ = false;  // APMSqueeze: the momentum's residuals
+  bool slowmoChannel_ = false;    // compressed SlowMo: the drift's residuals
 
   int64_t step_ = 0;       // step() calls that completed (applied or skipped)
   int64_t adamSteps_ = 0;  // Adam updates applied (the t of the bias correction)
@@ -120,12 +131,14 @@ class Optimizer {
   uint64_t bytesSent_ = 0;
   uint64_t skipped_ = 0;
 
-  std::vector<float> m_, v_;  // v_ holds the frozen, bias-corrected v_hat once compressed
-  std::vector<float> scratch_, backup_;
-  std::unique_ptr<coll::CompressedState> momentum_;
-  // SlowMo.
-  std::vector<float> xPrev_, u_, xAvg_;
-  std::unique_ptr<coll::CompressedState> slowmoState_;
+  // Buffers of count_ floats in the backend's memory. v_ holds the frozen,
+  // bias-corrected v_hat once compressed; x_prev, u and x_avg with SlowMo.
+  float* m_ = nullptr;
+  float* v_ = nullptr;
+  float* scratch_ = nullptr;
+  float* xPrev_ = nullptr;
+  float* u_ = nullptr;
+  float* xAvg_ = nullptr;
 };
 
 }  // namespace squall::optim

@@ -119,6 +119,14 @@ void slowmoStep(size_t n, float* __restrict x, float* __restrict xPrev, float* _
   }
 }
 
+void subtract(size_t n, float* out, const float* a, const float* b) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] - b[i];
+}
+
+void add(size_t n, float* out, const float* a, const float* b) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
 bool allFinite(const float* __restrict p, size_t n) {
   uint32_t bad = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -82,6 +82,11 @@ void frozenStep(size_t n, float* x, const float* m, const float* vHat, const Fro
 void slowmoStep(size_t n, float* x, float* xPrev, float* u, const float* xAvg, float lr,
                 float alpha, float beta);
 
+// out = a - b and out = a + b (the drift of a compressed SlowMo
+// synchronisation); out may be a or b.
+void subtract(size_t n, float* out, const float* a, const float* b);
+void add(size_t n, float* out, const float* a, const float* b);
+
 // True when no element is NaN or infinite.
 bool allFinite(const float* p, size_t n);
 

@@ -8,7 +8,6 @@
 // orchestration's bytes, not the hardware: see docs/cuda.md.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <nccl.h>
 
 #include <cstring>
 #include <functional>
@@ -16,8 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "nccl_emu.h"
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
+#include "src/transport/nccl/device_comm.h"
 #include "tests/unit/compressed_reference.h"
 
 namespace squall::coll::device {
@@ -68,6 +69,8 @@ void check(const Case& c, int calls) {
     auto fail = [&](const char* what) { errors[r] = what; };
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    transport::nccl::DeviceComm comm;
+    if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
     std::unique_ptr<DeviceCompressedState> state;
     if (DeviceCompressedState::create(c.n, r, c.count, c.spec, &state) != Status::kOk)
       return fail("create");
@@ -92,14 +95,14 @@ void check(const Case& c, int calls) {
         if (t == 0) {
           cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
           const Status s =
-              compressedAllReduce(comms[r], stream, in, target, c.dtype,
+              compressedAllReduce(comm, stream, in, target, c.dtype,
                                   c.average ? ReduceOp::kAvg : ReduceOp::kSum, state.get());
           cudaStreamEndCapture(stream, &graph);
           if (s != Status::kOk) return fail("capture");
           cudaGraphInstantiate(&exec, graph, 0);
         }
         cudaGraphLaunch(exec, stream);
-      } else if (compressedAllReduce(comms[r], stream, in, target, c.dtype,
+      } else if (compressedAllReduce(comm, stream, in, target, c.dtype,
                                      c.average ? ReduceOp::kAvg : ReduceOp::kSum,
                                      state.get()) != Status::kOk) {
         return fail("allreduce");

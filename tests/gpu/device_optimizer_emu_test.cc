@@ -8,16 +8,22 @@
 // run on 2 ranks, where a sum of two values is order-free.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <nccl.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "nccl_emu.h"
 #include "src/coll/context.h"
 #include "src/optim/cuda/device_optimizer.h"
 #include "src/optim/optimizer.h"
@@ -30,7 +36,7 @@ namespace {
 using optim::Config;
 using optim::Mode;
 using optim::Optimizer;
-using optim::cuda::DeviceOptimizer;
+using optim::cuda::createDeviceOptimizer;
 
 constexpr size_t kCount = 1000;  // not a multiple of the block: padding
 
@@ -102,8 +108,12 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
     threads.emplace_back([&, r] {
       cudaStream_t stream = nullptr;
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-      std::unique_ptr<DeviceOptimizer> o;
-      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o), Status::kOk) << lastError();
+      transport::nccl::DeviceComm comm;
+      ASSERT_EQ(transport::nccl::DeviceComm::wrap(comms[r], &comm), Status::kOk) << lastError();
+      ASSERT_EQ(comm.rank(), r);
+      ASSERT_EQ(comm.size(), n);
+      std::unique_ptr<Optimizer> o;
+      ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o), Status::kOk) << lastError();
       float *dx = nullptr, *dg = nullptr;
       ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
@@ -112,7 +122,8 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
       for (int s = 0; s < steps; ++s) {
         const std::vector<float> g = gradient(r, s, kCount, nanStep, nanRank);
         cudaMemcpyAsync(dg, g.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, stream);
-        ASSERT_EQ(o->step(dx, dg, s % 2 == 0 ? 0.0f : 2e-3f, stream), Status::kOk) << lastError();
+        ASSERT_EQ(o->stepOnStream(dx, dg, s % 2 == 0 ? 0.0f : 2e-3f, stream), Status::kOk)
+            << lastError();
       }
       out.params[r].resize(kCount);
       cudaMemcpyAsync(out.params[r].data(), dx, kCount * sizeof(float), cudaMemcpyDeviceToHost,
@@ -124,8 +135,8 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
       ASSERT_EQ(o->saveState(out.state[r].data(), out.state[r].size(), &written), Status::kOk)
           << lastError();
       // The blob loads back into a fresh device optimizer.
-      std::unique_ptr<DeviceOptimizer> o2;
-      ASSERT_EQ(DeviceOptimizer::create(comms[r], n, r, kCount, c, &o2), Status::kOk);
+      std::unique_ptr<Optimizer> o2;
+      ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o2), Status::kOk);
       ASSERT_EQ(o2->loadState(out.state[r].data(), written), Status::kOk) << lastError();
       EXPECT_EQ(o2->info().step, out.info[r].step);
       cudaFree(dx);
@@ -216,6 +227,147 @@ TEST(DeviceOptimizerEmu, NonFiniteWarmupGradientSkips) { expectSame(2, apm(4), 7
 
 TEST(DeviceOptimizerEmu, NonFiniteCompressedGradientSkipsAndRollsBack) {
   expectSame(4, apm(2), 7, false, 4, 2);
+}
+
+// The emulated NCCL waits forever for a message that never comes: a rank
+// left waiting in a collective would hang the test, so a watchdog ends the
+// process with a message instead.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::seconds limit)
+      : thread_([this, limit] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
+            std::fprintf(stderr, "FAILED: a rank hung in a collective for %lld s\n",
+                         static_cast<long long>(limit.count()));
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A rank whose device step is refused for a bad argument (a null gradient at
+// the first refused step; a host-buffer step() on the device optimizer at the
+// second) tells its peers through the step's status words: their step fails
+// at once with kRemoteError naming it, before it changes any state. Each
+// rank then takes the refused step again and the run ends bit-identical to
+// the host optimizer's run that never saw the refusals. Returns the phases
+// the refused steps were in.
+std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int steps,
+                                                     const std::vector<int>& refused,
+                                                     bool perRank) {
+  const int refuser = 1;
+  const squall::Run host = runHost(n, c, steps, perRank, -1, 0);
+  std::vector<optim::Phase> phases(refused.size());
+  std::vector<ncclComm_t> comms(n);
+  squall_emu::ncclCreateWorld(n, comms.data());
+  std::vector<std::vector<float>> params(n);
+  Watchdog watchdog(std::chrono::seconds(60));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+      transport::nccl::DeviceComm comm;
+      ASSERT_EQ(transport::nccl::DeviceComm::wrap(comms[r], &comm), Status::kOk) << lastError();
+      ASSERT_EQ(comm.rank(), r);
+      ASSERT_EQ(comm.size(), n);
+      std::unique_ptr<Optimizer> o;
+      ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o), Status::kOk) << lastError();
+      float *dx = nullptr, *dg = nullptr;
+      ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
+      const std::vector<float> x0 = initialParams(r, perRank);
+      cudaMemcpy(dx, x0.data(), kCount * sizeof(float), cudaMemcpyHostToDevice);
+      auto download = [&] {
+        std::vector<float> x(kCount);
+        cudaMemcpyAsync(x.data(), dx, kCount * sizeof(float), cudaMemcpyDeviceToHost, stream);
+        cudaStreamSynchronize(stream);
+        return x;
+      };
+      for (int s = 0; s < steps; ++s) {
+        const std::vector<float> g = gradient(r, s, kCount, -1, 0);
+        cudaMemcpyAsync(dg, g.data(), kCount * sizeof(float), cudaMemcpyHostToDevice, stream);
+        const float lr = s % 2 == 0 ? 0.0f : 2e-3f;
+        if (s == refused[0] || s == refused[1]) {
+          SCOPED_TRACE("rank " + std::to_string(r) + ", refused step " + std::to_string(s));
+          const std::vector<float> before = download();
+          const optim::Phase phaseBefore = o->info().phase;
+          clearLastError();
+          const auto begin = std::chrono::steady_clock::now();
+          Status status;
+          if (r != refuser)
+            status = o->stepOnStream(dx, dg, lr, stream);
+          else if (s == refused[0])
+            status = o->stepOnStream(dx, nullptr, lr, stream);
+          else
+            status = o->step(dx, dg, lr);
+          const std::string message = lastError();
+          EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3));
+          if (r == refuser) {
+            EXPECT_EQ(status, s == refused[0] ? Status::kInvalidArgument : Status::kInvalidUsage)
+                << message;
+          } else {
+            EXPECT_EQ(status, Status::kRemoteError) << message;
+            EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
+          }
+          const std::vector<float> after = download();
+          EXPECT_EQ(std::memcmp(before.data(), after.data(), kCount * sizeof(float)), 0);
+          EXPECT_EQ(o->info().step, s);  // not counted
+          EXPECT_EQ(o->info().phase, phaseBefore);
+          if (r == 0) phases[s == refused[0] ? 0 : 1] = phaseBefore;
+        }
+        ASSERT_EQ(o->stepOnStream(dx, dg, lr, stream), Status::kOk) << lastError();
+      }
+      params[r] = download();
+      EXPECT_EQ(o->info().step, steps);
+      cudaFree(dx);
+      cudaFree(dg);
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (auto& t : threads) t.join();
+  squall_emu::ncclDestroyWorld(n, comms.data());
+  for (int r = 0; r < n; ++r) {
+    if (params[r].size() != kCount) {
+      ADD_FAILURE() << "rank " << r << " did not finish";
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(params[r].data(), host.params[r].data(), kCount * sizeof(float)), 0)
+        << "rank " << r << " differs from the host run without refusals";
+  }
+  return phases;
+}
+
+TEST(DeviceOptimizerEmu, ARanksRefusedStepFailsThePeersStepAtOnce) {
+  // A warmup step and a compressed one (the switch is after step 3).
+  const std::vector<optim::Phase> phases = expectRefusalsFailThePeers(3, apm(3), 7, {1, 4}, false);
+  EXPECT_EQ(phases, (std::vector<optim::Phase>{optim::Phase::kWarmup, optim::Phase::kCompressed}));
+}
+
+TEST(DeviceOptimizerEmu, ARanksRefusedSlowMoStepFailsThePeersStepAtOnce) {
+  // Local mode communicates only on the first step (the full-precision
+  // x_prev of compressed SlowMo) and on synchronisation steps: both refused.
+  Config c = apm(0);
+  c.mode = Mode::kLocal;
+  c.slowmoTau = 2;
+  c.slowmoAlpha = 0.8f;
+  c.slowmoBeta = 0.3f;
+  c.slowmoCompressed = true;
+  expectRefusalsFailThePeers(2, c, 6, {0, 3}, true);
 }
 
 }  // namespace

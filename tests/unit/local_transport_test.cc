@@ -74,6 +74,22 @@ TEST(LocalTransport, TimesOutNamingThePeerAndCancels) {
   EXPECT_EQ(x, 0);
 }
 
+// Posting into a RequestPtr that still holds a pending receive destroys that
+// receive (cancelling it) while the new one is posted to the same mailbox.
+TEST(LocalTransport, PostingOverAPendingReceiveCancelsIt) {
+  std::vector<std::unique_ptr<transport::Transport>> t;
+  ASSERT_EQ(transport::createLocalTransports(2, &t), Status::kOk);
+  int x = 0, y = 0, value = 5;
+  transport::RequestPtr r, s;
+  ASSERT_EQ(t[0]->recv(1, transport::Tag{1, 0, {}}, &x, 4, &r), Status::kOk);
+  ASSERT_EQ(t[0]->recv(1, transport::Tag{2, 0, {}}, &y, 4, &r), Status::kOk);
+  ASSERT_EQ(t[1]->send(0, transport::Tag{2, 0, {}}, &value, 4, &s), Status::kOk);
+  ASSERT_EQ(t[1]->send(0, transport::Tag{1, 0, {}}, &value, 4, &s), Status::kOk);
+  EXPECT_EQ(t[0]->waitAll({&r, 1}, transport::Clock::now() + std::chrono::seconds(5)), Status::kOk);
+  EXPECT_EQ(y, 5);
+  EXPECT_EQ(x, 0);  // the first receive was cancelled; its message is buffered
+}
+
 TEST(LocalTransport, WakesASleepingReceiver) {
   std::vector<std::unique_ptr<transport::Transport>> t;
   ASSERT_EQ(transport::createLocalTransports(2, &t), Status::kOk);

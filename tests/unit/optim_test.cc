@@ -531,6 +531,41 @@ TEST(ApmSqueeze, ARanksBadStepArgumentFailsThePeersStepAtOnce) {
   }
 }
 
+// Device buffers given to a host optimizer (stepOnStream) are a bad argument
+// like any other: that rank gets kInvalidUsage, its peers fail at once, and
+// every rank goes on in step.
+TEST(ApmSqueeze, AStepOnStreamOfAHostOptimizerIsRefusedToEveryRank) {
+  const int n = 3;
+  const size_t count = 600;
+  Group group(n);
+  auto opts = createAll(group, count, apmConfig(2));
+  std::vector<std::vector<float>> p(n, initialParams(count));
+  runSteps(group, opts, p, 0, 1);
+  EXPECT_FALSE(opts[0]->onDevice());
+  std::vector<Status> status(n);
+  std::vector<std::string> message(n);
+  const std::vector<std::vector<float>> before = p;
+  const auto begin = std::chrono::steady_clock::now();
+  group.run([&](coll::Communicator&, int r) {
+    const std::vector<float> g = gradient(r, 1, count);
+    clearLastError();
+    status[r] = r == 2 ? opts[r]->stepOnStream(p[r].data(), g.data(), 0.0f, nullptr)
+                       : opts[r]->step(p[r].data(), g.data(), 0.0f);
+    message[r] = lastError();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3)) << "a rank hung";
+  EXPECT_EQ(status[2], Status::kInvalidUsage) << message[2];
+  EXPECT_NE(message[2].find("host memory"), std::string::npos) << message[2];
+  for (int r : {0, 1}) {
+    EXPECT_EQ(status[r], Status::kRemoteError) << message[r];
+    EXPECT_NE(message[r].find("rank 2"), std::string::npos) << message[r];
+    EXPECT_TRUE(sameBits(p[r], before[r]));
+    EXPECT_EQ(opts[r]->info().step, 1);
+  }
+  runSteps(group, opts, p, 1, 3);
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(p[0], p[r]));
+}
+
 // A rank's non-finite gradient skips the step on every rank, in the warmup
 // (the averaged gradient is non-finite everywhere) and in the compressed stage
 // (the reduced momentum is).

@@ -32,9 +32,10 @@
 #include <cstring>
 #include <new>
 
+#include "src/codec/codec.h"
 #include "src/codec/cuda/cuda_codec.h"
-#include "src/codec/cuda/cuda_status.h"
 #include "src/codec/numeric.h"
+#include "src/common/cuda_status.h"
 
 namespace squall::codec {
 namespace {
@@ -752,29 +753,17 @@ Status cudaResidualCurrent(const DeviceResidual& residual, cudaStream_t stream,
 Status cudaEncodeChunk(const Spec& spec, const void* dInput, DType dtype, size_t count,
                        const DeviceResidual* residualOrNull, size_t residualOffset, void* dOutput,
                        size_t capacity, cudaStream_t stream, size_t* bytes) {
-  SQUALL_REQUIRE(static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kBf16),
-                 Status::kInvalidArgument, Subsys::kCuda,
-                 "codecs take fp32, fp16 or bf16 input, not data type %u",
-                 static_cast<unsigned>(dtype));
-  SQUALL_REQUIRE(dInput != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCuda,
-                 "the input pointer is NULL but count is %zu", count);
-  SQUALL_REQUIRE(dOutput != nullptr && bytes != nullptr, Status::kInvalidArgument, Subsys::kCuda,
-                 "the output and size pointers must not be NULL");
+  SQUALL_REQUIRE(bytes != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the encoded-size output pointer is NULL");
   Layout layout;
-  SQUALL_TRY(layoutFor(spec, count, &layout));
-  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCuda,
-                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
-                 "size it with squallEncodedSize",
-                 capacity, count, codecName(spec.codec), layout.totalBytes);
+  SQUALL_TRY(
+      checkEncodeArgs(spec, dInput, dtype, count, dOutput, capacity, Subsys::kCuda, &layout));
   const size_t elemBytes = dtypeSize(dtype);
   SQUALL_REQUIRE(aligned(dOutput, 8) && aligned(dInput, elemBytes), Status::kInvalidArgument,
                  Subsys::kCuda,
                  "on the device the encoded output must be 8-byte aligned and the input "
                  "aligned to its %zu-byte element",
                  elemBytes);
-  SQUALL_REQUIRE(count == 0 || !overlaps(dInput, count * elemBytes, dOutput, layout.totalBytes),
-                 Status::kInvalidUsage, Subsys::kCuda,
-                 "the input and the encoded output overlap; encode into a separate buffer");
   if (residualOrNull != nullptr) {
     SQUALL_REQUIRE(
         residualOffset <= residualOrNull->count && count <= residualOrNull->count - residualOffset,

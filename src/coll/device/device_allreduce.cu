@@ -4,16 +4,16 @@
 // fp32 -> fp16/bf16 rounding of the output) and the state.
 //
 // Compiled by nvcc for the real build, and by the host compiler against the
-// CPU emulation of CUDA and NCCL in tests/gpu/emu for the logic test.
+// CPU emulation of CUDA in tests/gpu/emu (with the emulation's NCCL table
+// installed) for the logic test.
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <algorithm>
 #include <cstdint>
 
-#include "src/codec/cuda/cuda_status.h"
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
+#include "src/common/cuda_status.h"
 
 namespace squall::coll::device {
 namespace {
@@ -41,15 +41,6 @@ __global__ void roundKernel(const float* in, uint16_t* out, size_t count) {
 unsigned gridFor(size_t items) {
   return static_cast<unsigned>(std::clamp<size_t>((items + kThreads - 1) / kThreads, 1, kMaxGrid));
 }
-
-#define SQUALL_NCCL_TRY(expr)                                                         \
-  do {                                                                                \
-    const ncclResult_t squall_nccl_res_ = (expr);                                     \
-    if (squall_nccl_res_ != ncclSuccess) {                                            \
-      return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl, "%s failed: %s", #expr, \
-                         ncclGetErrorString(squall_nccl_res_));                       \
-    }                                                                                 \
-  } while (0)
 
 Status launchFailure(const char* what) { return cudaStatus(cudaGetLastError(), what); }
 
@@ -156,8 +147,9 @@ Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) 
   return Status::kOk;
 }
 
-Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in, void* out,
-                           DataType dtype, ReduceOp op, DeviceCompressedState* state) {
+Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                           const void* in, void* out, DataType dtype, ReduceOp op,
+                           DeviceCompressedState* state) {
   SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the device compressed state is NULL");
   SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
@@ -177,8 +169,11 @@ Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in,
     }
     return Status::kOk;
   }
-  SQUALL_REQUIRE(comm != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the NCCL communicator is NULL");
+  SQUALL_REQUIRE(comm.size() == n && comm.rank() == state->rank_, Status::kInvalidUsage,
+                 Subsys::kColl,
+                 "the device compressed state was made for rank %d of %d but the communicator is "
+                 "rank %d of %d; create the state for the communicator it is used with",
+                 state->rank_, n, comm.rank(), comm.size());
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(state->rank_);
   const size_t chunk = state->chunk_;
@@ -204,22 +199,20 @@ Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in,
   const size_t mine = state->realCount(rr);
   size_t mineBytes = 0;
   SQUALL_TRY(encodedOf(mine, &mineBytes));
-  SQUALL_NCCL_TRY(ncclGroupStart());
+  SQUALL_TRY(comm.groupStart());
   for (size_t j = 0; j < nn; ++j) {
     if (j == rr) continue;
     const size_t m = state->realCount(j);
     if (m != 0) {
       size_t bytes = 0;
       SQUALL_TRY(encodedOf(m, &bytes));
-      SQUALL_NCCL_TRY(
-          ncclSend(state->send_ + j * slot, bytes, ncclUint8, static_cast<int>(j), comm, stream));
+      SQUALL_TRY(comm.send(state->send_ + j * slot, bytes, static_cast<int>(j), stream));
     }
     if (mine != 0) {
-      SQUALL_NCCL_TRY(ncclRecv(state->recv_ + j * slot, mineBytes, ncclUint8, static_cast<int>(j),
-                               comm, stream));
+      SQUALL_TRY(comm.recv(state->recv_ + j * slot, mineBytes, static_cast<int>(j), stream));
     }
   }
-  SQUALL_NCCL_TRY(ncclGroupEnd());
+  SQUALL_TRY(comm.groupEnd());
 
   // 3. Server: sum the pieces of my chunk in rank order, divide, encode.
   if (mine != 0) {
@@ -243,8 +236,7 @@ Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in,
 
   // 4. All-gather the server chunks (in place: mine is already in its slot)
   // and decode them all.
-  SQUALL_NCCL_TRY(
-      ncclAllGather(state->gather_ + rr * slot, state->gather_, slot, ncclUint8, comm, stream));
+  SQUALL_TRY(comm.allGather(state->gather_ + rr * slot, state->gather_, slot, stream));
   for (size_t c = 0; c < nn; ++c) {
     const size_t m = state->realCount(c);
     if (m == 0) continue;

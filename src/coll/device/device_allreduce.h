@@ -1,4 +1,5 @@
-// The two-phase compressed allreduce on the GPU, over NCCL, entirely
+// The two-phase compressed allreduce on the GPU, over NCCL (through
+// transport::nccl::DeviceComm), entirely
 // stream-ordered (see docs/cuda.md, "Device compressed allreduce").
 //
 // It follows src/coll/compressed_twophase.cc step for step, unsegmented, and
@@ -6,12 +7,12 @@
 // compressed_reference.h) for the same inputs:
 //   1. worker: cudaEncodeChunk of every chunk c (its elements below N) with the
 //      worker residual into slot c of one send buffer; cudaResidualCommit;
-//   2. ncclGroupStart; ncclSend(slot j -> rank j), ncclRecv(rank j -> slot j)
-//      for every j != r; ncclGroupEnd;
+//   2. one group of send(slot j -> rank j), recv(rank j -> slot j) for every
+//      j != r;
 //   3. server: cudaDecode of piece 0, cudaDecodeAccumulate of pieces 1..n-1
 //      (rank order), acc / n for avg, cudaEncodeChunk with the server residual;
 //      cudaResidualCommit;
-//   4. ncclAllGather of the server slots (every slot has the size of a whole
+//   4. allGather of the server slots (every slot has the size of a whole
 //      chunk's encoding; a shorter last chunk leaves the tail unused), then
 //      cudaDecode of every chunk into the output (fp16/bf16: decode to fp32
 //      scratch, then a rounding kernel).
@@ -20,7 +21,6 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +29,7 @@
 #include "src/codec/cuda/cuda_codec.h"
 #include "src/common/status.h"
 #include "src/common/types.h"
+#include "src/transport/nccl/device_comm.h"
 
 namespace squall::coll::device {
 
@@ -36,7 +37,7 @@ namespace squall::coll::device {
 // reused by every call: worker and server residuals and the scratch buffers.
 class DeviceCompressedState {
  public:
-  // nranks and rank must be those of the NCCL communicator the calls use.
+  // nranks and rank must be those of the communicator the calls use.
   static Status create(int nranks, int rank, size_t count, const codec::Spec& spec,
                        std::unique_ptr<DeviceCompressedState>* out);
   ~DeviceCompressedState();
@@ -62,8 +63,8 @@ class DeviceCompressedState {
   Status takeDecodeError(cudaStream_t stream, bool* error);
 
  private:
-  friend Status compressedAllReduce(ncclComm_t, cudaStream_t, const void*, void*, DataType,
-                                    ReduceOp, DeviceCompressedState*);
+  friend Status compressedAllReduce(const transport::nccl::DeviceComm&, cudaStream_t, const void*,
+                                    void*, DataType, ReduceOp, DeviceCompressedState*);
   DeviceCompressedState() = default;
   size_t realCount(size_t c) const;
   int nranks_ = 1;
@@ -86,8 +87,10 @@ class DeviceCompressedState {
 // One compressed allreduce of state->count() elements of `dtype` (fp32, fp16
 // or bf16; device pointers) with op kSum or kAvg, enqueued on `stream` over
 // `comm`. `in` may equal `out`. Every rank of `comm` must call it with a state
-// of the same count and spec. n = 1 is the identity (a copy when out != in).
-Status compressedAllReduce(ncclComm_t comm, cudaStream_t stream, const void* in, void* out,
-                           DataType dtype, ReduceOp op, DeviceCompressedState* state);
+// of the same count and spec, made for comm's rank and size. n = 1 is the
+// identity (a copy when out != in).
+Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                           const void* in, void* out, DataType dtype, ReduceOp op,
+                           DeviceCompressedState* state);
 
 }  // namespace squall::coll::device

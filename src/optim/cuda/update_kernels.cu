@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "src/codec/cuda/cuda_status.h"
+#include "src/common/cuda_status.h"
 #include "src/optim/cuda/update_kernels_cuda.h"
 
 namespace squall::optim::cuda {

@@ -6,6 +6,8 @@
 #include <list>
 #include <mutex>
 
+#include "src/transport/message_header.h"
+
 namespace squall::transport {
 namespace {
 
@@ -50,15 +52,10 @@ class RecvRequest : public Request {
   size_t theirBytes_ = 0;
 };
 
+// Both sides of a mismatch, described the way every backend does.
 Status mismatchError(int rank, int source, const Tag& mine, size_t myBytes, const Tag& theirs,
                      size_t theirBytes) {
-  const std::string a = describe(mine);
-  const std::string b = describe(theirs);
-  return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kTransport,
-                     "rank %d expected %s (%zu bytes) from rank %d, but rank %d sent %s (%zu "
-                     "bytes); every rank must call the same collectives in the same order with "
-                     "the same arguments",
-                     rank, a.c_str(), myBytes, source, source, b.c_str(), theirBytes);
+  return failMismatch(rank, source, theirs, theirBytes, mine, myBytes);
 }
 
 class LocalTransport : public Transport {
@@ -116,6 +113,9 @@ class LocalTransport : public Transport {
     if (it == box.unexpected.end()) {
       box.posted.push_back(r.get());
       r->inList_ = &box.posted;
+      // Unlocked before *request is replaced: destroying the request it held
+      // (often a receive on this same mailbox) takes the mailbox lock.
+      lock.unlock();
     } else {
       Unexpected u = std::move(*it);
       box.unexpected.erase(it);

@@ -77,25 +77,17 @@ Status makeType(std::initializer_list<std::pair<void*, size_t>> pieces, MPI_Data
 
 class MpiTransport;
 
-class MpiRequest final : public Request {
+class MpiRequest final : public HeaderedRequest<MpiRequest> {
  public:
   MpiRequest(MpiTransport* owner, bool isSend, int peer, const Tag& tag, void* data, size_t bytes)
-      : Request(peer, bytes), owner_(owner), isSend_(isSend), tag_(tag), data_(data) {}
+      : HeaderedRequest(isSend, peer, tag, data, bytes), owner_(owner) {}
   ~MpiRequest() override;
 
  private:
   friend class MpiTransport;
-  MpiTransport* owner_;  // nullptr once the transport is gone
-  const bool isSend_;
-  const Tag tag_;
-  void* data_;
-  uint8_t header_[kMessageHeaderBytes];
-  std::vector<uint8_t> bounce_;  // a receive matched to a message of the wrong size
-  MPI_Count length_ = 0;         // a matched receive's message length
+  MpiTransport* owner_;   // nullptr once the transport is gone
+  MPI_Count length_ = 0;  // a matched receive's message length
   MPI_Request mpi_ = MPI_REQUEST_NULL;
-  bool waiting_ = false;  // a receive not yet matched to a message
-  std::list<MpiRequest*>::iterator livePos_;
-  std::list<MpiRequest*>::iterator waitPos_;
 };
 
 class MpiTransport final : public Transport {
@@ -131,8 +123,7 @@ class MpiTransport final : public Transport {
   int size_ = 0;
   int tagBits_ = 15;
   int stepBits_ = 7;
-  std::list<MpiRequest*> live_;     // every pending request
-  std::list<MpiRequest*> waiting_;  // receives without a message, in post order
+  PendingRequests<MpiRequest> pending_;
   Clock::time_point lastActivity_ = Clock::now();
 };
 
@@ -178,7 +169,7 @@ Status MpiTransport::init(MPI_Comm comm) {
 MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  std::vector<MpiRequest*> pending(live_.begin(), live_.end());
+  std::vector<MpiRequest*> pending(pending_.live.begin(), pending_.live.end());
   for (MpiRequest* r : pending) {
     if (!finalized) cancel(r);
     r->owner_ = nullptr;
@@ -197,15 +188,15 @@ Status MpiTransport::send(int peer, const Tag& tag, const void* data, size_t byt
                           RequestPtr* request) {
   SQUALL_TRY(checkPeer(peer, "send to"));
   auto r = std::make_unique<MpiRequest>(this, true, peer, tag, const_cast<void*>(data), bytes);
-  encodeMessageHeader(tag, bytes, r->header_);
+  encodeMessageHeader(tag, bytes, r->header());
   MPI_Datatype type;
-  SQUALL_TRY(makeType({{r->header_, kMessageHeaderBytes}, {r->data_, bytes}}, &type));
+  SQUALL_TRY(makeType({{r->header(), kMessageHeaderBytes}, {r->data(), bytes}}, &type));
   int rc = MPI_Isend(MPI_BOTTOM, 1, type, peer, mpiTag(tag), comm_, &r->mpi_);
   MPI_Type_free(&type);  // pending operations keep their own reference
   SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
                  "rank %d could not send %s to rank %d: %s", rank_, describe(tag).c_str(), peer,
                  mpiError(rc).c_str());
-  r->livePos_ = live_.insert(live_.end(), r.get());
+  pending_.track(r.get());
   *request = std::move(r);
   return Status::kOk;
 }
@@ -213,9 +204,7 @@ Status MpiTransport::send(int peer, const Tag& tag, const void* data, size_t byt
 Status MpiTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
   SQUALL_TRY(checkPeer(peer, "receive from"));
   auto r = std::make_unique<MpiRequest>(this, false, peer, tag, data, bytes);
-  r->waiting_ = true;
-  r->livePos_ = live_.insert(live_.end(), r.get());
-  r->waitPos_ = waiting_.insert(waiting_.end(), r.get());
+  pending_.queueReceive(r.get());
   *request = std::move(r);
   return Status::kOk;
 }
@@ -223,40 +212,35 @@ Status MpiTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, Re
 Status MpiTransport::post(MpiRequest* r, MPI_Message message, MPI_Count length) {
   r->length_ = length;
   MPI_Datatype type;
-  if (static_cast<size_t>(length) == kMessageHeaderBytes + r->bytes()) {
-    SQUALL_TRY(makeType({{r->header_, kMessageHeaderBytes}, {r->data_, r->bytes()}}, &type));
+  if (r->fits(static_cast<size_t>(length))) {
+    SQUALL_TRY(makeType({{r->header(), kMessageHeaderBytes}, {r->data(), r->bytes()}}, &type));
   } else {
-    r->bounce_.resize(std::max<size_t>(static_cast<size_t>(length), 1));
-    SQUALL_TRY(makeType({{r->bounce_.data(), static_cast<size_t>(length)}}, &type));
+    size_t bytes = static_cast<size_t>(length);
+    SQUALL_TRY(makeType({{r->bounce(bytes), bytes}}, &type));
   }
   int rc = MPI_Imrecv(MPI_BOTTOM, 1, type, &message, &r->mpi_);
   MPI_Type_free(&type);
   SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
-                 "rank %d could not receive %s from rank %d: %s", rank_, describe(r->tag_).c_str(),
+                 "rank %d could not receive %s from rank %d: %s", rank_, describe(r->tag()).c_str(),
                  r->peer(), mpiError(rc).c_str());
   return Status::kOk;
 }
 
 void MpiTransport::finish(MpiRequest* r, Status status) {
-  live_.erase(r->livePos_);
+  pending_.untrack(r);
   lastActivity_ = Clock::now();
-  if (status == Status::kOk && !r->isSend_) {
-    const bool bounced = !r->bounce_.empty();
-    status = checkMessageHeader(
-        "MPI", rank_, r->peer(), r->tag_, r->bytes(), bounced ? r->bounce_.data() : r->header_,
-        bounced ? r->bounce_.size() : kMessageHeaderBytes, static_cast<size_t>(r->length_));
-    r->bounce_ = {};
-  }
+  if (status == Status::kOk && !r->isSend())
+    status = r->checkReceived("MPI", rank_, static_cast<size_t>(r->length_));
   r->complete(status);
 }
 
 Status MpiTransport::progress() {
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
+  for (auto it = pending_.waiting.begin(); it != pending_.waiting.end();) {
     MpiRequest* r = *it;
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
-    int rc = MPI_Improbe(r->peer(), mpiTag(r->tag_), comm_, &flag, &message, &status);
+    int rc = MPI_Improbe(r->peer(), mpiTag(r->tag()), comm_, &flag, &message, &status);
     SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
                    "rank %d could not probe for a message from rank %d: %s", rank_, r->peer(),
                    mpiError(rc).c_str());
@@ -264,25 +248,24 @@ Status MpiTransport::progress() {
       ++it;
       continue;
     }
-    it = waiting_.erase(it);
-    r->waiting_ = false;
+    it = pending_.matched(r);
     MPI_Count length = 0;
     MPI_Get_elements_x(&status, MPI_BYTE, &length);
     Status posted = post(r, message, length);
     if (posted != Status::kOk) finish(r, posted);
   }
   std::vector<MpiRequest*> active;
-  for (MpiRequest* r : live_)
+  for (MpiRequest* r : pending_.live)
     if (!r->waiting_) active.push_back(r);
   for (MpiRequest* r : active) {
     int flag = 0;
     MPI_Status status;
     int rc = MPI_Test(&r->mpi_, &flag, &status);
     if (rc != MPI_SUCCESS) {
-      finish(r,
-             SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
-                         "rank %d's %s rank %d failed: %s", rank_,
-                         r->isSend_ ? "send to" : "receive from", r->peer(), mpiError(rc).c_str()));
+      finish(r, SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
+                            "rank %d's %s rank %d failed: %s", rank_,
+                            r->isSend() ? "send to" : "receive from", r->peer(),
+                            mpiError(rc).c_str()));
     } else if (flag) {
       finish(r, Status::kOk);
     }
@@ -303,14 +286,11 @@ Status MpiTransport::waitForActivity(Deadline until) {
 }
 
 void MpiTransport::cancel(MpiRequest* r) {
-  if (r->waiting_) {
-    waiting_.erase(r->waitPos_);
-    r->waiting_ = false;
-  } else if (r->mpi_ != MPI_REQUEST_NULL) {
-    if (r->isSend_) MPI_Cancel(&r->mpi_);
+  if (!r->waiting_ && r->mpi_ != MPI_REQUEST_NULL) {
+    if (r->isSend()) MPI_Cancel(&r->mpi_);
     MPI_Wait(&r->mpi_, MPI_STATUS_IGNORE);
   }
-  live_.erase(r->livePos_);
+  pending_.untrack(r);
 }
 
 }  // namespace

@@ -70,7 +70,9 @@ constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 constexpr auto kMaxSleep = std::chrono::milliseconds(100);
 constexpr int kEmptyWakeupsBeforeNap = 4;
 constexpr auto kNap = std::chrono::microseconds(200);
-constexpr auto kCancelGrace = std::chrono::milliseconds(200);
+// Long enough for a live peer on a loaded host (ranks sharing cores) to take
+// an eager transfer; a peer that is gone is noticed by error handling anyway.
+constexpr auto kCancelGrace = std::chrono::seconds(1);
 constexpr auto kCloseTimeout = std::chrono::seconds(3);
 
 ucp_tag_t ucxTag(const Tag& tag, int source) {
@@ -81,27 +83,19 @@ ucp_tag_t ucxTag(const Tag& tag, int source) {
 
 class UcxTransport;
 
-class UcxRequest final : public Request {
+class UcxRequest final : public HeaderedRequest<UcxRequest> {
  public:
   UcxRequest(UcxTransport* owner, bool isSend, int peer, const Tag& tag, void* data, size_t bytes)
-      : Request(peer, bytes), owner_(owner), isSend_(isSend), tag_(tag), data_(data) {}
+      : HeaderedRequest(isSend, peer, tag, data, bytes), owner_(owner) {}
   ~UcxRequest() override;
 
  private:
   friend class UcxTransport;
   UcxTransport* owner_;  // nullptr once the transport is gone
-  const bool isSend_;
-  const Tag tag_;
-  void* data_;
-  uint8_t header_[kMessageHeaderBytes];
   ucp_dt_iov_t iov_[2];
   ucp_tag_recv_info_t info_{};
-  std::vector<uint8_t> bounce_;  // a receive matched to a message of the wrong size
-  void* handle_ = nullptr;       // the UCX request while UCX holds our buffers
-  bool waiting_ = false;         // a receive not yet matched to a message
+  void* handle_ = nullptr;  // the UCX request while UCX holds our buffers
   bool cancelling_ = false;
-  std::list<UcxRequest*>::iterator livePos_;
-  std::list<UcxRequest*>::iterator waitPos_;
 };
 
 class UcxTransport final : public Transport {
@@ -138,6 +132,7 @@ class UcxTransport final : public Transport {
   static void onPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   Status openWorker(bool wakeup);
+  Status wireUp(std::chrono::milliseconds timeout);
   Status checkPeer(int peer, const char* what) const;
   void post(UcxRequest* r, ucp_tag_message_h message, size_t length);
   void matchReceives();
@@ -153,12 +148,11 @@ class UcxTransport final : public Transport {
   std::vector<ucp_ep_h> eps_;
   std::vector<PeerSlot> slots_;       // error-callback arguments; never reallocated
   std::vector<std::string> failure_;  // why a peer is unusable; empty while healthy
-  std::list<UcxRequest*> live_;       // every pending request
-  std::list<UcxRequest*> waiting_;    // receives without a message, in post order
-  std::vector<void*> closing_;        // endpoint-close requests
-  uint64_t activity_ = 0;             // bumped whenever a request moves
-  uint64_t seenActivity_ = 0;         // activity_ when waitForActivity last returned
-  int emptyWakeups_ = 0;              // wakeups in a row that moved nothing
+  PendingRequests<UcxRequest> pending_;
+  std::vector<void*> closing_;  // endpoint-close requests
+  uint64_t activity_ = 0;       // bumped whenever a request moves
+  uint64_t seenActivity_ = 0;   // activity_ when waitForActivity last returned
+  int emptyWakeups_ = 0;        // wakeups in a row that moved nothing
   bool shuttingDown_ = false;
   const bool peerFailure_ = paramBool(Param::kUcxPeerFailure);
 };
@@ -292,9 +286,29 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
                          rank_, peer, ucs_status_string(st));
     }
   }
+  SQUALL_TRY(wireUp(bootstrap.timeout()));
   SQUALL_INFO(Subsys::kTransport, "rank %d: UCX transport up with %d ranks (%s waits)", rank_,
               size_, efd_ >= 0 ? "blocking" : "polling");
   return Status::kOk;
+}
+
+// UCX connects an endpoint on its first message, in a handshake that needs
+// the peer's worker to progress. A peer busy elsewhere (in a bootstrap
+// barrier, computing) would then stall even a small eager send, which should
+// complete on its own. So every pair exchanges one empty message here, while
+// every rank progresses. The tag is the highest (sequence, step) the UCX tag
+// holds; these messages are all received before init returns, so nothing
+// later can match them.
+Status UcxTransport::wireUp(std::chrono::milliseconds timeout) {
+  Tag tag;
+  tag.sequence = (uint64_t{1} << kSequenceBits) - 1;
+  tag.step = (1u << kStepBits) - 1;
+  std::vector<RequestPtr> requests(2 * static_cast<size_t>(size_));
+  for (int peer = 0; peer < size_; ++peer) {
+    SQUALL_TRY(recv(peer, tag, nullptr, 0, &requests[2 * static_cast<size_t>(peer)]));
+    SQUALL_TRY(send(peer, tag, nullptr, 0, &requests[2 * static_cast<size_t>(peer) + 1]));
+  }
+  return waitAll(requests, Clock::now() + timeout);
 }
 
 UcxTransport::~UcxTransport() {
@@ -302,29 +316,29 @@ UcxTransport::~UcxTransport() {
   if (worker_ != nullptr) {
     // Requests still pending are a caller bug; cancel them so UCX lets go of
     // their buffers before the worker disappears.
-    for (UcxRequest* r : waiting_) r->waiting_ = false;
-    waiting_.clear();
+    for (UcxRequest* r : pending_.waiting) r->waiting_ = false;
+    pending_.waiting.clear();
     // Cancelling may complete a request on the spot, which unlinks it.
-    std::vector<UcxRequest*> pendingRequests(live_.begin(), live_.end());
+    std::vector<UcxRequest*> pendingRequests(pending_.live.begin(), pending_.live.end());
     for (UcxRequest* r : pendingRequests) {
       r->cancelling_ = true;
       if (r->handle_ != nullptr) ucp_request_cancel(worker_, r->handle_);
     }
     // A flush close lets queued eager data reach healthy peers; failed
     // endpoints and ones with transfers left must be forced.
-    bool force = peerFailure_ && !live_.empty();
+    bool force = peerFailure_ && !pending_.live.empty();
     for (int peer = 0; peer < size_; ++peer)
       if (eps_[peer] != nullptr) closeEndpoint(peer, force || !failure_[peer].empty());
     Deadline deadline = Clock::now() + kCloseTimeout;
     auto pending = [&] {
       bool any = false;
       for (void* c : closing_) any |= ucp_request_check_status(c) == UCS_INPROGRESS;
-      for (UcxRequest* r : live_) any |= r->handle_ != nullptr;
+      for (UcxRequest* r : pending_.live) any |= r->handle_ != nullptr;
       return any;
     };
     while (pending() && Clock::now() < deadline) ucp_worker_progress(worker_);
     for (void* c : closing_) ucp_request_free(c);
-    for (UcxRequest* r : live_) {
+    for (UcxRequest* r : pending_.live) {
       r->owner_ = nullptr;
       if (!r->done()) r->complete(Status::kRemoteError);
     }
@@ -374,23 +388,23 @@ Status UcxTransport::send(int peer, const Tag& tag, const void* data, size_t byt
     *request = std::move(r);
     return Status::kOk;
   }
-  encodeMessageHeader(tag, bytes, r->header_);
+  encodeMessageHeader(tag, bytes, r->header());
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   param.cb.send = &UcxTransport::onSend;
   param.user_data = r.get();
-  void* buffer = r->header_;
+  void* buffer = r->header();
   size_t count = kMessageHeaderBytes;
   param.datatype = ucp_dt_make_contig(1);
   if (bytes > 0) {
-    r->iov_[0] = {r->header_, kMessageHeaderBytes};
-    r->iov_[1] = {r->data_, bytes};
+    r->iov_[0] = {r->header(), kMessageHeaderBytes};
+    r->iov_[1] = {r->data(), bytes};
     buffer = r->iov_;
     count = 2;
     param.datatype = ucp_dt_make_iov();
   }
-  r->livePos_ = live_.insert(live_.end(), r.get());
+  pending_.track(r.get());
   ucs_status_ptr_t sent = ucp_tag_send_nbx(eps_[peer], buffer, count, ucxTag(tag, rank_), &param);
   if (UCS_PTR_IS_PTR(sent)) {
     r->handle_ = sent;
@@ -404,9 +418,7 @@ Status UcxTransport::send(int peer, const Tag& tag, const void* data, size_t byt
 Status UcxTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
   SQUALL_TRY(checkPeer(peer, "receive from"));
   auto r = std::make_unique<UcxRequest>(this, false, peer, tag, data, bytes);
-  r->waiting_ = true;
-  r->livePos_ = live_.insert(live_.end(), r.get());
-  r->waitPos_ = waiting_.insert(waiting_.end(), r.get());
+  pending_.queueReceive(r.get());
   *request = std::move(r);
   return Status::kOk;
 }
@@ -421,14 +433,13 @@ void UcxTransport::post(UcxRequest* r, ucp_tag_message_h message, size_t length)
   param.datatype = ucp_dt_make_contig(1);
   void* buffer;
   size_t count = length;
-  if (length != kMessageHeaderBytes + r->bytes()) {
-    r->bounce_.resize(std::max<size_t>(length, 1));
-    buffer = r->bounce_.data();
+  if (!r->fits(length)) {
+    buffer = r->bounce(length);
   } else if (r->bytes() == 0) {
-    buffer = r->header_;
+    buffer = r->header();
   } else {
-    r->iov_[0] = {r->header_, kMessageHeaderBytes};
-    r->iov_[1] = {r->data_, r->bytes()};
+    r->iov_[0] = {r->header(), kMessageHeaderBytes};
+    r->iov_[1] = {r->data(), r->bytes()};
     buffer = r->iov_;
     count = 2;
     param.datatype = ucp_dt_make_iov();
@@ -443,20 +454,18 @@ void UcxTransport::post(UcxRequest* r, ucp_tag_message_h message, size_t length)
 }
 
 void UcxTransport::matchReceives() {
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
+  for (auto it = pending_.waiting.begin(); it != pending_.waiting.end();) {
     UcxRequest* r = *it;
     ucp_tag_recv_info_t info;
     ucp_tag_message_h message =
-        ucp_tag_probe_nb(worker_, ucxTag(r->tag_, r->peer()), kFullMask, 1, &info);
+        ucp_tag_probe_nb(worker_, ucxTag(r->tag(), r->peer()), kFullMask, 1, &info);
     if (message != nullptr) {
-      it = waiting_.erase(it);
-      r->waiting_ = false;
+      it = pending_.matched(r);
       post(r, message, info.length);
     } else if (!failure_[r->peer()].empty()) {
       // Nothing buffered from a failed peer: nothing ever will be. The
       // failure was described when it was detected.
-      it = waiting_.erase(it);
-      r->waiting_ = false;
+      it = pending_.matched(r);
       finish(r, UCS_ERR_CONNECTION_RESET, 0);
     } else {
       ++it;
@@ -481,7 +490,7 @@ void UcxTransport::onRecv(void* handle, ucs_status_t status, const ucp_tag_recv_
 }
 
 void UcxTransport::finish(UcxRequest* r, ucs_status_t status, size_t length) {
-  live_.erase(r->livePos_);
+  pending_.untrack(r);
   ++activity_;
   Status result = Status::kOk;
   if (r->cancelling_) {
@@ -489,21 +498,15 @@ void UcxTransport::finish(UcxRequest* r, ucs_status_t status, size_t length) {
   } else if (status != UCS_OK) {
     markFailed(r->peer(), status);
     result = Status::kRemoteError;
-  } else if (!r->isSend_) {
-    const bool bounced = !r->bounce_.empty();
-    result = checkMessageHeader("UCX", rank_, r->peer(), r->tag_, r->bytes(),
-                                bounced ? r->bounce_.data() : r->header_,
-                                bounced ? r->bounce_.size() : kMessageHeaderBytes, length);
-    r->bounce_ = {};
+  } else if (!r->isSend()) {
+    result = r->checkReceived("UCX", rank_, length);
   }
   r->complete(result);
 }
 
 void UcxTransport::cancel(UcxRequest* r) {
   if (r->waiting_) {
-    waiting_.erase(r->waitPos_);
-    live_.erase(r->livePos_);
-    r->waiting_ = false;
+    pending_.untrack(r);
     return;
   }
   if (r->handle_ == nullptr) return;
@@ -512,7 +515,9 @@ void UcxTransport::cancel(UcxRequest* r) {
   Deadline forceAt = Clock::now() + kCancelGrace;
   bool warned = false;
   while (r->handle_ != nullptr) {
-    ucp_worker_progress(worker_);
+    // Idle rounds give the core away: the peer that must take the data may
+    // be waiting for it.
+    if (ucp_worker_progress(worker_) == 0) std::this_thread::yield();
     if (r->handle_ == nullptr || eps_[r->peer()] == nullptr || Clock::now() < forceAt) continue;
     if (!peerFailure_) {
       // Forcing a close is undefined without peer error handling: all we

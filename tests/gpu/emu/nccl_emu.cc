@@ -1,7 +1,8 @@
-// The NCCL stand-in of tests/gpu/emu/nccl.h: FIFO mailboxes between threads.
-#include "nccl.h"
+// The NCCL stand-in of tests/gpu/emu/nccl_emu.h: FIFO mailboxes between threads.
+#include "nccl_emu.h"
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -24,6 +25,11 @@ struct ncclComm {
 
 namespace {
 
+using namespace squall::transport::nccl;  // NOLINT: the NCCL constants
+
+ncclComm_t commOf(void* comm) { return static_cast<ncclComm_t>(comm); }
+cudaStream_t streamOf(void* stream) { return static_cast<cudaStream_t>(stream); }
+
 struct Op {
   bool send;
   const void* from;
@@ -37,15 +43,15 @@ thread_local int tGroupDepth = 0;
 thread_local std::vector<Op> tPending;
 thread_local cudaStream_t tGroupStream = nullptr;
 
-size_t sizeOf(ncclDataType_t t) {
+size_t sizeOf(int t) {
   switch (t) {
-    case ncclInt8:
-    case ncclUint8: return 1;
-    case ncclFloat16:
-    case ncclBfloat16: return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32: return 4;
+    case 0:  // int8
+    case kNcclUint8: return 1;
+    case kNcclFloat16:
+    case kNcclBfloat16: return 2;
+    case kNcclInt32:
+    case 3:  // uint32
+    case kNcclFloat32: return 4;
     default: return 8;
   }
 }
@@ -74,61 +80,65 @@ void run(const std::vector<Op>& ops) {
   }
 }
 
-ncclResult_t submit(std::vector<Op> ops, cudaStream_t stream) {
+int submit(std::vector<Op> ops, cudaStream_t stream) {
   if (tGroupDepth > 0) {
-    if (!tPending.empty() && tGroupStream != stream) return ncclInvalidUsage;
+    if (!tPending.empty() && tGroupStream != stream) return kNcclInvalidUsage;
     tGroupStream = stream;
     tPending.insert(tPending.end(), ops.begin(), ops.end());
-    return ncclSuccess;
+    return kNcclSuccess;
   }
   squall_emu::enqueue(stream, [ops = std::move(ops)] { run(ops); });
-  return ncclSuccess;
+  return kNcclSuccess;
 }
 
-}  // namespace
-
-const char* ncclGetErrorString(ncclResult_t result) {
-  return result == ncclSuccess ? "no error" : "emulated NCCL error";
+const char* errorString(int result) {
+  return result == kNcclSuccess ? "no error" : "emulated NCCL error";
 }
 
-ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  *count = comm->size;
-  return ncclSuccess;
+int commCount(void* comm, int* count) {
+  *count = commOf(comm)->size;
+  return kNcclSuccess;
 }
 
-ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  *rank = comm->rank;
-  return ncclSuccess;
+int commUserRank(void* comm, int* rank) {
+  *rank = commOf(comm)->rank;
+  return kNcclSuccess;
 }
 
-ncclResult_t ncclGroupStart() {
+int commAbort(void*) { return kNcclSuccess; }
+
+int groupStart() {
   ++tGroupDepth;
-  return ncclSuccess;
+  return kNcclSuccess;
 }
 
-ncclResult_t ncclGroupEnd() {
-  if (tGroupDepth == 0) return ncclInvalidUsage;
-  if (--tGroupDepth > 0 || tPending.empty()) return ncclSuccess;
+int groupEnd() {
+  if (tGroupDepth == 0) return kNcclInvalidUsage;
+  if (--tGroupDepth > 0 || tPending.empty()) return kNcclSuccess;
   std::vector<Op> ops = std::move(tPending);
   tPending.clear();
   squall_emu::enqueue(tGroupStream, [ops = std::move(ops)] { run(ops); });
-  return ncclSuccess;
+  return kNcclSuccess;
 }
 
-ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                      ncclComm_t comm, cudaStream_t stream) {
-  if (peer < 0 || peer >= comm->size || peer == comm->rank) return ncclInvalidArgument;
-  return submit({Op{true, sendbuff, nullptr, count * sizeOf(datatype), peer, comm}}, stream);
+int send(const void* sendbuff, size_t count, int datatype, int peer, void* c, void* stream) {
+  ncclComm_t comm = commOf(c);
+  if (peer < 0 || peer >= comm->size || peer == comm->rank) return kNcclInvalidArgument;
+  return submit({Op{true, sendbuff, nullptr, count * sizeOf(datatype), peer, comm}},
+                streamOf(stream));
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                      ncclComm_t comm, cudaStream_t stream) {
-  if (peer < 0 || peer >= comm->size || peer == comm->rank) return ncclInvalidArgument;
-  return submit({Op{false, nullptr, recvbuff, count * sizeOf(datatype), peer, comm}}, stream);
+int recv(void* recvbuff, size_t count, int datatype, int peer, void* c, void* stream) {
+  ncclComm_t comm = commOf(c);
+  if (peer < 0 || peer >= comm->size || peer == comm->rank) return kNcclInvalidArgument;
+  return submit({Op{false, nullptr, recvbuff, count * sizeOf(datatype), peer, comm}},
+                streamOf(stream));
 }
 
-ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+int allGather(const void* sendbuff, void* recvbuff, size_t sendcount, int datatype, void* c,
+              void* s) {
+  ncclComm_t comm = commOf(c);
+  cudaStream_t stream = streamOf(s);
   const size_t bytes = sendcount * sizeOf(datatype);
   auto* out = static_cast<unsigned char*>(recvbuff);
   std::vector<Op> ops;
@@ -145,11 +155,11 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   return submit(std::move(ops), stream);
 }
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                           cudaStream_t stream) {
-  if (datatype != ncclFloat32 || op != ncclSum || tGroupDepth > 0) return ncclInvalidUsage;
-  squall_emu::enqueue(stream, [=] {
+int allReduce(const void* sendbuff, void* recvbuff, size_t count, int datatype, int op, void* c,
+              void* stream) {
+  ncclComm_t comm = commOf(c);
+  if (datatype != kNcclFloat32 || op != kNcclSum || tGroupDepth > 0) return kNcclInvalidUsage;
+  squall_emu::enqueue(streamOf(stream), [=] {
     const size_t bytes = count * sizeof(float);
     const auto n = static_cast<size_t>(comm->size);
     // Every rank's buffer, by an all-gather through the mailboxes.
@@ -172,12 +182,40 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
       out[i] = acc;
     }
   });
-  return ncclSuccess;
+  return kNcclSuccess;
 }
+
+// The root sends to every other rank, which receives in place (out).
+int broadcast(const void* sendbuff, void* recvbuff, size_t count, int datatype, int root, void* c,
+              void* s) {
+  ncclComm_t comm = commOf(c);
+  if (root < 0 || root >= comm->size || tGroupDepth > 0) return kNcclInvalidArgument;
+  const size_t bytes = count * sizeOf(datatype);
+  std::vector<Op> ops;
+  if (comm->rank == root) {
+    if (recvbuff != sendbuff) {
+      squall_emu::enqueue(streamOf(s), [=] { std::memmove(recvbuff, sendbuff, bytes); });
+    }
+    for (int j = 0; j < comm->size; ++j)
+      if (j != root) ops.push_back(Op{true, sendbuff, nullptr, bytes, j, comm});
+  } else {
+    ops.push_back(Op{false, nullptr, recvbuff, bytes, root, comm});
+  }
+  return submit(std::move(ops), streamOf(s));
+}
+
+constexpr Table kTable = {errorString, commCount, commUserRank, commAbort,
+                          groupStart,  groupEnd,  send,         recv,
+                          allGather,   allReduce, broadcast,    "CPU emulation of NCCL"};
+
+}  // namespace
 
 namespace squall_emu {
 
+const Table& ncclTable() { return kTable; }
+
 void ncclCreateWorld(int n, ncclComm_t* comms) {
+  squall::transport::nccl::installTable(&kTable);
   auto world = std::make_shared<ncclWorld>();
   for (int i = 0; i < n; ++i) comms[i] = new ncclComm{world, i, n};
 }

@@ -1,6 +1,9 @@
-// What every CUDA source of the library shares: a CUDA error as a Status,
-// and the kernel launch (through a function, so that the CPU emulation in
-// tests/gpu/emu, which defines its own launchKernel, can run the same code).
+// What every CUDA source of the library shares (the CUDA codec, the device
+// allreduce, the device optimizer, core's NCCL engine): a CUDA error as a
+// Status, and the kernel launch (through a function, so that the CPU emulation
+// in tests/gpu/emu, which defines its own launchKernel, can run the same code).
+// Header only, and included only by sources built with CUDA: the common
+// library itself never needs the CUDA runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>

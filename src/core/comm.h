@@ -1,0 +1,199 @@
+// The C++ face of Squall: one communicator owning one engine, with the
+// collectives, compressors and optimizers on it. The C API (api_*.cc), the
+// NCCL plugin and the interposer all build on this; none of them sees an
+// engine.
+//
+// Engines (engine.h, private to core):
+//   host: coll::Communicator over a transport (tcp / ucx / mpi) and the
+//         bootstrap it rendezvoused through; runs every collective on host
+//         buffers, and device buffers on a CUDA stream staged through pinned
+//         memory;
+//   NCCL: a borrowed ncclComm_t (transport::nccl::DeviceComm), the device
+//         compressed state and the device optimizer; runs only the
+//         stream-ordered operations (compressedAllReduceOnStream and an
+//         optimizer's stepOnStream).
+// An operation the engine cannot run fails with kInvalidUsage and a sentence
+// saying what to use instead. Device entry points in a build without CUDA
+// fail with kUnsupported.
+//
+// Like coll::Communicator, a Comm is driven by one thread at a time, every
+// rank calls the same operations in the same order, and a Compressor or
+// Optimizer is used only with the Comm that created it (which must outlive
+// it).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "src/bootstrap/bootstrap.h"
+#include "src/codec/wire.h"
+#include "src/coll/communicator.h"
+#include "src/common/status.h"
+#include "src/common/types.h"
+#include "src/core/transports.h"
+#include "src/optim/optimizer.h"
+
+namespace squall::core {
+
+class Engine;
+
+// What squallConfig_t carries, already validated.
+struct CommConfig {
+  TransportKind transport = TransportKind::kTcp;  // resolved: never "default"
+  std::chrono::milliseconds timeout{300000};
+  // SQUALL_TRANSPORT (auto: ucx when built in, else tcp) and SQUALL_TIMEOUT_S.
+  static Status fromEnvironment(CommConfig* out);
+};
+
+struct CompressorStats {
+  uint64_t calls = 0;         // compressed allreduces run with this compressor
+  uint64_t skippedCalls = 0;  // of which left the residuals alone (non-finite input)
+  uint64_t bytesSent = 0;     // payload bytes of the last call
+  uint64_t bytesReceived = 0;
+};
+
+class Comm;
+
+// The residuals of one buffer (count elements, one codec) for the compressed
+// allreduce, on the host or on the device depending on the engine.
+class Compressor {
+ public:
+  virtual ~Compressor() = default;
+  Compressor(const Compressor&) = delete;
+  Compressor& operator=(const Compressor&) = delete;
+
+  const Comm& comm() const { return *comm_; }
+  size_t count() const { return count_; }
+  const codec::Spec& spec() const { return spec_; }
+  // Zeroes the residuals (a device compressor waits for its last stream).
+  virtual Status reset() = 0;
+  // A device compressor waits for its last stream.
+  virtual Status stats(CompressorStats* out) = 0;
+
+ protected:
+  Compressor(const Comm* comm, size_t count, const codec::Spec& spec)
+      : comm_(comm), count_(count), spec_(spec) {}
+
+ private:
+  const Comm* comm_;
+  size_t count_;
+  codec::Spec spec_;
+};
+
+// APMSqueeze / sync / local Adam (+ SlowMo) over one flat fp32 buffer of
+// count() parameters: the one schedule of src/optim over a backend in host
+// memory (host engine) or in device memory (NCCL engine).
+class Optimizer {
+ public:
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  const Comm& comm() const { return *comm_; }
+  size_t count() const;
+  // The state is in device memory (an optimizer of the NCCL engine).
+  bool onDevice() const;
+  // One step on host buffers (host engine); lr > 0 overrides the configured
+  // rate. Bad buffers are refused on every rank (optim::Optimizer::refuseStep).
+  // kInvalidUsage on the device.
+  Status step(float* params, const float* grads, float lr);
+  // One step on device buffers, enqueued on `cudaStream`: on the device (NCCL
+  // engine), or staged through host memory around a host step (host engine,
+  // two stream waits).
+  Status stepOnStream(float* params, const float* grads, float lr, void* cudaStream);
+  Status info(optim::Info* out) const;
+  // On the device these wait for the stream of the last step.
+  Status stateSize(size_t* bytes) const;
+  Status saveState(void* buffer, size_t capacity, size_t* written) const;
+  Status loadState(const void* buffer, size_t bytes);
+
+ private:
+  friend class Comm;
+  Optimizer(const Comm* comm, std::unique_ptr<optim::Optimizer> impl);
+  const Comm* comm_;
+  std::unique_ptr<optim::Optimizer> impl_;
+};
+
+class Comm {
+ public:
+  // Rendezvous of `nranks` ranks through `id` (made by one rank with
+  // bootstrap::createUniqueId and shared), then the transport of `config`.
+  static Status create(const bootstrap::UniqueId& id, int nranks, int rank,
+                       const CommConfig& config, std::unique_ptr<Comm>* out);
+  // The same from MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE (torchrun).
+  static Status fromEnv(const CommConfig& config, std::unique_ptr<Comm>* out);
+  // Over an existing MPI communicator (`mpiComm` points to an MPI_Comm);
+  // config.transport is ignored. kUnsupported in a build without MPI.
+  static Status fromMpi(const void* mpiComm, const CommConfig& config, std::unique_ptr<Comm>* out);
+  // Over a borrowed ncclComm_t (it must outlive the Comm). kUnsupported in a
+  // build without CUDA and NCCL, or when NCCL cannot be loaded.
+  static Status fromNccl(void* ncclComm, std::unique_ptr<Comm>* out);
+
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Collective over this communicator: ranks with the same color >= 0 form a
+  // new one, ordered by key (ties by rank); color < 0 gets a null `out`.
+  // The new communicator has this one's transport and timeout. Host engines
+  // built by rendezvous only.
+  Status split(int color, int key, std::unique_ptr<Comm>* out);
+
+  int rank() const;
+  int size() const;
+  const char* transportName() const;  // "tcp", "ucx", "mpi", "nccl"
+  const CommConfig& config() const { return config_; }
+
+  // coll::Communicator::refuse: this rank's next collective is refused for a
+  // bad argument, and the peers learn it. kOk passes through; on an engine
+  // without host collectives the check is returned as it is.
+  Status refuse(Status check);
+
+  // Host collectives (host engine), blocking.
+  Status allReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
+  Status allGather(const void* in, void* out, size_t count, DataType dtype);
+  Status allToAll(const void* in, void* out, size_t count, DataType dtype);
+  Status broadcast(void* buffer, size_t count, DataType dtype, int root);
+  Status barrier();
+  // ... and started, finishing on the communicator's worker thread.
+  Status startAllReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                        coll::OperationPtr* operation);
+  Status startAllGather(const void* in, void* out, size_t count, DataType dtype,
+                        coll::OperationPtr* operation);
+  Status startAllToAll(const void* in, void* out, size_t count, DataType dtype,
+                       coll::OperationPtr* operation);
+  Status startBroadcast(void* buffer, size_t count, DataType dtype, int root,
+                        coll::OperationPtr* operation);
+  Status startBarrier(coll::OperationPtr* operation);
+
+  // A compressor for `count` elements; every rank makes one alike.
+  Status createCompressor(size_t count, const codec::Spec& spec, std::unique_ptr<Compressor>* out);
+  // The compressed allreduce of c.count() elements of fp32, fp16 or bf16,
+  // sum or avg, on host buffers (host engine).
+  Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op, Compressor& c);
+  Status startCompressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
+                                  Compressor& c, coll::OperationPtr* operation);
+  // Device buffers on a CUDA stream: on the NCCL engine on the device
+  // (stream-ordered, capturable); on a host engine staged through pinned
+  // memory (waits for the stream twice). kUnsupported without CUDA.
+  Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
+                                     Compressor& c, void* cudaStream);
+
+  // An optimizer of `count` parameters; every rank makes one alike.
+  Status createOptimizer(size_t count, const optim::Config& config,
+                         std::unique_ptr<Optimizer>* out);
+
+ private:
+  Comm(std::unique_ptr<Engine> engine, const CommConfig& config);
+  static Status fromBootstrap(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
+                              const CommConfig& config, std::unique_ptr<Comm>* out);
+  Status hostEngine(coll::Communicator** out);
+  Status checkCompressor(const Compressor& c) const;
+
+  std::unique_ptr<Engine> engine_;
+  CommConfig config_;
+};
+
+}  // namespace squall::core

@@ -1,0 +1,63 @@
+// The engines behind core::Comm (comm.h), private to core. An engine runs
+// what its kind of communicator can run; Comm checks the caller's arguments
+// and the compressor's owner first, and routes the host collectives to
+// host() when the engine has them.
+#pragma once
+
+#include <memory>
+
+#include "src/bootstrap/bootstrap.h"
+#include "src/coll/communicator.h"
+#include "src/core/comm.h"
+#include "src/transport/transport.h"
+
+namespace squall::core {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* transportName() const = 0;
+  // The host collectives; null when the engine has none.
+  virtual coll::Communicator* host() { return nullptr; }
+  // The engine rendezvoused through a bootstrap, so split can make new ones.
+  virtual bool canSplit() const { return false; }
+
+  virtual Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
+                                  std::unique_ptr<Compressor>* out) = 0;
+  // Host buffers; `operation` null: blocking. c belongs to this engine.
+  virtual Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
+                                     Compressor& c, coll::OperationPtr* operation) = 0;
+  virtual Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
+                                             Compressor& c, void* stream) = 0;
+  // The schedule over this engine's backend (host or device memory).
+  virtual Status createOptimizer(size_t count, const optim::Config& config,
+                                 std::unique_ptr<optim::Optimizer>* out) = 0;
+};
+
+// host_engine.cc. `bootstrap` may be null (a transport from MPI).
+Status createHostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
+                        std::unique_ptr<transport::Transport> transport, const CommConfig& config,
+                        std::unique_ptr<Engine>* out);
+
+// nccl_engine.cc with CUDA and NCCL; engine_stub.cc (kUnsupported) without.
+Status createNcclEngine(void* ncclComm, std::unique_ptr<Engine>* out);
+
+// Device buffers on a host engine, staged through host memory (host_staging.cc
+// with CUDA and NCCL; engine_stub.cc, kUnsupported, without).
+class Staging {
+ public:
+  virtual ~Staging() = default;
+};
+// The compressed allreduce of state.count() elements: copy in on `stream`,
+// wait, the host compressed allreduce, copy out, wait. `staging` keeps the
+// pinned buffers from call to call.
+Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState& state,
+                                 std::unique_ptr<Staging>* staging, const void* in, void* out,
+                                 DataType dtype, ReduceOp op, void* stream);
+// One step of a host optimizer on device buffers.
+Status stagedOptimizerStep(optim::Optimizer& optimizer, float* params, const float* grads, float lr,
+                           void* stream);
+
+}  // namespace squall::core

@@ -1,0 +1,31 @@
+// The GPU path of core in a build without CUDA or NCCL: communicators from
+// NCCL and device buffers on host communicators are refused, saying why.
+#include "src/core/engine.h"
+
+namespace squall::core {
+namespace {
+
+Status gpuPathMissing(const char* what) {
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                     "%s needs Squall built with CUDA and NCCL (nvcc and libnccl found at "
+                     "configure time, -Dcuda=enabled -Dnccl=enabled); this build has no GPU path",
+                     what);
+}
+
+}  // namespace
+
+Status createNcclEngine(void*, std::unique_ptr<Engine>*) {
+  return gpuPathMissing("squallCommInitFromNccl");
+}
+
+Status stagedCompressedAllReduce(coll::Communicator&, coll::CompressedState&,
+                                 std::unique_ptr<Staging>*, const void*, void*, DataType, ReduceOp,
+                                 void*) {
+  return gpuPathMissing("squallCompressedAllReduceOnStream");
+}
+
+Status stagedOptimizerStep(optim::Optimizer&, float*, const float*, float, void*) {
+  return gpuPathMissing("squallOptimizerStepOnStream");
+}
+
+}  // namespace squall::core

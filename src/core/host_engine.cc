@@ -1,0 +1,112 @@
+// The host engine: coll::Communicator over a transport, and the bootstrap
+// it rendezvoused through, destroyed in the reverse order. Compressors hold a
+// coll::CompressedState, optimizers are optim::Optimizer over host memory;
+// device buffers are staged through host memory (host_staging.cc).
+#include <memory>
+#include <utility>
+
+#include "src/coll/compressed_state.h"
+#include "src/core/engine.h"
+
+namespace squall::core {
+namespace {
+
+class HostCompressor final : public Compressor {
+ public:
+  HostCompressor(const Comm* comm, size_t count, const codec::Spec& spec,
+                 std::unique_ptr<coll::CompressedState> state)
+      : Compressor(comm, count, spec), state_(std::move(state)) {}
+
+  Status reset() override {
+    state_->reset();
+    return Status::kOk;
+  }
+  Status stats(CompressorStats* out) override {
+    out->calls = calls_;
+    out->skippedCalls = state_->worker().skipped();
+    out->bytesSent = state_->lastStats().bytesSent;
+    out->bytesReceived = state_->lastStats().bytesReceived;
+    return Status::kOk;
+  }
+
+  coll::CompressedState& state() { return *state_; }
+  std::unique_ptr<Staging>& staging() { return staging_; }
+  void called() { ++calls_; }
+
+ private:
+  std::unique_ptr<coll::CompressedState> state_;
+  std::unique_ptr<Staging> staging_;  // pinned buffers, once given device pointers
+  uint64_t calls_ = 0;
+};
+
+class HostEngine final : public Engine {
+ public:
+  HostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
+             std::unique_ptr<transport::Transport> transport, const CommConfig& config)
+      : bootstrap_(std::move(bootstrap)), transport_(std::move(transport)) {
+    coll::Options options = coll::Options::fromEnvironment();
+    options.timeout = config.timeout;
+    coll_ = std::make_unique<coll::Communicator>(transport_.get(), options);
+  }
+  ~HostEngine() override {
+    coll_.reset();  // stops the worker before the transport goes
+    transport_.reset();
+    bootstrap_.reset();
+  }
+
+  int rank() const override { return coll_->rank(); }
+  int size() const override { return coll_->size(); }
+  const char* transportName() const override { return transport_->name(); }
+  coll::Communicator* host() override { return coll_.get(); }
+  bool canSplit() const override { return bootstrap_ != nullptr; }
+
+  Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
+                          std::unique_ptr<Compressor>* out) override {
+    std::unique_ptr<coll::CompressedState> state;
+    SQUALL_TRY(coll::CompressedState::create(coll_->size(), count, spec, &state));
+    *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
+    return Status::kOk;
+  }
+
+  Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op, Compressor& c,
+                             coll::OperationPtr* operation) override {
+    auto& h = static_cast<HostCompressor&>(c);
+    if (operation != nullptr) {
+      SQUALL_TRY(coll_->startCompressedAllReduce(in, out, dtype, op, &h.state(), operation));
+    } else {
+      SQUALL_TRY(coll_->compressedAllReduce(in, out, dtype, op, &h.state()));
+    }
+    h.called();
+    return Status::kOk;
+  }
+
+  Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
+                                     Compressor& c, void* stream) override {
+    auto& h = static_cast<HostCompressor&>(c);
+    SQUALL_TRY(
+        stagedCompressedAllReduce(*coll_, h.state(), &h.staging(), in, out, dtype, op, stream));
+    h.called();
+    return Status::kOk;
+  }
+
+  Status createOptimizer(size_t count, const optim::Config& config,
+                         std::unique_ptr<optim::Optimizer>* out) override {
+    return optim::Optimizer::create(coll_.get(), count, config, out);
+  }
+
+ private:
+  std::unique_ptr<bootstrap::Bootstrap> bootstrap_;  // null over MPI
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<coll::Communicator> coll_;
+};
+
+}  // namespace
+
+Status createHostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
+                        std::unique_ptr<transport::Transport> transport, const CommConfig& config,
+                        std::unique_ptr<Engine>* out) {
+  *out = std::make_unique<HostEngine>(std::move(bootstrap), std::move(transport), config);
+  return Status::kOk;
+}
+
+}  // namespace squall::core

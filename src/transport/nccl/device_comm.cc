@@ -1,0 +1,91 @@
+#include "src/transport/nccl/device_comm.h"
+
+namespace squall::transport::nccl {
+namespace {
+
+int ncclTypeOf(DataType type) {
+  switch (type) {
+    case DataType::kF32: return kNcclFloat32;
+    case DataType::kF16: return kNcclFloat16;
+    case DataType::kBf16: return kNcclBfloat16;
+    case DataType::kF64: return kNcclFloat64;
+    case DataType::kI32: return kNcclInt32;
+    case DataType::kI64: return kNcclInt64;
+  }
+  return kNcclUint8;
+}
+
+}  // namespace
+
+Status DeviceComm::wrap(void* ncclComm, DeviceComm* out) {
+  const Table* table = nullptr;
+  SQUALL_TRY(ncclTable(&table));
+  return wrap(*table, ncclComm, out);
+}
+
+Status DeviceComm::wrap(const Table& table, void* ncclComm, DeviceComm* out) {
+  SQUALL_REQUIRE(ncclComm != nullptr && out != nullptr, Status::kInvalidArgument,
+                 Subsys::kTransport, "the ncclComm_t and the output must be set");
+  DeviceComm c;
+  c.table_ = &table;
+  c.comm_ = ncclComm;
+  const int sizeResult = table.commCount(ncclComm, &c.size_);
+  const int rankResult =
+      sizeResult == kNcclSuccess ? table.commUserRank(ncclComm, &c.rank_) : sizeResult;
+  if (rankResult != kNcclSuccess) {
+    return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
+                       "the NCCL communicator could not be queried (%s); pass an initialised "
+                       "ncclComm_t",
+                       table.getErrorString(rankResult));
+  }
+  SQUALL_REQUIRE(c.size_ >= 1 && c.rank_ >= 0 && c.rank_ < c.size_, Status::kInvalidArgument,
+                 Subsys::kTransport, "the NCCL communicator reports rank %d of %d", c.rank_,
+                 c.size_);
+  *out = c;
+  return Status::kOk;
+}
+
+Status DeviceComm::send(const void* buffer, size_t bytes, int peer, void* stream) const {
+  return ncclStatus(*table_, table_->send(buffer, bytes, kNcclUint8, peer, comm_, stream),
+                    "ncclSend");
+}
+
+Status DeviceComm::recv(void* buffer, size_t bytes, int peer, void* stream) const {
+  return ncclStatus(*table_, table_->recv(buffer, bytes, kNcclUint8, peer, comm_, stream),
+                    "ncclRecv");
+}
+
+Status DeviceComm::groupStart() const {
+  return ncclStatus(*table_, table_->groupStart(), "ncclGroupStart");
+}
+
+Status DeviceComm::groupEnd() const {
+  return ncclStatus(*table_, table_->groupEnd(), "ncclGroupEnd");
+}
+
+Status DeviceComm::allGather(const void* in, void* out, size_t bytes, void* stream) const {
+  return ncclStatus(*table_, table_->allGather(in, out, bytes, kNcclUint8, comm_, stream),
+                    "ncclAllGather");
+}
+
+Status DeviceComm::allReduceSum(const void* in, void* out, size_t count, DataType type,
+                                void* stream) const {
+  return ncclStatus(*table_,
+                    table_->allReduce(in, out, count, ncclTypeOf(type), kNcclSum, comm_, stream),
+                    "ncclAllReduce");
+}
+
+Status DeviceComm::broadcast(const void* in, void* out, size_t count, DataType type, int root,
+                             void* stream) const {
+  SQUALL_REQUIRE(root >= 0 && root < size_, Status::kInvalidArgument, Subsys::kTransport,
+                 "broadcast root %d is not a rank of this %d-rank communicator", root, size_);
+  return ncclStatus(*table_,
+                    table_->broadcast(in, out, count, ncclTypeOf(type), root, comm_, stream),
+                    "ncclBroadcast");
+}
+
+Status DeviceComm::abort() const {
+  return ncclStatus(*table_, table_->commAbort(comm_), "ncclCommAbort");
+}
+
+}  // namespace squall::transport::nccl

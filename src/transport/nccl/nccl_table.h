@@ -1,0 +1,88 @@
+// The NCCL entry points Squall calls, as one table resolved at run time.
+//
+// Nothing in Squall includes nccl.h or calls an NCCL symbol directly: every
+// call goes through the table returned by ncclTable(). By default the table is
+// filled by dlsym on the NCCL library's own handle (SQUALL_NCCL_LIBRARY,
+// libnccl.so.2 by default; dlopen of a soname returns the copy already loaded,
+// e.g. torch's), so that an LD_PRELOAD interposer exporting ncclAllReduce
+// does not catch Squall's own calls. Such an interposer, or the CPU emulation
+// in tests/gpu/emu, may install a table of its own instead.
+//
+// The signatures follow NCCL's C ABI with its enums as int and its handles
+// (ncclComm_t, cudaStream_t) as void*: the same registers and sizes, so the
+// resolved functions are called as they are.
+#pragma once
+
+#include <cstddef>
+
+#include "src/common/status.h"
+
+namespace squall::transport::nccl {
+
+// ncclResult_t values.
+enum NcclResult : int {
+  kNcclSuccess = 0,
+  kNcclUnhandledCudaError = 1,
+  kNcclSystemError = 2,
+  kNcclInternalError = 3,
+  kNcclInvalidArgument = 4,
+  kNcclInvalidUsage = 5,
+  kNcclRemoteError = 6,
+  kNcclInProgress = 7,
+};
+
+// ncclDataType_t and ncclRedOp_t values (those Squall uses).
+enum NcclType : int {
+  kNcclInt32 = 2,
+  kNcclInt64 = 4,
+  kNcclUint8 = 1,
+  kNcclFloat16 = 6,
+  kNcclFloat32 = 7,
+  kNcclFloat64 = 8,
+  kNcclBfloat16 = 9,
+};
+enum NcclOp : int { kNcclSum = 0, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
+
+struct Table {
+  const char* (*getErrorString)(int result);
+  int (*commCount)(void* comm, int* count);
+  int (*commUserRank)(void* comm, int* rank);
+  int (*commAbort)(void* comm);
+  int (*groupStart)();
+  int (*groupEnd)();
+  int (*send)(const void* buffer, size_t count, int type, int peer, void* comm, void* stream);
+  int (*recv)(void* buffer, size_t count, int type, int peer, void* comm, void* stream);
+  int (*allGather)(const void* in, void* out, size_t count, int type, void* comm, void* stream);
+  int (*allReduce)(const void* in, void* out, size_t count, int type, int op, void* comm,
+                   void* stream);
+  int (*broadcast)(const void* in, void* out, size_t count, int type, int root, void* comm,
+                   void* stream);
+  // Where the entries came from, for messages ("libnccl.so.2", "CPU emulation").
+  const char* origin;
+};
+
+// The active table: the installed one, else NCCL's library resolved on first
+// use. kUnsupported, saying what to install, when no NCCL can be loaded.
+Status ncclTable(const Table** out);
+
+// Makes `table` (every entry set; it must outlive its use) the active table;
+// nullptr goes back to resolving NCCL's library. Communicators wrapped
+// before keep the table they were wrapped with.
+void installTable(const Table* table);
+
+// Resolves a table from the NCCL library at `path` (a soname or a file), for
+// an interposer that wants NCCL's own functions under its exports.
+Status loadTable(const char* path, Table* out);
+
+// The one conversion of an NCCL result: kOk for success; otherwise the
+// failure, described once and naming `what` (kSystemError for CUDA and system
+// errors, kRemoteError for a peer's, kInvalidArgument / kInvalidUsage for a
+// call NCCL refused, kInProgress for a nonblocking communicator still busy).
+Status ncclStatus(const Table& table, int result, const char* what);
+
+}  // namespace squall::transport::nccl
+
+// Returns from the calling function when the NCCL call `expr`, made through
+// `table`, fails.
+#define SQUALL_NCCL_TRY(table, expr) \
+  SQUALL_TRY(::squall::transport::nccl::ncclStatus((table), (expr), #expr))

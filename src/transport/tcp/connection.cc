@@ -1,0 +1,388 @@
+// See connection.h. The incoming side is a small state machine: collect a
+// header, then route its payload to a sink (the matched receive's buffer, a
+// buffer for an unexpected frame, or nowhere), then the next header.
+#include "src/transport/tcp/connection.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace squall::transport::tcp {
+
+// A frame that arrived (or is arriving) before its receive was posted.
+struct Unexpected {
+  Tag tag;
+  std::vector<char> data;
+  bool complete = false;
+  ConnectionRequest* waiter = nullptr;
+};
+
+namespace {
+constexpr size_t kScratchBytes = size_t{1} << 16;
+}  // namespace
+
+Connection::Connection(int fd, int self, int peer)
+    : fd_(fd), loopback_(fd < 0), self_(self), peer_(peer) {}
+
+Connection::~Connection() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void Connection::finish(ConnectionRequest* request, Status status) {
+  request->complete(status);
+  ++completions_;
+}
+
+// False (and `request` failed) when the frame's descriptor or size does not
+// fit the receive.
+bool Connection::accepts(ConnectionRequest* request, const Tag& tag, uint64_t bytes) {
+  bool sizeFits = request->kind_ == ConnectionRequest::Kind::kRecvUpTo ? bytes <= request->bytes()
+                                                                       : bytes == request->bytes();
+  if (tag.descriptor == request->tag_.descriptor && sizeFits) return true;
+  finish(request, failMismatch(self_, peer_, tag, bytes, request->tag_, request->bytes()));
+  return false;
+}
+
+void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
+  if (failed_) return;
+  failed_ = true;
+  failure_ = status;
+  why_ = why;
+  if (fd_ >= 0) {
+    close(fd_);  // also leaves any epoll set
+    fd_ = -1;
+  }
+  size_t pending = posted_.size() + sends_.size() + (target_ != nullptr ? 1 : 0);
+  for (auto& [key, u] : unexpected_)
+    if (u->waiter != nullptr) ++pending;
+  if (pending == 0 && quietIfIdle) {
+    SQUALL_INFO(Subsys::kTransport, "%s", why.c_str());
+  } else {
+    SQUALL_FAIL(status, Subsys::kTransport, "%s; failing rank %d's %zu pending request(s) with it",
+                why.c_str(), self_, pending);
+  }
+  for (auto& [key, request] : posted_) finish(request, status);
+  posted_.clear();
+  for (SendOp& op : sends_)
+    if (op.request != nullptr) finish(op.request, status);
+  sends_.clear();
+  if (target_ != nullptr) finish(target_, status);
+  target_ = nullptr;
+  // Frames that had fully arrived stay receivable; partial ones are gone.
+  for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+    if (it->second->complete) {
+      ++it;
+      continue;
+    }
+    if (it->second->waiter != nullptr) finish(it->second->waiter, status);
+    it = unexpected_.erase(it);
+  }
+  buffer_ = nullptr;
+  sink_ = Sink::kNone;
+}
+
+void Connection::failIo(const char* what, int err, bool quietIfIdle) {
+  char why[256];
+  if (err == 0)
+    std::snprintf(why, sizeof(why), "rank %d %s", peer_, what);
+  else
+    std::snprintf(why, sizeof(why), "rank %d %s: %s", peer_, what, std::strerror(err));
+  fail(Status::kRemoteError, why, quietIfIdle);
+}
+
+size_t Connection::abandon(Status status) {
+  size_t pending = 0;
+  for (auto& [key, r] : posted_) finish(r, status), ++pending;
+  posted_.clear();
+  for (SendOp& op : sends_)
+    if (op.request != nullptr) finish(op.request, status), ++pending;
+  sends_.clear();
+  if (target_ != nullptr) finish(target_, status), ++pending;
+  target_ = nullptr;
+  for (auto& [key, u] : unexpected_)
+    if (u->waiter != nullptr) finish(u->waiter, status), ++pending;
+  unexpected_.clear();
+  buffer_ = nullptr;
+  sink_ = Sink::kNone;
+  failed_ = true;
+  failure_ = status;
+  why_ = "the connection was shut down";
+  return pending;
+}
+
+void Connection::flushSends() {
+  while (!failed_ && !sends_.empty()) {
+    SendOp& op = sends_.front();
+    iovec iov[2];
+    int count = 0;
+    if (op.sent < kMessageHeaderBytes)
+      iov[count++] = {op.header + op.sent, kMessageHeaderBytes - op.sent};
+    size_t payloadSent = op.sent > kMessageHeaderBytes ? op.sent - kMessageHeaderBytes : 0;
+    if (op.bytes > payloadSent)
+      iov[count++] = {const_cast<char*>(op.data) + payloadSent, op.bytes - payloadSent};
+    ssize_t n = 0;
+    if (count > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(count);
+      n = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // writable again: progress()
+        failIo("closed its connection (it may have crashed)", errno, false);
+        return;
+      }
+    }
+    op.sent += static_cast<size_t>(n);
+    if (op.sent == kMessageHeaderBytes + op.bytes) {
+      if (op.request != nullptr) finish(op.request, Status::kOk);
+      sends_.pop_front();
+    }
+  }
+}
+
+void Connection::deliver(Unexpected* u, ConnectionRequest* request) {
+  if (!u->data.empty()) std::memcpy(request->data_, u->data.data(), u->data.size());
+  request->received_ = u->data.size();
+  request->waitingOn_ = nullptr;
+  finish(request, Status::kOk);
+}
+
+void Connection::eraseUnexpected(Unexpected* u) {
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it)
+    if (it->second.get() == u) {
+      unexpected_.erase(it);
+      return;
+    }
+}
+
+// A complete header has arrived: decide where its payload goes.
+void Connection::onHeader() {
+  const MessageHeader h = decodeMessageHeader(header_);
+  headerGot_ = 0;
+  if (!h.valid()) {
+    char why[256];
+    std::snprintf(why, sizeof(why),
+                  "rank %d sent a malformed frame header (magic 0x%08x, %llu bytes); its "
+                  "connection is corrupt and is closed",
+                  peer_, h.magic, static_cast<unsigned long long>(h.payloadBytes));
+    fail(Status::kRemoteError, why, false);
+    return;
+  }
+  payloadLeft_ = h.payloadBytes;
+  payloadDone_ = 0;
+  auto it = posted_.find(keyOf(h.tag));
+  if (it != posted_.end()) {
+    ConnectionRequest* request = it->second;
+    posted_.erase(it);
+    if (accepts(request, h.tag, h.payloadBytes)) {
+      sink_ = Sink::kUser;
+      target_ = request;
+      target_->received_ = h.payloadBytes;
+    } else {
+      sink_ = Sink::kDiscard;
+    }
+    return;
+  }
+  auto u = std::make_unique<Unexpected>();
+  u->tag = h.tag;
+  try {
+    u->data.resize(h.payloadBytes);
+  } catch (const std::bad_alloc&) {
+    char why[256];
+    std::snprintf(why, sizeof(why),
+                  "rank %d sent a %llu-byte message before its receive was posted and it "
+                  "cannot be buffered (out of memory)",
+                  peer_, static_cast<unsigned long long>(h.payloadBytes));
+    fail(Status::kRemoteError, why, false);
+    return;
+  }
+  buffer_ = u.get();
+  sink_ = Sink::kBuffer;
+  unexpected_.emplace(keyOf(h.tag), std::move(u));
+}
+
+// The current frame's payload is all in.
+void Connection::endPayload() {
+  if (sink_ == Sink::kUser) {
+    finish(target_, Status::kOk);
+    target_ = nullptr;
+  } else if (sink_ == Sink::kBuffer) {
+    Unexpected* u = buffer_;
+    u->complete = true;
+    buffer_ = nullptr;
+    if (u->waiter != nullptr) {
+      deliver(u, u->waiter);
+      eraseUnexpected(u);
+    }
+  }
+  sink_ = Sink::kNone;
+}
+
+void Connection::readFrames() {
+  while (!failed_) {
+    // A zero-byte payload completes as soon as its header is in.
+    if (sink_ != Sink::kNone && payloadLeft_ == 0) endPayload();
+    char* dst;
+    size_t want;
+    if (sink_ == Sink::kNone) {
+      dst = reinterpret_cast<char*>(header_) + headerGot_;
+      want = kMessageHeaderBytes - headerGot_;
+    } else if (sink_ == Sink::kUser) {
+      dst = target_->data_ + payloadDone_;
+      want = payloadLeft_;
+    } else if (sink_ == Sink::kBuffer) {
+      dst = buffer_->data.data() + payloadDone_;
+      want = payloadLeft_;
+    } else {
+      if (scratch_.empty()) scratch_.resize(kScratchBytes);
+      dst = scratch_.data();
+      want = std::min<uint64_t>(payloadLeft_, scratch_.size());
+    }
+    ssize_t n = recv(fd_, dst, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      bool midFrame = sink_ != Sink::kNone || headerGot_ != 0;
+      failIo("closed its connection (it may have crashed)", n == 0 ? 0 : errno, !midFrame);
+      return;
+    }
+    if (sink_ == Sink::kNone) {
+      headerGot_ += static_cast<size_t>(n);
+      if (headerGot_ == kMessageHeaderBytes) onHeader();
+    } else {
+      payloadDone_ += static_cast<size_t>(n);
+      payloadLeft_ -= static_cast<size_t>(n);
+    }
+  }
+}
+
+void Connection::progress() {
+  if (loopback_ || failed_) return;
+  flushSends();
+  readFrames();
+}
+
+void Connection::cancel(ConnectionRequest* request) {
+  if (request->isSend()) {
+    for (auto it = sends_.begin(); it != sends_.end(); ++it) {
+      if (it->request != request) continue;
+      if (it->sent == 0) {
+        SQUALL_TRACE(Subsys::kTransport, "cancelled send %s to rank %d before it started",
+                     describe(request->tag_).c_str(), peer_);
+        sends_.erase(it);
+      } else {
+        SQUALL_TRACE(Subsys::kTransport,
+                     "cancelled send %s to rank %d mid-frame; finishing it from a copy",
+                     describe(request->tag_).c_str(), peer_);
+        // Part of the frame is on the wire; finish it from a private copy so
+        // the stream stays in step.
+        size_t payloadSent = it->sent > kMessageHeaderBytes ? it->sent - kMessageHeaderBytes : 0;
+        it->owned.assign(it->data + payloadSent, it->data + it->bytes);
+        it->data = it->owned.data();
+        it->bytes -= payloadSent;
+        it->sent -= payloadSent;  // header progress is kept, the payload restarts at owned
+        it->request = nullptr;
+      }
+      return;
+    }
+    return;
+  }
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if (it->second == request) {
+      posted_.erase(it);
+      return;
+    }
+  }
+  if (target_ == request) {
+    SQUALL_TRACE(Subsys::kTransport, "cancelled receive %s from rank %d mid-frame; discarding",
+                 describe(request->tag_).c_str(), peer_);
+    target_ = nullptr;
+    sink_ = Sink::kDiscard;
+    return;
+  }
+  if (Unexpected* u = request->waitingOn_) {
+    // The frame is still arriving; it belonged to this receive, so drop it.
+    SQUALL_TRACE(Subsys::kTransport, "cancelled receive %s from rank %d while buffering",
+                 describe(request->tag_).c_str(), peer_);
+    if (buffer_ == u) {
+      buffer_ = nullptr;
+      sink_ = Sink::kDiscard;
+    }
+    eraseUnexpected(u);
+  }
+}
+
+void Connection::sendToSelf(ConnectionRequest* request) {
+  auto it = posted_.find(keyOf(request->tag_));
+  if (it != posted_.end()) {
+    ConnectionRequest* recv = it->second;
+    posted_.erase(it);
+    if (accepts(recv, request->tag_, request->bytes())) {
+      if (request->bytes() > 0) std::memcpy(recv->data_, request->data_, request->bytes());
+      recv->received_ = request->bytes();
+      finish(recv, Status::kOk);
+    }
+  } else {
+    auto u = std::make_unique<Unexpected>();
+    u->tag = request->tag_;
+    u->data.assign(request->data_, request->data_ + request->bytes());
+    u->complete = true;
+    unexpected_.emplace(keyOf(request->tag_), std::move(u));
+  }
+  finish(request, Status::kOk);
+}
+
+void Connection::postSend(ConnectionRequest* request) {
+  if (loopback_) return sendToSelf(request);
+  if (failed_) {
+    SQUALL_FAIL(failure_, Subsys::kTransport, "cannot send %s to rank %d: %s",
+                describe(request->tag_).c_str(), peer_, why_.c_str());
+    return finish(request, failure_);
+  }
+  SendOp op{};
+  op.request = request;
+  encodeMessageHeader(request->tag_, request->bytes(), op.header);
+  op.data = request->data_;
+  op.bytes = request->bytes();
+  sends_.push_back(std::move(op));
+  if (sends_.size() == 1) flushSends();
+}
+
+void Connection::postRecv(ConnectionRequest* request) {
+  Key key = keyOf(request->tag_);
+  for (auto it = unexpected_.lower_bound(key); it != unexpected_.end() && it->first == key; ++it) {
+    Unexpected* u = it->second.get();
+    if (u->waiter != nullptr) continue;
+    if (!accepts(request, u->tag, u->data.size())) {
+      // The mismatched frame is consumed with the failed receive.
+      if (buffer_ == u) {
+        buffer_ = nullptr;
+        sink_ = Sink::kDiscard;
+      }
+      unexpected_.erase(it);
+      return;
+    }
+    if (u->complete) {
+      deliver(u, request);
+      unexpected_.erase(it);
+    } else {
+      u->waiter = request;
+      request->waitingOn_ = u;
+    }
+    return;
+  }
+  if (failed_) {
+    SQUALL_FAIL(failure_, Subsys::kTransport, "cannot receive %s from rank %d: %s",
+                describe(request->tag_).c_str(), peer_, why_.c_str());
+    return finish(request, failure_);
+  }
+  posted_.emplace(key, request);
+}
+
+}  // namespace squall::transport::tcp

@@ -1,0 +1,191 @@
+// core::Comm's NCCL engine (src/core/nccl_engine.cc) and the host engine's
+// staging of device buffers, under the CPU emulation of CUDA and NCCL
+// (tests/gpu/emu): n threads play n ranks, each with a Comm from an
+// emulated ncclComm_t and a host Comm over TCP on loopback. What runs on the
+// NCCL engine must equal what the host engine computes, bit for bit: the
+// compressed allreduce (the host pinned to the two-phase algorithm, see
+// tests/gpu/meson.build), the staged compressed allreduce, and a sync-mode
+// optimizer step. The host collectives and split are refused on the NCCL
+// engine with kInvalidUsage, and the host step of a device optimizer too.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nccl_emu.h"
+#include "src/bootstrap/bootstrap.h"
+#include "src/core/comm.h"
+
+namespace squall::core {
+namespace {
+
+struct Rank {
+  std::unique_ptr<Comm> host;
+  std::unique_ptr<Comm> nccl;
+};
+
+// Runs body(rank, comms) on n threads.
+void runRanks(int n, const std::function<void(int, Rank&)>& body) {
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk) << lastError();
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
+  squall_emu::ncclCreateWorld(n, comms.data());
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Rank rank;
+      CommConfig config;
+      config.transport = TransportKind::kTcp;
+      config.timeout = std::chrono::seconds(20);
+      if (Comm::create(id, n, r, config, &rank.host) != Status::kOk) {
+        errors[static_cast<size_t>(r)] = "host: " + lastError();
+        return;
+      }
+      if (Comm::fromNccl(comms[static_cast<size_t>(r)], &rank.nccl) != Status::kOk) {
+        errors[static_cast<size_t>(r)] = "nccl: " + lastError();
+        rank.host->barrier();
+        return;
+      }
+      body(r, rank);
+      rank.host->barrier();
+    });
+  }
+  for (auto& t : threads) t.join();
+  squall_emu::ncclDestroyWorld(n, comms.data());
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+std::vector<float> input(int rank, int call, size_t count) {
+  std::mt19937 rng(static_cast<unsigned>(100 * rank + call));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(CoreNcclEmu, EngineIdentityAndRefusals) {
+  runRanks(2, [](int r, Rank& k) {
+    Comm& c = *k.nccl;
+    EXPECT_EQ(c.rank(), r);
+    EXPECT_EQ(c.size(), 2);
+    EXPECT_STREQ(c.transportName(), "nccl");
+    EXPECT_EQ(c.config().transport, TransportKind::kNccl);
+    float x = 1.0f;
+    EXPECT_EQ(c.allReduce(&x, &x, 1, DataType::kF32, ReduceOp::kSum), Status::kInvalidUsage);
+    EXPECT_NE(lastError().find("use NCCL itself"), std::string::npos) << lastError();
+    EXPECT_EQ(c.barrier(), Status::kInvalidUsage);
+    std::unique_ptr<Comm> sub;
+    EXPECT_EQ(c.split(0, 0, &sub), Status::kInvalidUsage);
+    // refuse() has no peers to tell on this engine: the check comes back.
+    EXPECT_EQ(c.refuse(Status::kInvalidArgument), Status::kInvalidArgument);
+    std::unique_ptr<Compressor> comp;
+    ASSERT_EQ(c.createCompressor(64, codec::Spec{}, &comp), Status::kOk) << lastError();
+    EXPECT_EQ(c.compressedAllReduce(&x, &x, DataType::kF32, ReduceOp::kSum, *comp),
+              Status::kInvalidUsage);
+    // A compressor of the host Comm is refused on the NCCL one.
+    std::unique_ptr<Compressor> hostComp;
+    ASSERT_EQ(k.host->createCompressor(64, codec::Spec{}, &hostComp), Status::kOk);
+    std::vector<float> v(64, 1.0f);
+    EXPECT_EQ(c.compressedAllReduceOnStream(v.data(), v.data(), DataType::kF32, ReduceOp::kSum,
+                                            *hostComp, nullptr),
+              Status::kInvalidUsage);
+  });
+}
+
+// Several calls, so the residuals of both engines evolve alike.
+TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
+  const int n = 3;
+  const size_t count = 5000;  // chunks of unequal real length
+  runRanks(n, [&](int r, Rank& k) {
+    std::unique_ptr<Compressor> dev, host, staged;
+    ASSERT_EQ(k.nccl->createCompressor(count, codec::Spec{}, &dev), Status::kOk) << lastError();
+    ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &host), Status::kOk);
+    ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &staged), Status::kOk);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    float* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<float> x = input(r, call, count);
+      const ReduceOp op = call == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
+      std::vector<float> want(count), got(count), viaStaging(count);
+      ASSERT_EQ(k.host->compressedAllReduce(x.data(), want.data(), DataType::kF32, op, *host),
+                Status::kOk)
+          << lastError();
+      cudaMemcpy(d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+      ASSERT_EQ(k.nccl->compressedAllReduceOnStream(d, d, DataType::kF32, op, *dev, stream),
+                Status::kOk)
+          << lastError();
+      cudaMemcpyAsync(got.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream);
+      cudaStreamSynchronize(stream);
+      EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
+      // The host engine given "device" pointers stages them.
+      ASSERT_EQ(k.host->compressedAllReduceOnStream(x.data(), viaStaging.data(), DataType::kF32, op,
+                                                    *staged, stream),
+                Status::kOk)
+          << lastError();
+      EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
+    }
+    CompressorStats ds, hs;
+    ASSERT_EQ(dev->stats(&ds), Status::kOk) << lastError();
+    ASSERT_EQ(host->stats(&hs), Status::kOk);
+    EXPECT_EQ(ds.calls, 3u);
+    EXPECT_EQ(hs.calls, 3u);
+    EXPECT_EQ(ds.skippedCalls, 0u);
+    EXPECT_GT(ds.bytesSent, 0u);
+    ASSERT_EQ(dev->reset(), Status::kOk) << lastError();
+    cudaFree(d);
+    cudaStreamDestroy(stream);
+  });
+}
+
+TEST(CoreNcclEmu, SyncOptimizerMatchesTheHostEngine) {
+  const int n = 2;
+  const size_t count = 300;
+  runRanks(n, [&](int r, Rank& k) {
+    optim::Config config;
+    config.mode = optim::Mode::kSync;
+    std::unique_ptr<Optimizer> dev, host;
+    ASSERT_EQ(k.nccl->createOptimizer(count, config, &dev), Status::kOk) << lastError();
+    ASSERT_EQ(k.host->createOptimizer(count, config, &host), Status::kOk) << lastError();
+    // Gradients that are multiples of 2^-10: sums are exact in any order.
+    std::vector<float> g(count), x(count, 0.5f), dx(count, 0.5f);
+    for (size_t i = 0; i < count; ++i) g[i] = static_cast<float>((i * 7 + r * 13) % 64) / 1024.0f;
+    EXPECT_EQ(dev->step(x.data(), g.data(), 0.0f), Status::kInvalidUsage);
+    EXPECT_NE(lastError().find("squallOptimizerStepOnStream"), std::string::npos) << lastError();
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_EQ(host->step(x.data(), g.data(), 0.0f), Status::kOk) << lastError();
+      ASSERT_EQ(dev->stepOnStream(dx.data(), g.data(), 0.0f, stream), Status::kOk) << lastError();
+    }
+    EXPECT_TRUE(sameBits(dx, x)) << "rank " << r;
+    optim::Info di, hi;
+    ASSERT_EQ(dev->info(&di), Status::kOk);
+    ASSERT_EQ(host->info(&hi), Status::kOk);
+    EXPECT_EQ(di.step, 3);
+    EXPECT_EQ(di.step, hi.step);
+    size_t bytes = 0;
+    ASSERT_EQ(dev->stateSize(&bytes), Status::kOk);
+    std::vector<unsigned char> blob(bytes);
+    size_t written = 0;
+    ASSERT_EQ(dev->saveState(blob.data(), blob.size(), &written), Status::kOk) << lastError();
+    // The device blob loads into the host optimizer (one format).
+    ASSERT_EQ(host->loadState(blob.data(), written), Status::kOk) << lastError();
+    cudaStreamDestroy(stream);
+  });
+}
+
+}  // namespace
+}  // namespace squall::core

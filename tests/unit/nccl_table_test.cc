@@ -1,0 +1,209 @@
+// The NCCL room (src/transport/nccl) without NCCL: a recording table stands
+// in for the library, so the test runs in every build. It pins down that
+// DeviceComm calls exactly the entry it names with NCCL's type and op codes,
+// that an NCCL failure becomes the Status the table promises (described
+// once, naming the call), and that a library that cannot be loaded is
+// kUnsupported with a message instead of a crash.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "src/common/status.h"
+#include "src/transport/nccl/device_comm.h"
+#include "src/transport/nccl/nccl_table.h"
+
+namespace squall::transport::nccl {
+namespace {
+
+struct Call {
+  std::string name;
+  size_t count = 0;
+  int type = -1;
+  int op = -1;
+  int peer = -1;
+  void* stream = nullptr;
+};
+
+std::vector<Call> gCalls;
+int gNextResult = kNcclSuccess;
+int gRank = 1;
+int gSize = 3;
+
+int record(Call c) {
+  gCalls.push_back(c);
+  const int r = gNextResult;
+  gNextResult = kNcclSuccess;
+  return r;
+}
+
+const Table kFake = {
+    [](int result) { return result == kNcclRemoteError ? "remote process exited" : "fake"; },
+    [](void*, int* count) -> int {
+      *count = gSize;
+      return kNcclSuccess;
+    },
+    [](void*, int* rank) -> int {
+      *rank = gRank;
+      return kNcclSuccess;
+    },
+    [](void*) { return record({"abort"}); },
+    [] { return record({"groupStart"}); },
+    [] { return record({"groupEnd"}); },
+    [](const void*, size_t n, int t, int peer, void*, void* s) {
+      return record({"send", n, t, -1, peer, s});
+    },
+    [](void*, size_t n, int t, int peer, void*, void* s) {
+      return record({"recv", n, t, -1, peer, s});
+    },
+    [](const void*, void*, size_t n, int t, void*, void* s) {
+      return record({"allGather", n, t, -1, -1, s});
+    },
+    [](const void*, void*, size_t n, int t, int op, void*, void* s) {
+      return record({"allReduce", n, t, op, -1, s});
+    },
+    [](const void*, void*, size_t n, int t, int root, void*, void* s) {
+      return record({"broadcast", n, t, -1, root, s});
+    },
+    "fake NCCL",
+};
+
+int gDummyComm;
+void* const kComm = &gDummyComm;
+void* const kStream = reinterpret_cast<void*>(0x5);
+
+class NcclTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    gCalls.clear();
+    gNextResult = kNcclSuccess;
+    gRank = 1;
+    gSize = 3;
+  }
+};
+
+TEST_F(NcclTableTest, WrapQueriesRankAndSize) {
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kFake, kComm, &comm), Status::kOk) << lastError();
+  EXPECT_EQ(comm.rank(), 1);
+  EXPECT_EQ(comm.size(), 3);
+  EXPECT_EQ(comm.handle(), kComm);
+  EXPECT_EQ(&comm.table(), &kFake);
+}
+
+TEST_F(NcclTableTest, WrapRefusesNullAndImpossibleRanks) {
+  DeviceComm comm;
+  EXPECT_EQ(DeviceComm::wrap(kFake, nullptr, &comm), Status::kInvalidArgument);
+  gRank = 3;  // of 3
+  EXPECT_EQ(DeviceComm::wrap(kFake, kComm, &comm), Status::kInvalidArgument);
+  EXPECT_NE(lastError().find("rank 3 of 3"), std::string::npos) << lastError();
+}
+
+TEST_F(NcclTableTest, CallsCarryNcclCodes) {
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kFake, kComm, &comm), Status::kOk);
+  int buf[4] = {};
+  ASSERT_EQ(comm.groupStart(), Status::kOk);
+  ASSERT_EQ(comm.send(buf, 16, 2, kStream), Status::kOk);
+  ASSERT_EQ(comm.recv(buf, 12, 0, kStream), Status::kOk);
+  ASSERT_EQ(comm.groupEnd(), Status::kOk);
+  ASSERT_EQ(comm.allGather(buf, buf, 4, kStream), Status::kOk);
+  ASSERT_EQ(comm.allReduceSum(buf, buf, 4, DataType::kF32, kStream), Status::kOk);
+  ASSERT_EQ(comm.allReduceSum(buf, buf, 2, DataType::kBf16, kStream), Status::kOk);
+  ASSERT_EQ(comm.broadcast(buf, buf, 1, DataType::kI64, 2, kStream), Status::kOk);
+  ASSERT_EQ(comm.abort(), Status::kOk);
+  ASSERT_EQ(gCalls.size(), 9u);
+  EXPECT_EQ(gCalls[0].name, "groupStart");
+  EXPECT_EQ(gCalls[1].name, "send");
+  EXPECT_EQ(gCalls[1].count, 16u);
+  EXPECT_EQ(gCalls[1].type, 1);  // ncclUint8: bytes
+  EXPECT_EQ(gCalls[1].peer, 2);
+  EXPECT_EQ(gCalls[1].stream, kStream);
+  EXPECT_EQ(gCalls[2].name, "recv");
+  EXPECT_EQ(gCalls[2].peer, 0);
+  EXPECT_EQ(gCalls[3].name, "groupEnd");
+  EXPECT_EQ(gCalls[4].name, "allGather");
+  EXPECT_EQ(gCalls[4].type, 1);
+  EXPECT_EQ(gCalls[5].type, 7);  // ncclFloat32
+  EXPECT_EQ(gCalls[5].op, 0);    // ncclSum
+  EXPECT_EQ(gCalls[6].type, 9);  // ncclBfloat16
+  EXPECT_EQ(gCalls[7].name, "broadcast");
+  EXPECT_EQ(gCalls[7].type, 4);  // ncclInt64
+  EXPECT_EQ(gCalls[7].peer, 2);  // root
+  EXPECT_EQ(gCalls[8].name, "abort");
+}
+
+TEST_F(NcclTableTest, BroadcastRefusesARootOutsideTheCommunicator) {
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kFake, kComm, &comm), Status::kOk);
+  float x = 0;
+  EXPECT_EQ(comm.broadcast(&x, &x, 1, DataType::kF32, 3, kStream), Status::kInvalidArgument);
+  EXPECT_TRUE(gCalls.empty());
+}
+
+TEST_F(NcclTableTest, FailuresBecomeStatusesNamingTheCall) {
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kFake, kComm, &comm), Status::kOk);
+  char b[8];
+  const struct {
+    int nccl;
+    Status status;
+  } cases[] = {{kNcclUnhandledCudaError, Status::kSystemError},
+               {kNcclSystemError, Status::kSystemError},
+               {kNcclInternalError, Status::kInternal},
+               {kNcclInvalidArgument, Status::kInvalidArgument},
+               {kNcclInvalidUsage, Status::kInvalidUsage},
+               {kNcclRemoteError, Status::kRemoteError},
+               {kNcclInProgress, Status::kInProgress},
+               {42, Status::kInternal}};
+  for (const auto& c : cases) {
+    gNextResult = c.nccl;
+    clearLastError();
+    EXPECT_EQ(comm.send(b, 8, 0, kStream), c.status) << c.nccl;
+    EXPECT_NE(lastError().find("ncclSend"), std::string::npos) << lastError();
+    EXPECT_NE(lastError().find("fake NCCL"), std::string::npos) << lastError();
+  }
+  gNextResult = kNcclRemoteError;
+  EXPECT_EQ(comm.allGather(b, b, 1, kStream), Status::kRemoteError);
+  EXPECT_NE(lastError().find("remote process exited"), std::string::npos) << lastError();
+}
+
+TEST_F(NcclTableTest, InstalledTableIsTheActiveOne) {
+  installTable(&kFake);
+  const Table* t = nullptr;
+  ASSERT_EQ(ncclTable(&t), Status::kOk);
+  EXPECT_EQ(t, &kFake);
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kComm, &comm), Status::kOk);
+  EXPECT_EQ(&comm.table(), &kFake);
+  installTable(nullptr);
+}
+
+TEST_F(NcclTableTest, AMissingLibraryIsUnsupported) {
+  Table t{};
+  EXPECT_EQ(loadTable("libsquall-no-such-nccl.so.2", &t), Status::kUnsupported);
+  EXPECT_NE(lastError().find("SQUALL_NCCL_LIBRARY"), std::string::npos) << lastError();
+  // A library that loads but is not NCCL names the first entry it lacks.
+  EXPECT_EQ(loadTable("libm.so.6", &t), Status::kUnsupported);
+  EXPECT_NE(lastError().find("ncclGetErrorString"), std::string::npos) << lastError();
+}
+
+TEST_F(NcclTableTest, TheRealLibraryResolvesEveryEntry) {
+  Table t{};
+  if (loadTable("libnccl.so.2", &t) != Status::kOk) {
+    GTEST_SKIP() << "no NCCL on this machine: " << lastError();
+  }
+  for (const void* entry :
+       {reinterpret_cast<const void*>(t.getErrorString), reinterpret_cast<const void*>(t.commCount),
+        reinterpret_cast<const void*>(t.commUserRank), reinterpret_cast<const void*>(t.commAbort),
+        reinterpret_cast<const void*>(t.groupStart), reinterpret_cast<const void*>(t.groupEnd),
+        reinterpret_cast<const void*>(t.send), reinterpret_cast<const void*>(t.recv),
+        reinterpret_cast<const void*>(t.allGather), reinterpret_cast<const void*>(t.allReduce),
+        reinterpret_cast<const void*>(t.broadcast)}) {
+    EXPECT_NE(entry, nullptr);
+  }
+  EXPECT_STREQ(t.getErrorString(kNcclSuccess), "no error");
+}
+
+}  // namespace
+}  // namespace squall::transport::nccl
