@@ -4,8 +4,9 @@
 // Group formation. Every head listens (a rendezvous listener and handle, as
 // for the net). In connect(), which NCCL calls once on every head with all
 // the handles, rank 0 makes a Squall unique id and delivers it to every other
-// rank's listener; then every rank joins a Squall communicator over that id
-// (rendezvous, transport from SQUALL_TRANSPORT: UCX when built in, else TCP).
+// rank's listener; then every rank joins a core::Comm over that id
+// (rendezvous, transport from SQUALL_TRANSPORT: UCX when built in, else TCP,
+// as for Squall's own communicators).
 //
 // Operations. iallreduce / iallgather / ireducescatter start an asynchronous
 // collective on that communicator. NCCL issues them in the same order on every
@@ -28,18 +29,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "plugin/nccl/abi/net_abi.h"
 #include "plugin/nccl/net.h"
 #include "src/bootstrap/bootstrap.h"
-#include "src/coll/communicator.h"
-#include "src/coll/compressed_state.h"
 #include "src/common/params.h"
-#include "src/transport/tcp/tcp_transport.h"
-#if defined(SQUALL_HAVE_UCX)
-#include "src/transport/ucx/ucx_transport.h"
-#endif
+#include "src/core/comm.h"
 
 namespace squall::nccl_plugin {
 namespace {
@@ -55,34 +52,32 @@ struct CollListen {
 };
 
 struct CollComm {
-  std::unique_ptr<bootstrap::Bootstrap> boot;
-  // Lanes: independent communicators over the same heads. Operation k runs
-  // on lane k mod lanes, the same on every head since NCCL issues the same
-  // order everywhere, so one slice's codec work and round trips overlap the
-  // next slice's instead of queueing behind them on one worker.
-  struct Lane {
-    std::unique_ptr<transport::Transport> transport;
-    std::unique_ptr<coll::Communicator> comm;
-  };
-  std::vector<Lane> lanes;
+  // Lanes: independent communicators over the same heads (the first one
+  // split into the others). Operation k runs on lane k mod lanes, the same on
+  // every head since NCCL issues the same order everywhere, so one slice's
+  // codec work and round trips overlap the next slice's instead of queueing
+  // behind them on one worker.
+  std::vector<std::unique_ptr<core::Comm>> lanes;
   size_t nextLane = 0;
   int rank = 0;
   int size = 1;
   // The lane of the next operation (called under `mutex`).
-  coll::Communicator* next() { return lanes[nextLane++ % lanes.size()].comm.get(); }
+  size_t next() { return nextLane++ % lanes.size(); }
   bool compress = false;
   codec::Spec spec;
-  std::mutex mutex;  // one caller at a time drives the communicator
-  // Compressed states by element count; one per operation in flight.
-  std::map<size_t, std::vector<std::unique_ptr<coll::CompressedState>>> idle;
+  std::mutex mutex;  // one caller at a time drives the communicators
+  // Compressors by (lane, element count); one per operation in flight. A
+  // compressor belongs to its lane's Comm, and these go before the lanes.
+  std::map<std::pair<size_t, size_t>, std::vector<std::unique_ptr<core::Compressor>>> idle;
   size_t outstanding = 0;
   uint64_t started = 0;  // operations NCCL gave us (logged at close)
 };
 
 struct CollRequest {
   CollComm* owner;
+  size_t lane = 0;
   coll::OperationPtr op;
-  std::unique_ptr<coll::CompressedState> state;
+  std::unique_ptr<core::Compressor> compressor;
   std::vector<uint64_t> scratch;  // allgather / reducescatter staging, 8-byte aligned
   std::function<void()> finish;   // copies out of scratch once done
 };
@@ -133,22 +128,6 @@ Status readCodec(bool* compress, codec::Spec* spec) {
                        name.c_str());
   }
   return Status::kOk;
-}
-
-// SQUALL_TRANSPORT picks the data plane as it does for Squall's own
-// communicators. The plugin builds the transport itself rather than through
-// core, which would link the MPI transport (and libmpi) into a library that
-// NCCL loads into every job.
-Status createTransport(bootstrap::Bootstrap& boot, std::unique_ptr<transport::Transport>* out) {
-  std::string wanted = paramString(Param::kTransport);
-#if defined(SQUALL_HAVE_UCX)
-  if (strcasecmp(wanted.c_str(), "tcp") != 0) return transport::createUcxTransport(boot, out);
-#else
-  SQUALL_REQUIRE(strcasecmp(wanted.c_str(), "ucx") != 0, Status::kUnsupported, Subsys::kColl,
-                 "CollNet/Squall: SQUALL_TRANSPORT=ucx, but the plugin was built without UCX; "
-                 "use tcp or auto");
-#endif
-  return transport::createTcpTransport(boot, out);
 }
 
 Status checkComm(void* collComm, void** request, const char* what) {
@@ -207,8 +186,9 @@ Status collConnect(void* const* handles, int nranks, int rank, void* listenComm,
                  "CollNet/Squall: connect() as rank %d of %d", rank, nranks);
   *collComm = nullptr;
   auto* listen = static_cast<CollListen*>(listenComm);
-  auto timeout = bootstrap::defaultTimeout();
-  int64_t timeoutMs = timeout.count();
+  core::CommConfig config;
+  SQUALL_TRY(core::CommConfig::fromEnvironment(&config));
+  int64_t timeoutMs = config.timeout.count();
   auto c = std::make_unique<CollComm>();
   SQUALL_TRY(readCodec(&c->compress, &c->spec));
   bootstrap::UniqueId id{};
@@ -219,22 +199,25 @@ Status collConnect(void* const* handles, int nranks, int rank, void* listenComm,
   } else {
     SQUALL_TRY(receiveOnRendezvous(listen->rendezvous, &id, sizeof(id), timeoutMs));
   }
-  SQUALL_TRY(bootstrap::Bootstrap::create(id, nranks, rank, timeout, &c->boot));
+  std::unique_ptr<core::Comm> first;
+  SQUALL_TRY(core::Comm::create(id, nranks, rank, config, &first));
   // Every head must use as many lanes as the others: take the smallest asked for.
   int64_t mine = std::clamp<int64_t>(paramInt(Param::kCollnetLanes), 1, 8);
   std::vector<int64_t> asked(static_cast<size_t>(nranks));
-  SQUALL_TRY(c->boot->allGather(&mine, sizeof(mine), asked.data()));
+  SQUALL_TRY(first->allGather(&mine, asked.data(), 1, DataType::kI64));
   int64_t lanes = *std::min_element(asked.begin(), asked.end());
-  c->lanes.resize(static_cast<size_t>(lanes));
-  for (auto& lane : c->lanes) {
-    SQUALL_TRY(createTransport(*c->boot, &lane.transport));
-    lane.comm = std::make_unique<coll::Communicator>(lane.transport.get());
+  c->lanes.push_back(std::move(first));
+  while (c->lanes.size() < static_cast<size_t>(lanes)) {
+    // Same heads, same order, same transport: a split with one color.
+    std::unique_ptr<core::Comm> lane;
+    SQUALL_TRY(c->lanes.front()->split(0, rank, &lane));
+    c->lanes.push_back(std::move(lane));
   }
   c->rank = rank;
   c->size = nranks;
-  SQUALL_INFO(Subsys::kColl, "CollNet/Squall: rank %d of %d joined (codec %s, %lld lanes)", rank,
-              nranks, c->compress ? codec::codecName(c->spec.codec) : "none",
-              static_cast<long long>(lanes));
+  SQUALL_INFO(Subsys::kColl, "CollNet/Squall: rank %d of %d joined (codec %s, %lld lanes over %s)",
+              rank, nranks, c->compress ? codec::codecName(c->spec.codec) : "none",
+              static_cast<long long>(lanes), c->lanes.front()->transportName());
   *collComm = c.release();
   return Status::kOk;
 }
@@ -279,18 +262,20 @@ Status collAllReduce(void* collComm, const void* send, void* recv, size_t count,
   if (c->outstanding >= kMaxOutstanding) return Status::kOk;
   auto r = std::make_unique<CollRequest>();
   r->owner = c;
+  r->lane = c->next();
+  core::Comm& lane = *c->lanes[r->lane];
   bool compressible = type == DataType::kF32 || type == DataType::kF16 || type == DataType::kBf16;
   if (c->compress && compressible && op == ReduceOp::kSum && count > 0) {
-    auto& pool = c->idle[count];
+    auto& pool = c->idle[{r->lane, count}];
     if (pool.empty()) {
-      SQUALL_TRY(coll::CompressedState::create(c->size, count, c->spec, &r->state));
+      SQUALL_TRY(lane.createCompressor(count, c->spec, &r->compressor));
     } else {
-      r->state = std::move(pool.back());
+      r->compressor = std::move(pool.back());
       pool.pop_back();
     }
-    SQUALL_TRY(c->next()->startCompressedAllReduce(send, recv, type, op, r->state.get(), &r->op));
+    SQUALL_TRY(lane.startCompressedAllReduce(send, recv, type, op, *r->compressor, &r->op));
   } else {
-    SQUALL_TRY(c->next()->startAllReduce(send, recv, count, type, op, &r->op));
+    SQUALL_TRY(lane.startAllReduce(send, recv, count, type, op, &r->op));
   }
   hand(c, std::move(r), request);
   return Status::kOk;
@@ -331,7 +316,9 @@ Status collAllGather(void* collComm, const void* send, void* recv, size_t recvBy
   WindowPart mine = partOf(c->rank, bytesPerRank, windowOffset, windowBytes);
   uint64_t* out = req->scratch.data() + words;
   if (mine.bytes > 0) std::memcpy(req->scratch.data(), send, mine.bytes);
-  SQUALL_TRY(c->next()->startAllGather(req->scratch.data(), out, words, DataType::kI64, &req->op));
+  req->lane = c->next();
+  SQUALL_TRY(c->lanes[req->lane]->startAllGather(req->scratch.data(), out, words, DataType::kI64,
+                                                 &req->op));
   req->finish = [out, n, words, bytesPerRank, windowOffset, windowBytes, recv] {
     for (int r = 0; r < n; ++r) {
       WindowPart p = partOf(r, bytesPerRank, windowOffset, windowBytes);
@@ -370,8 +357,9 @@ Status collReduceScatter(void* collComm, const void* send, size_t sendBytes, voi
   req->owner = c;
   req->scratch.assign((windowBytes + 7) / 8, 0);
   // Reduce the whole window everywhere, keep this rank's part of it.
-  SQUALL_TRY(c->next()->startAllReduce(send, req->scratch.data(), windowBytes / element, type, op,
-                                       &req->op));
+  req->lane = c->next();
+  SQUALL_TRY(c->lanes[req->lane]->startAllReduce(send, req->scratch.data(), windowBytes / element,
+                                                 type, op, &req->op));
   WindowPart mine = partOf(c->rank, bytesPerRank, windowOffset, windowBytes);
   const uint64_t* reduced = req->scratch.data();
   req->finish = [reduced, mine, windowOffset, recv] {
@@ -395,8 +383,8 @@ Status collTest(void* request, int* done) {
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     --c->outstanding;
-    if (r->state != nullptr && status == Status::kOk)
-      c->idle[r->state->count()].push_back(std::move(r->state));
+    if (r->compressor != nullptr && status == Status::kOk)
+      c->idle[{r->lane, r->compressor->count()}].push_back(std::move(r->compressor));
   }
   if (status != Status::kOk)
     return SQUALL_FAIL(status, Subsys::kColl, "CollNet/Squall: collective failed: %s",
@@ -411,7 +399,7 @@ Status collClose(void* collComm) {
   if (c == nullptr) return Status::kOk;
   SQUALL_INFO(Subsys::kColl, "CollNet/Squall: closed after %llu operations",
               static_cast<unsigned long long>(c->started));
-  // The communicator's destructor stops its worker thread.
+  // The communicators' destructors stop their worker threads.
   delete c;
   return Status::kOk;
 }

@@ -11,6 +11,7 @@
 // in one rank is observed from outside like NCCL would see a dead peer.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <link.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -398,6 +399,27 @@ TEST(Exports, EveryVersionAndNothingElse) {
           "CollNet v11 members missing");
     // Squall's own (internal) symbols stay hidden.
     CHECK(dlsym(lib, "_ZN6squall6statusNameENS_6StatusE") == nullptr, "internal symbol exported");
+  });
+  expectAllZero(codes);
+}
+
+// Loading the plugin loads no MPI library: NCCL jobs mostly run without one,
+// and a plugin that needed libmpi would fail to load there.
+TEST(Exports, LoadsNoMpi) {
+  auto codes = runRanks(1, [](int, int) {
+    loadPlugin();
+    std::string found;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+          const char* name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+          const char* base = strrchr(name, '/');
+          base = base != nullptr ? base + 1 : name;
+          if (strncmp(base, "libmpi", 6) == 0 || strncmp(base, "libopen-", 8) == 0)
+            *static_cast<std::string*>(out) += std::string(name) + " ";
+          return 0;
+        },
+        &found);
+    CHECK(found.empty(), "the plugin loaded %s", found.c_str());
   });
   expectAllZero(codes);
 }
