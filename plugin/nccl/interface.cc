@@ -94,8 +94,10 @@ Status initCommon(const char* which, int version, Logger logger) {
   SQUALL_TRY(netDevices(&n));
   static std::once_flag once;
   std::call_once(once, [&] {
-    infoToNccl("%s/Squall : v%d table, TCP data plane, %d device(s): %s", which, version, n,
-               describeDevices().c_str());
+    uint32_t plane = kPlaneTcp;
+    Status chosen = netPlane(&plane);
+    infoToNccl("%s/Squall : v%d table, %s data plane, %d device(s): %s", which, version,
+               chosen == Status::kOk ? planeName(plane) : "no", n, describeDevices().c_str());
   });
   return Status::kOk;
 }

@@ -22,12 +22,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -64,8 +66,10 @@ struct Handle {
   uint16_t kind;
   uint64_t nonce;
   bootstrap::WireAddress address;
+  uint32_t connection;  // 0 on the TCP plane
 };
 static_assert(sizeof(Handle) <= nccl_abi::kHandleMaxBytes);
+static_assert(offsetof(Handle, address) == 16);
 
 struct Hello {
   uint32_t magic;
@@ -83,6 +87,8 @@ struct MessageHeader {
 };
 static_assert(sizeof(MessageHeader) == 16);
 
+}  // namespace
+
 int64_t timeoutMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(bootstrap::defaultTimeout()).count();
 }
@@ -94,6 +100,8 @@ uint64_t randomNonce() {
   uint64_t value = (static_cast<uint64_t>(device()) << 32) ^ device();
   return value == 0 ? 1 : value;
 }
+
+namespace {
 
 // Keepalives and a bound on unacknowledged data, both within
 // SQUALL_TIMEOUT_S, so a peer host that vanishes without closing its
@@ -148,7 +156,9 @@ ssize_t recvSome(int fd, void* data, size_t bytes) {
 }
 std::string ioError() { return errno == 0 ? "closed by the peer" : strerror(errno); }
 
-Status decodeHandle(const void* handle, uint32_t kind, SocketAddress* address, uint64_t* nonce) {
+}  // namespace
+
+Status decodeHandle(const void* handle, uint32_t kind, HandleFields* out) {
   Handle h;
   std::memcpy(&h, handle, sizeof(h));
   SQUALL_REQUIRE(h.magic == kHandleMagic && h.version == kHandleVersion && h.kind == kind,
@@ -156,12 +166,28 @@ Status decodeHandle(const void* handle, uint32_t kind, SocketAddress* address, u
                  "NET/Squall: the connection handle was not made by this plugin's listen() "
                  "(magic %08x version %u kind %u); NCCL must pass the peer's handle unchanged",
                  h.magic, h.version, h.kind);
-  SQUALL_REQUIRE(bootstrap::fromWire(h.address, address) && address->port() != 0,
+  SQUALL_REQUIRE(bootstrap::fromWire(h.address, &out->address) && out->address.port() != 0,
                  Status::kInvalidArgument, Subsys::kTransport,
                  "NET/Squall: the connection handle names no valid address");
-  *nonce = h.nonce;
+  out->nonce = h.nonce;
+  out->connection = h.connection;
   return Status::kOk;
 }
+
+void writeHandle(uint32_t kind, uint64_t nonce, const SocketAddress& bound, uint32_t connection,
+                 void* handle) {
+  Handle h{};
+  h.magic = kHandleMagic;
+  h.version = kHandleVersion;
+  h.kind = static_cast<uint16_t>(kind);
+  h.nonce = nonce;
+  h.address = bootstrap::toWire(bound);
+  h.connection = connection;
+  std::memset(handle, 0, nccl_abi::kHandleMaxBytes);
+  std::memcpy(handle, &h, sizeof(h));
+}
+
+namespace {
 
 // ---- memory registration -------------------------------------------------
 
@@ -175,7 +201,7 @@ struct MemoryRegion {
 
 struct Comm;
 
-struct Request {
+struct Request : NetObject {
   Comm* comm;
   bool send;
   bool done = false;
@@ -192,7 +218,7 @@ struct Request {
   size_t sent = 0;  // bytes of header + payload written
 };
 
-struct Comm {
+struct Comm : NetObject {
   explicit Comm(int socket, bool isSend) : fd(socket), send(isSend) {}
   ~Comm() {
     if (fd >= 0) close(fd);
@@ -328,7 +354,7 @@ void progress(Comm* c) {
 
 // ---- listen / connect / accept ----------------------------------------------
 
-struct ListenComm {
+struct ListenComm : NetObject {
   int fd = -1;
   uint64_t nonce = 0;
   uint32_t kind = kKindNet;
@@ -372,7 +398,47 @@ NetContext* sharedContext() {
   return &context;
 }
 
+Status netPlane(uint32_t* plane) {
+  static std::mutex mutex;
+  static bool resolved = false;
+  static Status status = Status::kOk;
+  static uint32_t chosen = kPlaneTcp;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!resolved) {
+    resolved = true;
+    std::string wanted = paramString(Param::kNetTransport);
+    bool tcp = strcasecmp(wanted.c_str(), "tcp") == 0;
+    bool ucx = strcasecmp(wanted.c_str(), "ucx") == 0;
+    if (!tcp && !ucx && strcasecmp(wanted.c_str(), "auto") != 0)
+      SQUALL_WARN(Subsys::kEnv, "SQUALL_NET_TRANSPORT=\"%s\" is not auto, ucx or tcp; using auto",
+                  wanted.c_str());
+#if defined(SQUALL_HAVE_UCX)
+    if (!tcp) {
+      Status started = ucxAvailable();
+      if (started == Status::kOk) {
+        chosen = kPlaneUcx;
+      } else if (ucx) {
+        status = started;
+      } else {
+        SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX did not start; the net uses TCP");
+      }
+    }
+#else
+    if (ucx)
+      status = SQUALL_FAIL(Status::kUnsupported, Subsys::kTransport,
+                           "NET/Squall: SQUALL_NET_TRANSPORT=ucx, but the plugin was built "
+                           "without UCX (install libucx-dev and rebuild), or use tcp or auto");
+#endif
+  }
+  *plane = chosen;
+  return status;
+}
+
+const char* planeName(uint32_t plane) { return plane == kPlaneUcx ? "UCX" : "TCP"; }
+
 Status netInit(NetContext** ctx) {
+  uint32_t plane = kPlaneTcp;
+  SQUALL_TRY(netPlane(&plane));
   *ctx = new NetContext;
   return Status::kOk;
 }
@@ -408,22 +474,32 @@ Status openRendezvous(int dev, uint32_t kind, void* handle, Rendezvous* out) {
                  "NET/Squall: cannot listen on %s (%s): %s",
                  list[static_cast<size_t>(dev)].info.name.c_str(),
                  list[static_cast<size_t>(dev)].info.address.c_str(), error.c_str());
-  Handle h{};
-  h.magic = kHandleMagic;
-  h.version = kHandleVersion;
-  h.kind = static_cast<uint16_t>(kind);
-  h.nonce = randomNonce();
-  h.address = bootstrap::toWire(bound);
-  std::memset(handle, 0, nccl_abi::kHandleMaxBytes);
-  std::memcpy(handle, &h, sizeof(h));
   out->fd = fd;
-  out->nonce = h.nonce;
+  out->nonce = randomNonce();
+  writeHandle(kind, out->nonce, bound, 0, handle);
   return Status::kOk;
 }
 
 Status netListen(NetContext* /*ctx*/, int dev, void* handle, void** listenComm) {
   SQUALL_REQUIRE(handle != nullptr && listenComm != nullptr, Status::kInvalidArgument,
                  Subsys::kTransport, "NET/Squall: listen() was given a null handle or comm");
+  uint32_t plane = kPlaneTcp;
+  SQUALL_TRY(netPlane(&plane));
+#if defined(SQUALL_HAVE_UCX)
+  if (plane == kPlaneUcx) {
+    const auto& list = devices();
+    SQUALL_REQUIRE(dev >= 0 && static_cast<size_t>(dev) < list.size(), Status::kInvalidArgument,
+                   Subsys::kTransport, "NET/Squall: listen on device %d, but there are %zu devices",
+                   dev, list.size());
+    Status listened = ucxListen(list[static_cast<size_t>(dev)].address, handle, listenComm);
+    if (listened == Status::kOk ||
+        strcasecmp(paramString(Param::kNetTransport).c_str(), "ucx") == 0)
+      return listened;
+    // auto: a UCX that starts but cannot listen on this address (no
+    // sockaddr transport) leaves this connection to TCP.
+    SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX cannot listen here; this connection uses TCP");
+  }
+#endif
   Rendezvous r;
   SQUALL_TRY(openRendezvous(dev, kKindNet, handle, &r));
   auto* l = new ListenComm;
@@ -485,9 +561,22 @@ Status netConnect(NetContext* ctx, int /*dev*/, void* handle, void** sendComm) {
                  Status::kInvalidArgument, Subsys::kTransport,
                  "NET/Squall: connect() was given a null context, handle or comm");
   *sendComm = nullptr;
-  SocketAddress address;
-  uint64_t nonce = 0;
-  SQUALL_TRY(decodeHandle(handle, kKindNet, &address, &nonce));
+  Handle peek;
+  std::memcpy(&peek, handle, sizeof(peek));
+  if (peek.magic == kHandleMagic && peek.kind == kKindNetUcx) {
+#if defined(SQUALL_HAVE_UCX)
+    return ucxConnect(handle, sendComm);
+#else
+    return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kTransport,
+                       "NET/Squall: the peer listens on the UCX data plane, but this plugin was "
+                       "built without UCX; build it with UCX or set SQUALL_NET_TRANSPORT=tcp on "
+                       "every node");
+#endif
+  }
+  HandleFields fields;
+  SQUALL_TRY(decodeHandle(handle, kKindNet, &fields));
+  const SocketAddress& address = fields.address;
+  const uint64_t nonce = fields.nonce;
   std::unique_lock<std::mutex> lock(ctx->mutex);
   auto& slot = ctx->connects[handle];
   if (slot == nullptr || slot->nonce != nonce) {
@@ -537,6 +626,9 @@ Status netConnect(NetContext* ctx, int /*dev*/, void* handle, void** sendComm) {
 Status netAccept(void* listenComm, void** recvComm) {
   SQUALL_REQUIRE(listenComm != nullptr && recvComm != nullptr, Status::kInvalidArgument,
                  Subsys::kTransport, "NET/Squall: accept() was given a null comm");
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(listenComm) == kPlaneUcx) return ucxAccept(listenComm, recvComm);
+#endif
   auto* l = static_cast<ListenComm*>(listenComm);
   std::lock_guard<std::mutex> lock(l->mutex);
   *recvComm = nullptr;
@@ -601,6 +693,9 @@ Status netIsend(void* sendComm, void* data, size_t size, int tag, void** request
   SQUALL_REQUIRE(sendComm != nullptr && request != nullptr && (data != nullptr || size == 0),
                  Status::kInvalidArgument, Subsys::kTransport,
                  "NET/Squall: isend() was given a null comm, request or buffer");
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(sendComm) == kPlaneUcx) return ucxIsend(sendComm, data, size, tag, request);
+#endif
   auto* c = static_cast<Comm*>(sendComm);
   std::lock_guard<std::mutex> lock(c->mutex);
   *request = nullptr;
@@ -629,6 +724,9 @@ Status netIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
                  kMaxRecvs);
   SQUALL_REQUIRE(n == 1 || tags != nullptr, Status::kInvalidArgument, Subsys::kTransport,
                  "NET/Squall: a grouped irecv() needs the tags that match its buffers");
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(recvComm) == kPlaneUcx) return ucxIrecv(recvComm, n, data, sizes, tags, request);
+#endif
   auto* c = static_cast<Comm*>(recvComm);
   std::lock_guard<std::mutex> lock(c->mutex);
   *request = nullptr;
@@ -655,6 +753,9 @@ Status netIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
 Status netTest(void* request, int* done, size_t* sizes, int* count) {
   SQUALL_REQUIRE(request != nullptr && done != nullptr, Status::kInvalidArgument,
                  Subsys::kTransport, "NET/Squall: test() was given a null request or flag");
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(request) == kPlaneUcx) return ucxTest(request, done, sizes, count);
+#endif
   auto* r = static_cast<Request*>(request);
   Comm* c = r->comm;
   std::lock_guard<std::mutex> lock(c->mutex);
@@ -681,8 +782,11 @@ Status netTest(void* request, int* done, size_t* sizes, int* count) {
 
 namespace {
 Status closeComm(void* comm) {
+  if (comm == nullptr) return Status::kOk;
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(comm) == kPlaneUcx) return ucxClose(comm);
+#endif
   auto* c = static_cast<Comm*>(comm);
-  if (c == nullptr) return Status::kOk;
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     // Requests NCCL never tested to completion die with the comm.
@@ -699,6 +803,10 @@ Status netCloseSend(void* sendComm) { return closeComm(sendComm); }
 Status netCloseRecv(void* recvComm) { return closeComm(recvComm); }
 
 Status netCloseListen(void* listenComm) {
+  if (listenComm == nullptr) return Status::kOk;
+#if defined(SQUALL_HAVE_UCX)
+  if (planeOf(listenComm) == kPlaneUcx) return ucxCloseListen(listenComm);
+#endif
   delete static_cast<ListenComm*>(listenComm);
   return Status::kOk;
 }
@@ -707,9 +815,10 @@ Status netCloseListen(void* listenComm) {
 
 Status sendToHandle(const void* handle, uint32_t kind, const void* data, size_t bytes,
                     int64_t timeoutMs) {
-  SocketAddress address;
-  uint64_t nonce = 0;
-  SQUALL_TRY(decodeHandle(handle, kind, &address, &nonce));
+  HandleFields fields;
+  SQUALL_TRY(decodeHandle(handle, kind, &fields));
+  const SocketAddress& address = fields.address;
+  const uint64_t nonce = fields.nonce;
   auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
   std::string error;
   int fd = bootstrap::connectWithRetry(address, deadline, &error);

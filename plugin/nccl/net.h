@@ -18,11 +18,28 @@
 #include <cstdint>
 #include <string>
 
+#include "src/bootstrap/socket.h"
 #include "src/common/status.h"
 
 namespace squall::nccl_plugin {
 
 constexpr int kMaxRecvs = 8;  // buffers per grouped receive (reported as maxRecvs)
+
+// Every net object NCCL holds (listen, send and receive comms, requests)
+// starts with the data plane it belongs to, so one entry point serves both.
+constexpr uint32_t kPlaneTcp = 0x53515443;  // "SQTC"
+constexpr uint32_t kPlaneUcx = 0x53515543;  // "SQUC"
+struct NetObject {
+  uint32_t plane = kPlaneTcp;
+};
+inline uint32_t planeOf(const void* object) { return static_cast<const NetObject*>(object)->plane; }
+
+// The plane new listeners use, from SQUALL_NET_TRANSPORT (auto: UCX when
+// built in and a UCX context can be created, else TCP), resolved once per
+// load. An explicit ucx that cannot start is an error. Connect follows the
+// handle's plane, whatever this side chose.
+Status netPlane(uint32_t* plane);
+const char* planeName(uint32_t plane);
 
 struct DeviceInfo {
   std::string name;     // the interface name; NCCL keys its topology on it
@@ -93,5 +110,34 @@ Status sendToHandle(const void* handle, uint32_t kind, const void* data, size_t 
                     int64_t timeoutMs);
 // Accepts on `listener` until a peer presenting its nonce delivers `bytes`.
 Status receiveOnRendezvous(const Rendezvous& listener, void* data, size_t bytes, int64_t timeoutMs);
+
+// Handles (net.cc): magic, version, kind, nonce, address (offset 16), and a
+// connection number the UCX plane puts in its tags.
+constexpr uint32_t kKindNetUcx = 3;
+struct HandleFields {
+  bootstrap::SocketAddress address;
+  uint64_t nonce = 0;
+  uint32_t connection = 0;
+};
+Status decodeHandle(const void* handle, uint32_t kind, HandleFields* out);
+void writeHandle(uint32_t kind, uint64_t nonce, const bootstrap::SocketAddress& bound,
+                 uint32_t connection, void* handle);
+uint64_t randomNonce();
+int64_t timeoutMs();  // SQUALL_TIMEOUT_S
+
+#if defined(SQUALL_HAVE_UCX)
+// The UCX plane (net_ucx.cc); arguments already checked by the net entry
+// points, objects dispatched here by planeOf.
+Status ucxAvailable();
+Status ucxListen(const bootstrap::SocketAddress& address, void* handle, void** listenComm);
+Status ucxConnect(void* handle, void** sendComm);
+Status ucxAccept(void* listenComm, void** recvComm);
+Status ucxIsend(void* sendComm, void* data, size_t size, int tag, void** request);
+Status ucxIrecv(void* recvComm, int n, void** data, const size_t* sizes, const int* tags,
+                void** request);
+Status ucxTest(void* request, int* done, size_t* sizes, int* count);
+Status ucxClose(void* comm);
+Status ucxCloseListen(void* listenComm);
+#endif
 
 }  // namespace squall::nccl_plugin
