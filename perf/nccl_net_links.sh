@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The NCCL plugin's net throughput against a raw TCP stream, 1 and 4
-# connections, on shaped 1 Gbit/s and 10 Gbit/s links (perf/links.sh: two
+# The NCCL plugin's net throughput, over its TCP and its UCX data plane
+# (SQUALL_NET_TRANSPORT; UCX only when built in), against a raw TCP stream, 1
+# and 4 connections, on shaped 1 Gbit/s and 10 Gbit/s links (perf/links.sh: two
 # network namespaces behind tc tbf), each pair measured back to back in the
 # same run. Prints one JSON line per measurement.
 #
@@ -18,12 +19,15 @@ bench=$build/plugin/nccl/nccl_net_bench
 for rate in "${rates[@]}"; do
   case $rate in 1gbit) mib=256 ;; *) mib=1024 ;; esac
   for conns in 1 4; do
-    for mode in raw plugin; do
-      out=$(perf/links.sh --rate "$rate" --ranks 2 -- "$bench" --mode "$mode" --conns "$conns" --bytes "$mib" 2>/dev/null) || {
+    for plane in raw tcp ucx; do
+      mode=plugin
+      [[ $plane == raw ]] && mode=raw
+      out=$(SQUALL_NET_TRANSPORT=${plane/raw/tcp} perf/links.sh --rate "$rate" --ranks 2 -- "$bench" --mode "$mode" --conns "$conns" --bytes "$mib" 2>/dev/null) || {
         rc=$?
         ((rc == 77)) && { echo "nccl_net_links.sh: skipped (links.sh cannot shape links here)" >&2; exit 77; }
-        echo "nccl_net_links.sh: $mode $conns at $rate failed ($rc)" >&2; exit 1; }
-      echo "{\"rate\": \"$rate\", ${out#\{}"
+        [[ $plane == ucx ]] && { echo "nccl_net_links.sh: no UCX plane ($rc); skipping it" >&2; continue; }
+        echo "nccl_net_links.sh: $plane $conns at $rate failed ($rc)" >&2; exit 1; }
+      echo "{\"rate\": \"$rate\", \"plane\": \"$plane\", ${out#\{}"
     done
   done
 done
