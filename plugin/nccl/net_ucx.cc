@@ -698,10 +698,15 @@ Status ucxTest(void* request, int* done, size_t* sizes, int* count) {
   drain();
   if (!c->send) match(c);
   if (r->completed < r->n) {
-    // A receive whose messages are all in UCX's hands finishes or fails there.
+    // A receive whose messages are all in UCX's hands finishes or fails
+    // there, unless the peer is gone: then nothing more will arrive, and a
+    // transfer UCX still holds is abandoned rather than waited for.
     if (r->error == Status::kOk && c->failed != Status::kOk && (c->send || r->matched < r->n))
       r->error = c->failed;
-    if (r->error == Status::kOk && c->send && c->e->failed) r->error = Status::kRemoteError;
+    if (r->error == Status::kOk && c->e->failed) {
+      cancelAll(r);
+      r->error = Status::kRemoteError;
+    }
     if (r->error != Status::kOk)
       return SQUALL_FAIL(r->error, Subsys::kTransport, "NET/Squall: request failed: %s",
                          c->failure.empty() ? c->e->why.c_str() : c->failure.c_str());
