@@ -724,6 +724,72 @@ TEST(NetConcurrency, TwoThreadsTwoCommunicators) {
   expectAllZero(runRanks(2, body, relay));
 }
 
+// Each process picks the data plane of what it listens for, and a connector
+// follows the handle: rank 0 listens on UCX and rank 1 on TCP, both connect
+// to the other and send one message each way, over the two planes at once.
+TEST(NetPlanes, ConnectFollowsTheListener) {
+  auto probe = runRanks(1, [](int, int) {
+    setenv("SQUALL_NET_TRANSPORT", "ucx", 1);
+    auto net = openNet(loadPlugin(), 11);
+    _exit(net->init() == wire::kSuccess ? 0 : 3);
+  });
+  if (probe[0] == 3) GTEST_SKIP() << "no UCX data plane (built without UCX, or UCX does not start)";
+  auto body = [](int rank, int fd) {
+    setenv("SQUALL_NET_TRANSPORT", rank == 0 ? "ucx" : "tcp", 1);
+    auto net = openNet(loadPlugin(), 11);
+    CHECK_OK(net->init());
+    char mine[wire::kHandleMaxBytes], peer[wire::kHandleMaxBytes];
+    void* lc = nullptr;
+    CHECK_OK(net->listen(0, mine, &lc));
+    writeAll(fd, mine, sizeof(mine));
+    readAll(fd, peer, sizeof(peer));
+    void* sc = nullptr;
+    void* rc = nullptr;
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    while (sc == nullptr || rc == nullptr) {
+      if (sc == nullptr) CHECK_OK(net->connect(0, peer, &sc));
+      if (rc == nullptr) CHECK_OK(net->accept(lc, &rc));
+      CHECK(Clock::now() < deadline, "connect/accept");
+    }
+    CHECK_OK(net->closeListen(lc));
+    std::vector<uint8_t> out(1000), in(2000);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = pattern(static_cast<size_t>(rank), i);
+    void* sreq = nullptr;
+    void* rreq = nullptr;
+    void* data = in.data();
+    size_t cap = in.size();
+    int tag = 7;
+    CHECK_OK(net->isend(sc, out.data(), out.size(), 7, nullptr, &sreq));
+    CHECK_OK(net->irecv(rc, 1, &data, &cap, &tag, nullptr, &rreq));
+    CHECK(sreq != nullptr && rreq != nullptr, "busy with nothing in flight");
+    int got = -1;
+    CHECK_OK(waitRequest(*net, sreq, nullptr));
+    CHECK_OK(waitRequest(*net, rreq, &got));
+    CHECK(got == 1000, "received %d bytes, not 1000", got);
+    for (size_t i = 0; i < 1000; ++i)
+      CHECK(in[i] == pattern(static_cast<size_t>(1 - rank), i), "byte %zu differs", i);
+    CHECK_OK(net->closeSend(sc));
+    CHECK_OK(net->closeRecv(rc));
+    CHECK_OK(net->finalize());
+  };
+  auto swap = [](std::vector<Rank>& ranks) {
+    char h[2][wire::kHandleMaxBytes];
+    for (int r = 0; r < 2; ++r) {
+      size_t got = 0;
+      while (got < sizeof(h[r])) {
+        ssize_t n = read(ranks[static_cast<size_t>(r)].fd, h[r] + got, sizeof(h[r]) - got);
+        if (n <= 0) return;
+        got += static_cast<size_t>(n);
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      ssize_t put = write(ranks[static_cast<size_t>(r)].fd, h[1 - r], sizeof(h[1 - r]));
+      (void)put;
+    }
+  };
+  expectAllZero(runRanks(2, body, swap));
+}
+
 // A peer killed mid-connection: the survivor's pending receive fails with
 // ncclRemoteError, well within SQUALL_TIMEOUT_S.
 TEST(NetFailure, KilledPeerFailsPendingReceive) {
