@@ -27,6 +27,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -436,15 +437,28 @@ Status netPlane(uint32_t* plane) {
 
 const char* planeName(uint32_t plane) { return plane == kPlaneUcx ? "UCX" : "TCP"; }
 
+namespace {
+std::atomic<int> liveContexts{0};  // v11 contexts not yet finalized
+}  // namespace
+
 Status netInit(NetContext** ctx) {
   uint32_t plane = kPlaneTcp;
   SQUALL_TRY(netPlane(&plane));
   *ctx = new NetContext;
+  ++liveContexts;
   return Status::kOk;
 }
 
 Status netFinalize(NetContext* ctx) {
-  if (ctx != sharedContext()) delete ctx;  // also abandons unfinished connects
+  if (ctx == nullptr || ctx == sharedContext()) return Status::kOk;
+  delete ctx;  // also abandons unfinished connects
+#if defined(SQUALL_HAVE_UCX)
+  // With no communicator left, a UCX connect NCCL never finished cannot be
+  // wanted any more; dropping it lets the UCX worker go.
+  if (--liveContexts == 0) ucxAbandonConnects();
+#else
+  --liveContexts;
+#endif
   return Status::kOk;
 }
 

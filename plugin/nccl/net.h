@@ -138,6 +138,9 @@ Status ucxIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
 Status ucxTest(void* request, int* done, size_t* sizes, int* count);
 Status ucxClose(void* comm);
 Status ucxCloseListen(void* listenComm);
+// Drops the connects still in progress (called when the last v11 context
+// is finalized).
+void ucxAbandonConnects();
 #endif
 
 }  // namespace squall::nccl_plugin

@@ -558,6 +558,15 @@ Status ucxConnect(void* handle, void** sendComm) {
   return status;
 }
 
+void ucxAbandonConnects() {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  for (auto& [handle, p] : connects()) {
+    closeEndpoint(p->e, true);
+    release();
+  }
+  connects().clear();
+}
+
 Status ucxAccept(void* listenComm, void** recvComm) {
   auto* l = static_cast<Listen*>(listenComm);
   *recvComm = nullptr;
