@@ -9,6 +9,7 @@
 // (nothing plugin-related happens in the parent, which only relays handles
 // over socketpairs and waits with a deadline), so a crash, a hang or a kill
 // in one rank is observed from outside like NCCL would see a dead peer.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <link.h>
@@ -271,6 +272,16 @@ void* acceptFrom(Net& net, void* lc) {
     CHECK(Clock::now() < deadline, "accept did not finish");
   }
   return rc;
+}
+
+int threadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    closedir(d);
+  }
+  return n;
 }
 
 uint8_t pattern(size_t message, size_t i) {
@@ -966,6 +977,7 @@ TEST(Lifecycle, LoadUnloadReload) {
   auto codes = runRanks(1, [](int, int) {
     setenv("SQUALL_DEBUG", "INFO", 1);
     for (int cycle = 0; cycle < 3; ++cycle) {
+      const int threads = threadCount();
       void* lib = loadPlugin();
       auto* t = static_cast<wire::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
       void* ctx = nullptr;
@@ -1003,6 +1015,9 @@ TEST(Lifecycle, LoadUnloadReload) {
       CHECK(dlclose(lib) == 0, "dlclose: %s", dlerror());
       void* still = dlopen(SQUALL_PLUGIN_PATH, RTLD_NOW | RTLD_NOLOAD);
       CHECK(still == nullptr, "the library stayed loaded after dlclose (cycle %d)", cycle);
+      // Whatever the data plane started (UCX's own threads too) is gone.
+      CHECK(threadCount() == threads, "%d threads before the load, %d after the unload", threads,
+            threadCount());
     }
   });
   expectAllZero(codes);
