@@ -39,6 +39,7 @@ constexpr SubsysName kSubsysNames[] = {
 };
 
 std::mutex gMutex;
+std::atomic<LogSink> gSink{nullptr};
 FILE* gFile = nullptr;  // guarded by gMutex; nullptr means stderr
 char gHost[64] = "?";
 
@@ -155,6 +156,10 @@ void write(LogLevel level, Subsys subsys, const char* file, int line, const char
   va_end(args);
   const char* base = strrchr(file, '/');
   base = base != nullptr ? base + 1 : file;
+  if (LogSink sink = gSink.load(std::memory_order_acquire)) {
+    sink(level, subsys, base, line, message);
+    return;
+  }
   timespec now{};
   clock_gettime(CLOCK_REALTIME, &now);
   std::lock_guard<std::mutex> lock(gMutex);
@@ -172,6 +177,8 @@ const char* subsysName(Subsys subsys) {
     if (s.subsys == subsys) return s.name;
   return "?";
 }
+
+void setLogSink(LogSink sink) { log_detail::gSink.store(sink, std::memory_order_release); }
 
 void reloadLogConfig() {
   std::lock_guard<std::mutex> lock(log_detail::gMutex);

@@ -49,6 +49,14 @@ const char* subsysName(Subsys subsys);
 // Re-reads SQUALL_DEBUG* (tests change them at run time).
 void reloadLogConfig();
 
+// Where enabled messages go instead of stderr / SQUALL_DEBUG_FILE: a host
+// library's own logger (the NCCL plugin hands them to NCCL's). SQUALL_DEBUG
+// and SQUALL_DEBUG_SUBSYS still decide which messages are produced. nullptr
+// restores the default. `message` is formatted, without a trailing newline.
+using LogSink = void (*)(LogLevel level, Subsys subsys, const char* file, int line,
+                         const char* message);
+void setLogSink(LogSink sink);
+
 }  // namespace squall
 
 #define SQUALL_LOG_AT(level, subsys, ...)                                              \

@@ -65,18 +65,7 @@ Status Comm::fromEnv(const CommConfig& config, std::unique_ptr<Comm>* out) {
   return create(id, nranks, rank, config, out);
 }
 
-Status Comm::fromMpi(const void* mpiComm, const CommConfig& config, std::unique_ptr<Comm>* out) {
-  SQUALL_REQUIRE(out != nullptr && mpiComm != nullptr, Status::kInvalidArgument, Subsys::kApi,
-                 "the communicator output and the MPI_Comm pointer must be set");
-  std::unique_ptr<transport::Transport> transport;
-  SQUALL_TRY(createMpiTransport(mpiComm, &transport));
-  CommConfig c = config;
-  c.transport = TransportKind::kMpi;
-  std::unique_ptr<Engine> engine;
-  SQUALL_TRY(createHostEngine(nullptr, std::move(transport), c, &engine));
-  out->reset(new Comm(std::move(engine), c));
-  return Status::kOk;
-}
+// Comm::fromMpi: comm_mpi.cc (or comm_mpi_stub.cc without MPI).
 
 Status Comm::fromNccl(void* ncclComm, std::unique_ptr<Comm>* out) {
   SQUALL_REQUIRE(out != nullptr && ncclComm != nullptr, Status::kInvalidArgument, Subsys::kApi,

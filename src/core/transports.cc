@@ -9,9 +9,6 @@
 #if defined(SQUALL_HAVE_UCX)
 #include "src/transport/ucx/ucx_transport.h"
 #endif
-#if defined(SQUALL_HAVE_MPI)
-#include "src/transport/mpi/mpi_transport.h"
-#endif
 
 namespace squall::core {
 namespace {
@@ -70,18 +67,6 @@ Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
   return SQUALL_FAIL(Status::kInternal, Subsys::kInit,
                      "transport kind %d cannot be built from a bootstrap; please report this",
                      static_cast<int>(kind));
-}
-
-Status createMpiTransport(const void* mpiComm, std::unique_ptr<transport::Transport>* out) {
-#if defined(SQUALL_HAVE_MPI)
-  return transport::createMpiTransport(*static_cast<const MPI_Comm*>(mpiComm), out);
-#else
-  (void)mpiComm;
-  (void)out;
-  return SQUALL_FAIL(Status::kUnsupported, Subsys::kInit,
-                     "this Squall was built without MPI; install libopenmpi-dev and rebuild "
-                     "(meson option mpi), or create the communicator with squallCommInitRank");
-#endif
 }
 
 }  // namespace squall::core

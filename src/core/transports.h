@@ -21,7 +21,4 @@ Status chooseTransport(squallTransport_t requested, TransportKind* kind);
 Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
                        std::unique_ptr<transport::Transport>* out);
 
-// `mpiComm` points to an MPI_Comm; kUnsupported without MPI support.
-Status createMpiTransport(const void* mpiComm, std::unique_ptr<transport::Transport>* out);
-
 }  // namespace squall::core

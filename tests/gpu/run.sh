@@ -147,6 +147,23 @@ fi
 step gpu-allreduce-bench 40 "$build/perf/gpu_allreduce_bench" || true
 grep -E 'BENCH|SKIP|FAIL' "$out/gpu-allreduce-bench.log" | tee -a "$summary" || true
 
+# ---- NCCL plugin (plugin/nccl): real NCCL loads libnccl-net-squall.so ------
+# 2 and 4 processes share the GPU, each its own node; NCCL_NET=squall, then
+# CollNetChain through Squall's CollNet, then NCCL's Socket network as the
+# baseline; results checked exactly and the NCCL logs checked for the plugin
+# (tests/plugin/nccl/gpu_check.sh, which also runs on its own). 6 runs of at
+# most 30 s: 190 s with this step's margin.
+plugin_so="$build/plugin/nccl/libnccl-net-squall.so"
+plugin_drv="$build/plugin/nccl/nccl_plugin_gpu_test"
+if [[ -x $plugin_drv && -f $plugin_so ]]; then
+  step nccl-plugin 190 tests/plugin/nccl/gpu_check.sh "$plugin_so" "$plugin_drv" "$out/nccl-plugin" || true
+  grep -E '^(PASS|FAIL|SKIP)' "$out/nccl-plugin.log" | tee -a "$summary" || true
+else
+  note "FAIL: nccl-plugin: $plugin_drv or $plugin_so not built (needs -Dnccl_plugin and NCCL)"
+  failed=1
+fi
+# ---- end of the NCCL plugin step
+
 # ---- interposer (plugin/preload): torch DDP over NCCL under libsquall-preload.so,
 # 2 processes sharing the GPU (distinct NCCL_HOSTID, NCCL_MNNVL_ENABLE=0):
 # DDP's gradient allreduces compressed (reports non-empty), ranks bit-identical,
