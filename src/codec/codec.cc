@@ -5,6 +5,7 @@
 #include <new>
 
 #include "src/codec/kernels.h"
+#include "src/codec/numeric.h"
 
 namespace squall::codec {
 namespace {
@@ -173,6 +174,42 @@ Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count) {
                  "squallEncodedInspect needs non-NULL input, spec and count pointers");
   Layout layout;
   return readHeader(input, bytes, spec, count, &layout);
+}
+
+Status encodingFinite(const void* input, size_t bytes, bool* finite) {
+  SQUALL_REQUIRE(input != nullptr && finite != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "encodingFinite needs non-NULL input and result pointers");
+  Spec spec;
+  size_t count = 0;
+  Layout layout;
+  SQUALL_TRY(readHeader(input, bytes, &spec, &count, &layout));
+  const auto* payload = static_cast<const uint8_t*>(input) + kHeaderBytes;
+  bool all = true;
+  auto scan = [&](auto word, size_t n, size_t offset, auto isFiniteWord) {
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(&word, payload + offset + i * sizeof(word), sizeof(word));
+      all = all && isFiniteWord(word);
+    }
+  };
+  switch (spec.codec) {
+    case CodecId::kOnebit:
+    case CodecId::kInt8:
+      scan(float{}, layout.blocks, 0, [](float f) { return isFinite(f); });
+      break;
+    case CodecId::kNone:
+      scan(float{}, count, layout.dataOffset, [](float f) { return isFinite(f); });
+      break;
+    case CodecId::kFp16:
+      scan(uint16_t{}, count, layout.dataOffset,
+           [](uint16_t h) { return (h & 0x7c00u) != 0x7c00u; });
+      break;
+    case CodecId::kBf16:
+      scan(uint16_t{}, count, layout.dataOffset,
+           [](uint16_t h) { return (h & 0x7f80u) != 0x7f80u; });
+      break;
+  }
+  *finite = all;
+  return Status::kOk;
 }
 
 const char* implementationName() { return activeKernels().name; }

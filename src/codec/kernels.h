@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "src/codec/wire.h"
 
@@ -55,7 +56,12 @@ const KernelTable& avx512Kernels();
 // Whether `isa` can run here (CPU support and built in).
 bool isaAvailable(Isa isa);
 const KernelTable& kernelsFor(Isa isa);
-// The table in use: the best available, capped by SQUALL_CODEC_ISA.
+// The table in use: the fastest available by a short measurement at first
+// use (SQUALL_CODEC_ISA=auto), or the best available up to a named ISA.
 const KernelTable& activeKernels();
+
+// The index of the smallest positive median time; 0 when none is smaller
+// (the calibration's decision, separate so tests can check it).
+size_t fastestCandidate(const std::vector<double>& medianSeconds);
 
 }  // namespace squall::codec

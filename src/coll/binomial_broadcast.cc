@@ -6,6 +6,17 @@
 // Cost per rank: ceil(log2 n) rounds (alpha each) of N bytes; the root sends
 // ceil(log2 n) messages, a leaf receives one. Good for the small and medium
 // buffers broadcast is used for (parameters at start-up, flags).
+//
+// Root agreement: the root is part of the operation's descriptor, so a rank
+// that receives from a parent with another root fails with both printed.
+// That alone misses ranks that all believe themselves roots (they only send)
+// or all wait for each other; so every rank also sends one empty message to
+// its ring successor (step 1), in parallel with the tree, and waits for its
+// predecessor's together with its own receive. A disagreement between any
+// two neighbours fails the receiving one at once, and since the ring links
+// every rank, ranks that disagree can never all succeed. The extra message
+// is empty and overlaps the tree: one alpha at most, no bandwidth.
+#include <array>
 #include <vector>
 
 #include "src/coll/algorithms.h"
@@ -18,17 +29,23 @@ Status binomialBroadcast(const OpContext& ctx, void* buffer, size_t count, DataT
   const int v = (ctx.rank() - root + n) % n;
   const size_t bytes = count * dataTypeSize(dtype);
   if (n == 1 || count == 0) return Status::kOk;
+  constexpr uint32_t kAgreementStep = 1;
+  const int r = ctx.rank();
+  // [0] the predecessor's agreement message, [1] the parent's data.
+  std::array<transport::RequestPtr, 2> received;
+  std::vector<transport::RequestPtr> sends(1);
+  char empty = 0;
+  SQUALL_TRY(ctx.recv((r - 1 + n) % n, kAgreementStep, &empty, 0, &received[0]));
+  SQUALL_TRY(ctx.send((r + 1) % n, kAgreementStep, &empty, 0, &sends[0]));
   int mask = 1;
   while (mask < n) {
     if ((v & mask) != 0) {
-      transport::RequestPtr request;
-      SQUALL_TRY(ctx.recv((v - mask + root) % n, 0, buffer, bytes, &request));
-      SQUALL_TRY(ctx.waitAll({&request, 1}));
+      SQUALL_TRY(ctx.recv((v - mask + root) % n, 0, buffer, bytes, &received[1]));
       break;
     }
     mask <<= 1;
   }
-  std::vector<transport::RequestPtr> sends;
+  SQUALL_TRY(ctx.waitAll(received));
   for (mask >>= 1; mask > 0; mask >>= 1) {
     if (v + mask < n) {
       sends.emplace_back();

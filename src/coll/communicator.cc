@@ -1,5 +1,7 @@
 #include "src/coll/communicator.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "src/coll/algorithms.h"
@@ -20,22 +22,67 @@ Descriptor descriptorOf(CollKind kind, DataType dtype, ReduceOp op, size_t count
   return d;
 }
 
-Status checkBuffers(const void* in, const void* out, size_t count, DataType dtype,
-                    const char* what) {
+// A broadcast's root is part of what every rank must agree on; it travels in
+// the descriptor's block field, which broadcasts have no other use for.
+Descriptor broadcastDescriptor(DataType dtype, size_t count, int root) {
+  Descriptor d = descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count);
+  d.block = static_cast<uint32_t>(root);
+  return d;
+}
+
+// The largest buffer a collective takes: its byte size must fit a ptrdiff_t,
+// so that no pointer arithmetic over it can overflow.
+constexpr size_t kMaxBufferBytes = static_cast<size_t>(PTRDIFF_MAX);
+
+// Checks the buffers of a collective whose input holds `count * inFactor`
+// and whose output holds `count * outFactor` elements of `dtype`: a known
+// type, no NULL buffer unless count is 0, sizes that fit in memory, and
+// buffers that are either the same (in place, where allowed) or disjoint.
+Status checkBuffers(const void* in, const void* out, size_t count, DataType dtype, const char* what,
+                    size_t inFactor = 1, size_t outFactor = 1) {
   SQUALL_REQUIRE(isValidDataType(dtype), Status::kInvalidArgument, Subsys::kColl,
                  "%s: data type %u is not one of float32, float16, bfloat16, float64, int32, "
                  "int64",
                  what, static_cast<unsigned>(dtype));
+  const size_t factor = std::max(inFactor, outFactor);
+  const size_t limit = kMaxBufferBytes / dataTypeSize(dtype) / factor;
+  SQUALL_REQUIRE(count <= limit, Status::kInvalidArgument, Subsys::kColl,
+                 "%s: count %zu of %s is too large to fit in memory (at most %zu%s); pass the "
+                 "number of elements, not bytes or a negative value",
+                 what, count, dataTypeName(dtype), limit,
+                 factor > 1 ? ", since a buffer holds nranks x count elements" : "");
   SQUALL_REQUIRE((in != nullptr && out != nullptr) || count == 0, Status::kInvalidArgument,
                  Subsys::kColl, "%s: the %s buffer is NULL but count is %zu", what,
                  in == nullptr ? "input" : "output", count);
+  if (in != out && count != 0) {
+    const size_t esize = dataTypeSize(dtype);
+    const auto a = reinterpret_cast<uintptr_t>(in);
+    const auto b = reinterpret_cast<uintptr_t>(out);
+    const size_t inBytes = count * inFactor * esize;
+    const size_t outBytes = count * outFactor * esize;
+    const bool overlap = a < b ? b - a < inBytes : a - b < outBytes;
+    SQUALL_REQUIRE(!overlap, Status::kInvalidArgument, Subsys::kColl,
+                   "%s: the input and output buffers overlap without being the same buffer; "
+                   "pass the same pointer for in place, or disjoint buffers",
+                   what);
+  }
   return Status::kOk;
 }
 
-Status checkAllToAll(const void* in, const void* out, size_t count, DataType dtype) {
-  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall"));
+Status checkAllToAll(const void* in, const void* out, size_t count, DataType dtype, int size) {
+  const auto n = static_cast<size_t>(size);
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall", n, n));
   SQUALL_REQUIRE(in != out || count == 0, Status::kInvalidUsage, Subsys::kColl,
                  "alltoall cannot run in place; pass a separate output buffer");
+  return Status::kOk;
+}
+
+Status checkAllGather(const void* in, const void* out, size_t count, DataType dtype, int size) {
+  const auto n = static_cast<size_t>(size);
+  SQUALL_TRY(checkBuffers(in, out, count, dtype, "allgather", 1, n));
+  SQUALL_REQUIRE(in != out || count == 0 || n == 1, Status::kInvalidUsage, Subsys::kColl,
+                 "allgather cannot run in place: its output holds nranks x count elements; pass "
+                 "a separate output buffer");
   return Status::kOk;
 }
 
@@ -148,6 +195,7 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
                              const Options& options, const Body& body) {
   OpContext ctx{transport_, sequence, descriptor, transport::Clock::now() + options.timeout,
                 &options};
+  ctx.scratch = &scratch_;
   if (ctx.size() == 1) return body(ctx);
   AbortWatch watch;
   SQUALL_TRY(watchForAborts(ctx, &watch));
@@ -259,7 +307,7 @@ Status Communicator::startAllReduce(const void* in, void* out, size_t count, Dat
 }
 
 Status Communicator::allGather(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_TRY(refuse(checkBuffers(in, out, count, dtype, "allgather")));
+  SQUALL_TRY(refuse(checkAllGather(in, out, count, dtype, size())));
   return runBlocking(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); });
@@ -267,14 +315,14 @@ Status Communicator::allGather(const void* in, void* out, size_t count, DataType
 
 Status Communicator::startAllGather(const void* in, void* out, size_t count, DataType dtype,
                                     OperationPtr* operation) {
-  SQUALL_TRY(refuse(checkBuffers(in, out, count, dtype, "allgather")));
+  SQUALL_TRY(refuse(checkAllGather(in, out, count, dtype, size())));
   return enqueue(
       descriptorOf(CollKind::kAllGather, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return ringAllGather(ctx, in, out, count, dtype); }, operation);
 }
 
 Status Communicator::allToAll(const void* in, void* out, size_t count, DataType dtype) {
-  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype)));
+  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype, size())));
   return runBlocking(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); });
@@ -282,7 +330,7 @@ Status Communicator::allToAll(const void* in, void* out, size_t count, DataType 
 
 Status Communicator::startAllToAll(const void* in, void* out, size_t count, DataType dtype,
                                    OperationPtr* operation) {
-  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype)));
+  SQUALL_TRY(refuse(checkAllToAll(in, out, count, dtype, size())));
   return enqueue(
       descriptorOf(CollKind::kAllToAll, dtype, ReduceOp::kSum, count),
       [=](const OpContext& ctx) { return pairwiseAllToAll(ctx, in, out, count, dtype); },
@@ -291,16 +339,16 @@ Status Communicator::startAllToAll(const void* in, void* out, size_t count, Data
 
 Status Communicator::broadcast(void* buffer, size_t count, DataType dtype, int root) {
   SQUALL_TRY(refuse(checkBroadcast(buffer, count, dtype, root, size())));
-  return runBlocking(
-      descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
-      [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); });
+  return runBlocking(broadcastDescriptor(dtype, count, root), [=](const OpContext& ctx) {
+    return binomialBroadcast(ctx, buffer, count, dtype, root);
+  });
 }
 
 Status Communicator::startBroadcast(void* buffer, size_t count, DataType dtype, int root,
                                     OperationPtr* operation) {
   SQUALL_TRY(refuse(checkBroadcast(buffer, count, dtype, root, size())));
   return enqueue(
-      descriptorOf(CollKind::kBroadcast, dtype, ReduceOp::kSum, count),
+      broadcastDescriptor(dtype, count, root),
       [=](const OpContext& ctx) { return binomialBroadcast(ctx, buffer, count, dtype, root); },
       operation);
 }

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "src/coll/compressed_state.h"
 #include "src/coll/context.h"
@@ -148,7 +149,8 @@ class Communicator {
 
   transport::Transport* transport_;
   Options options_;
-  uint64_t sequence_ = 0;  // operations started, on the caller's thread
+  uint64_t sequence_ = 0;         // operations started, on the caller's thread
+  std::vector<uint8_t> scratch_;  // OpContext::scratch of the running operation
 
   std::mutex mutex_;
   std::condition_variable changed_;

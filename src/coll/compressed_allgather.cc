@@ -4,7 +4,8 @@
 // Semantics (differ from the two-phase algorithm: there is no server
 // residual and no second compression):
 //   every rank encodes its whole input with its worker residual e_w
-//   (committed only if every block was finite), all-gathers the n encoded
+//   (committed only if every block of every rank was finite: all ranks read
+//   the same n encodings, so they decide together), all-gathers the n encoded
 //   buffers, and every rank decodes them in rank order 0..n-1 into an fp32
 //   accumulator (decode, then decodeAccumulate); avg divides by n
 //   (acc[i] / n). output = that accumulator.
@@ -78,7 +79,6 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       stats.bytesReceived += bytes;
     }
   }
-  bool finite = true;
   const auto* input = static_cast<const uint8_t*>(in);
   for (size_t k = 0; k < segments; ++k) {
     const size_t at = k * seg;
@@ -86,7 +86,6 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, codecDType(dtype), length(k),
                                 worker.current() + at, worker.next() + at, slotOf(rr, k), slot,
                                 &result));
-    finite = finite && result.finite;
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();
@@ -96,6 +95,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       ++stats.messagesSent;
     }
   }
+  bool finite = true;  // every rank's encoding of every segment
   for (size_t k = 0; k < segments; ++k) {
     // fp32 output is its own accumulator: decoding straight into it saves a
     // copy of every output byte (the input is no longer read, see above).
@@ -106,6 +106,9 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     size_t bytes = 0;
     SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
     for (size_t j = 0; j < nn; ++j) {
+      bool pieceFinite = true;
+      SQUALL_TRY(codec::encodingFinite(slotOf(j, k), bytes, &pieceFinite));
+      finite = finite && pieceFinite;
       SQUALL_TRY(j == 0 ? codec::decode(slotOf(j, k), bytes, acc, m)
                         : codec::decodeAccumulate(slotOf(j, k), bytes, acc, m));
     }

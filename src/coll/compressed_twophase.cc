@@ -11,9 +11,13 @@
 //     fp32 accumulator (decode, then decodeAccumulate), divide by n for avg
 //     (acc[i] / n), and encode that with the server residual e_s.
 //  4. All-gather the encoded server chunks; every rank decodes all of them.
-// Every rank decodes the same bytes, so outputs are bit-identical. Residuals
-// are committed once per call, each only if all of its encodes were finite;
-// a non-finite block decodes to NaN on every rank.
+// Every rank decodes the same bytes, so outputs are bit-identical. A
+// non-finite block decodes to NaN on every rank, and its NaN reaches the
+// server's encoding of that chunk; so every rank, reading the same gathered
+// server encodings, sees the same answer to "was any block of this call
+// non-finite, on any rank?". Residuals (worker and server) are committed
+// once per call only when the answer is no, on every rank together: a call
+// with a non-finite input anywhere leaves every residual as it was.
 //
 // Pipelining: each chunk is cut into K segments of S elements (S a multiple
 // of B, from SQUALL_SEGMENT_BYTES); segment k of every chunk travels as its
@@ -110,8 +114,6 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     return Status::kOk;
   };
 
-  bool workerFinite = true;
-  bool serverFinite = true;
   // Server step for segment k: sum the n pieces in rank order, encode, send.
   auto serve = [&](size_t k) -> Status {
     const size_t m = realCount(rr, k);
@@ -131,7 +133,6 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     codec::EncodeResult result;
     SQUALL_TRY(codec::encodeRaw(spec, acc, codec::DType::kF32, m, server.current() + k * seg,
                                 server.next() + k * seg, serverSlot(k), slot, &result));
-    serverFinite = serverFinite && result.finite;
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
       if (j != rr)
@@ -160,7 +161,6 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       codec::EncodeResult result;
       SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, m, worker.current() + at,
                                   worker.next() + at, sendSlot(c, k), slot, &result));
-      workerFinite = workerFinite && result.finite;
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());
@@ -174,6 +174,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     SQUALL_TRY(serve(served));
   }
 
+  bool finite = true;  // every server encoding of the call, so every block
   for (size_t k = 0; k < segments; ++k) {
     SQUALL_TRY(ctx.waitAll(pieces(gather, k)));
     for (size_t c = 0; c < nn; ++c) {
@@ -182,6 +183,9 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       size_t bytes = serverBytes[k];
       if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
       const uint8_t* encoded = c == rr ? serverSlot(k) : gatherSlot(c, k);
+      bool segmentFinite = true;
+      SQUALL_TRY(codec::encodingFinite(encoded, bytes, &segmentFinite));
+      finite = finite && segmentFinite;
       const size_t at = c * chunk + k * seg;
       if (dtype == DataType::kF32) {
         SQUALL_TRY(codec::decode(encoded, bytes, static_cast<float*>(out) + at, m));
@@ -192,8 +196,8 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     }
   }
   SQUALL_TRY(ctx.waitAll(sends));
-  worker.commit(workerFinite);
-  server.commit(serverFinite);
+  worker.commit(finite);
+  server.commit(finite);
   state->recordStats(stats);
   return Status::kOk;
 }

@@ -1,7 +1,9 @@
 #include "src/coll/context.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 namespace squall::coll {
 namespace {
@@ -9,6 +11,37 @@ namespace {
 transport::Tag abortTag(uint64_t sequence) {
   return transport::Tag{sequence, kAbortStep, transport::Descriptor{}};
 }
+
+// A peer's abort text as it may be printed: control and non-ASCII bytes
+// become \xNN, so a confused or hostile peer cannot write escape sequences
+// into our logs.
+std::string printable(const char* text) {
+  std::string out;
+  for (const char* c = text; *c != '\0'; ++c) {
+    const auto byte = static_cast<unsigned char>(*c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out.push_back(*c);
+    } else {
+      char escaped[5];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      out.append(escaped);
+    }
+  }
+  return out;
+}
+
+// Keeps the thread's last error across best-effort work whose own failures
+// must not replace the first cause (status.h: the first cause wins).
+class KeepLastError {
+ public:
+  KeepLastError() : saved_(lastError()) {}
+  ~KeepLastError() { setLastError(saved_); }
+  KeepLastError(const KeepLastError&) = delete;
+  KeepLastError& operator=(const KeepLastError&) = delete;
+
+ private:
+  std::string saved_;
+};
 
 }  // namespace
 
@@ -35,7 +68,7 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
         const std::string what = transport::describe(tag(0));
         return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl,
                            "rank %d stops %s because rank %zu gave up on it: %s", rank(),
-                           what.c_str(), peer, reason);
+                           what.c_str(), peer, printable(reason).c_str());
       }
     }
     SQUALL_TRY(transport->progress());
@@ -59,6 +92,9 @@ Status watchForAborts(const OpContext& ctx, AbortWatch* watch) {
 }
 
 void sendAbortNotices(const OpContext& ctx, const std::string& reason) {
+  // A notice that cannot be sent (the peer is gone) is not the operation's
+  // failure: the caller must still read the reason it failed for.
+  const KeepLastError keep;
   std::array<char, kAbortBytes> text{};
   std::memcpy(text.data(), reason.data(), std::min(reason.size(), kAbortBytes - 1));
   std::vector<transport::RequestPtr> sends(static_cast<size_t>(ctx.size()));

@@ -58,6 +58,9 @@ struct OpContext {
   transport::Deadline deadline;
   const Options* options;
   AbortWatch* abort = nullptr;
+  // Scratch owned by the communicator, reused by its operations (they run
+  // one at a time): grown as needed, never shrunk or cleared.
+  std::vector<uint8_t>* scratch = nullptr;
 
   int rank() const { return transport->rank(); }
   int size() const { return transport->size(); }

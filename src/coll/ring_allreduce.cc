@@ -1,5 +1,5 @@
 // Ring allreduce: a reduce-scatter followed by an all-gather around the ring
-// r -> r + 1.
+// r -> r + 1, pipelined in segments.
 //
 // The buffer is cut into n chunks. In reduce-scatter step s (0 .. n-2) rank r
 // sends its partial chunk (r - s) mod n to the right and adds the partial
@@ -9,8 +9,19 @@
 // Each chunk is reduced by exactly one sequence of additions and then copied,
 // so every rank ends with bit-identical results.
 //
-// Cost per rank: 2(n-1) messages, 2(n-1)/n * N bytes sent and received:
-// bandwidth-optimal, latency 2(n-1) alpha.
+// Pipelining: every chunk is cut into K segments of SQUALL_SEGMENT_BYTES,
+// each its own message. What step s + 1 sends is what step s just reduced
+// (or, in the all-gather, received), so segment k moves on as soon as it is
+// ready: while the transport carries segment k to the right, this rank is
+// already reducing segment k + 1 from the left. Without it the reduction and
+// the wire alternate and neither runs at full speed. The arithmetic is the
+// same per element as without segments, so the results do not depend on the
+// segment size. The receive scratch (two chunks, alternating by step) lives
+// in the communicator and is reused across calls, never zero-filled.
+//
+// Cost per rank: 2(n-1)K messages, 2(n-1)/n * N bytes sent and received:
+// bandwidth-optimal; latency 2(n-1) alpha plus K-1 segment times to fill the
+// pipeline.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -39,26 +50,90 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
   auto wrap = [&](int c) { return ((c % n) + n) % n; };
   const int right = wrap(r + 1);
   const int left = wrap(r - 1);
-  std::vector<uint8_t> incoming((base + 1) * esize);
+  const size_t longest = base + (extra != 0 ? 1 : 0);
+  // Every message's step must stay below the abort notice's (2^32 - 1): at
+  // most 2^31 of them, whatever SQUALL_SEGMENT_BYTES says.
+  const auto steps = static_cast<size_t>(n - 1);
+  const size_t minSeg = std::max<size_t>(1, (longest * 2 * steps) >> 31);
+  const size_t seg = ctx.options->segmentBytes == 0
+                         ? std::max(longest, size_t{1})
+                         : std::clamp(ctx.options->segmentBytes / esize, minSeg,
+                                      std::max({longest, minSeg, size_t{1}}));
+  const size_t segments = (longest + seg - 1) / seg;
+  // Segment k of chunk c: elements [first, first + size) of the buffer.
+  auto segFirst = [&](int c, size_t k) { return start(c) + std::min(k * seg, length(c)); };
+  auto segSize = [&](int c, size_t k) {
+    return std::min(length(c), (k + 1) * seg) - std::min(length(c), k * seg);
+  };
+  auto stepOf = [&](size_t phaseStep, size_t k) {
+    return static_cast<uint32_t>(phaseStep * segments + k);
+  };
 
-  for (int s = 0; s < n - 1; ++s) {
-    const int sendChunk = wrap(r - s);
-    const int recvChunk = wrap(r - s - 1);
-    SQUALL_TRY(ctx.sendRecv(right, buffer + start(sendChunk) * esize, length(sendChunk) * esize,
-                            left, incoming.data(), length(recvChunk) * esize,
-                            static_cast<uint32_t>(s)));
-    reduceInto(dtype, op, buffer + start(recvChunk) * esize, incoming.data(), length(recvChunk));
-  }
+  std::vector<uint8_t>& scratch = *ctx.scratch;
+  const size_t chunkBytes = longest * esize;
+  if (scratch.size() < 2 * chunkBytes) scratch.resize(2 * chunkBytes);
+  auto incoming = [&](size_t s, size_t k) {
+    return scratch.data() + (s % 2) * chunkBytes + k * seg * esize;
+  };
+
+  std::vector<transport::RequestPtr> received(steps * segments), gathered(steps * segments);
+  std::vector<transport::RequestPtr> rsSends, agSends;
+  rsSends.reserve(steps * segments);
+  agSends.reserve(steps * segments);
+  auto post = [&](std::vector<transport::RequestPtr>& sends, uint32_t step, int chunk,
+                  size_t k) -> Status {
+    const size_t m = segSize(chunk, k);
+    sends.emplace_back();
+    return ctx.send(right, step, buffer + segFirst(chunk, k) * esize, m * esize, &sends.back());
+  };
+  auto postReduceReceives = [&](size_t s) -> Status {
+    const int chunk = wrap(r - static_cast<int>(s) - 1);
+    for (size_t k = 0; k < segments; ++k) {
+      SQUALL_TRY(ctx.recv(left, stepOf(s, k), incoming(s, k), segSize(chunk, k) * esize,
+                          &received[s * segments + k]));
+    }
+    return Status::kOk;
+  };
+
+  // Reduce-scatter.
+  SQUALL_TRY(postReduceReceives(0));
+  for (size_t k = 0; k < segments; ++k) SQUALL_TRY(post(rsSends, stepOf(0, k), r, k));
   const int owned = wrap(r + 1);
-  if (op == ReduceOp::kAvg) finishAverage(dtype, buffer + start(owned) * esize, length(owned), n);
-  for (int s = 0; s < n - 1; ++s) {
-    const int sendChunk = wrap(r + 1 - s);
-    const int recvChunk = wrap(r - s);
-    SQUALL_TRY(ctx.sendRecv(right, buffer + start(sendChunk) * esize, length(sendChunk) * esize,
-                            left, buffer + start(recvChunk) * esize, length(recvChunk) * esize,
-                            static_cast<uint32_t>(n - 1 + s)));
+  for (size_t s = 0; s < steps; ++s) {
+    // Step s - 1 has reduced all of its scratch half: step s + 1 may reuse it.
+    if (s + 1 < steps) SQUALL_TRY(postReduceReceives(s + 1));
+    const int chunk = wrap(r - static_cast<int>(s) - 1);
+    for (size_t k = 0; k < segments; ++k) {
+      SQUALL_TRY(ctx.waitAll({&received[s * segments + k], 1}));
+      uint8_t* target = buffer + segFirst(chunk, k) * esize;
+      reduceInto(dtype, op, target, incoming(s, k), segSize(chunk, k));
+      if (s + 1 < steps) {
+        SQUALL_TRY(post(rsSends, stepOf(s + 1, k), chunk, k));
+      } else {  // chunk == owned: fully reduced, and the all-gather's first message
+        if (op == ReduceOp::kAvg) finishAverage(dtype, target, segSize(chunk, k), n);
+        SQUALL_TRY(post(agSends, stepOf(steps, k), owned, k));
+      }
+    }
   }
-  return Status::kOk;
+
+  // All-gather: received chunks land in place, so the reduce-scatter's sends
+  // (which read those chunks) must have left first.
+  SQUALL_TRY(ctx.waitAll(rsSends));
+  for (size_t s = 0; s < steps; ++s) {
+    const int chunk = wrap(r - static_cast<int>(s));
+    for (size_t k = 0; k < segments; ++k) {
+      SQUALL_TRY(ctx.recv(left, stepOf(steps + s, k), buffer + segFirst(chunk, k) * esize,
+                          segSize(chunk, k) * esize, &gathered[s * segments + k]));
+    }
+  }
+  for (size_t s = 0; s < steps; ++s) {
+    const int chunk = wrap(r - static_cast<int>(s));
+    for (size_t k = 0; k < segments; ++k) {
+      SQUALL_TRY(ctx.waitAll({&gathered[s * segments + k], 1}));
+      if (s + 1 < steps) SQUALL_TRY(post(agSends, stepOf(steps + s + 1, k), chunk, k));
+    }
+  }
+  return ctx.waitAll(agSends);
 }
 
 }  // namespace squall::coll

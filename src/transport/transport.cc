@@ -23,6 +23,7 @@ std::string describe(const Tag& tag) {
   if (d.kind == CollKind::kAllReduce || d.kind == CollKind::kCompressedAllReduce)
     append(" %s", reduceOpName(d.op));
   if (d.kind == CollKind::kCompressedAllReduce) append(" codec %u block %u", d.codec, d.block);
+  if (d.kind == CollKind::kBroadcast) append(" root %u", d.block);
   append(", %llu elements", static_cast<unsigned long long>(d.count));
   return text;
 }

@@ -31,8 +31,8 @@ struct Descriptor {
   CollKind kind = CollKind::kNone;
   DataType dtype = DataType::kF32;
   ReduceOp op = ReduceOp::kSum;
-  uint8_t codec = 0;  // squallCodec_t of a compressed collective
-  uint32_t block = 0;
+  uint8_t codec = 0;   // squallCodec_t of a compressed collective
+  uint32_t block = 0;  // the codec block of a compressed collective; a broadcast's root
   uint64_t count = 0;  // elements
 
   bool operator==(const Descriptor&) const = default;

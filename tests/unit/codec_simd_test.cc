@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -383,4 +384,33 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecSimdDecodeTest, testing::ValuesIn(decod
                          decodeCaseName);
 
 }  // namespace
+
+// The calibration's decision: the fastest positive median wins; ties and
+// failed (zero) measurements keep the earlier, narrower implementation.
+TEST(CodecDispatch, CalibrationPicksTheFastestMeasuredImplementation) {
+  EXPECT_EQ(codec::fastestCandidate({2.0, 1.0}), 1u);
+  EXPECT_EQ(codec::fastestCandidate({1.0, 2.0}), 0u);
+  EXPECT_EQ(codec::fastestCandidate({1.0, 1.0}), 0u);
+  EXPECT_EQ(codec::fastestCandidate({1.0, 0.0}), 0u);
+  EXPECT_EQ(codec::fastestCandidate({3.0, 2.0, 1.5}), 2u);
+}
+
+// Whatever the measurement chose is an implementation this CPU has, no wider
+// than what SQUALL_CODEC_ISA allows.
+TEST(CodecDispatch, ActiveImplementationIsAvailable) {
+  const std::string name = codec::activeKernels().name;
+  bool found = false;
+  for (codec::Isa isa : {codec::Isa::kScalar, codec::Isa::kAvx2, codec::Isa::kAvx512})
+    found = found || (codec::isaAvailable(isa) && name == codec::kernelsFor(isa).name);
+  EXPECT_TRUE(found) << name;
+  const char* wanted = std::getenv("SQUALL_CODEC_ISA");
+  if (wanted != nullptr && std::string(wanted) == "scalar") {
+    EXPECT_EQ(name, "scalar");
+  }
+  if (codec::isaAvailable(codec::Isa::kAvx2) &&
+      (wanted == nullptr || std::string(wanted) == "auto")) {
+    EXPECT_NE(name, "scalar") << "auto must choose a SIMD implementation where one exists";
+  }
+}
+
 }  // namespace squall::codec

@@ -33,23 +33,22 @@ class CompressedReference {
 
   // One two-phase call; inputs[r] holds count floats. Returns the output
   // every rank must produce; workerCommitted/serverCommitted report which
-  // residuals advanced.
+  // residuals advanced: all of them when every encode of the call, on every
+  // rank, was finite, and none otherwise.
   std::vector<float> twoPhase(const std::vector<std::vector<float>>& inputs, bool average) {
     const size_t n = static_cast<size_t>(n_);
     if (n == 1 || count_ == 0) return inputs[0];
     std::vector<std::vector<std::vector<uint8_t>>> encoded(n);  // [rank][chunk]
     workerCommitted.assign(n, false);
     serverCommitted.assign(n, false);
+    bool finite = true;  // every encode of the call, on every rank
     for (size_t j = 0; j < n; ++j) {
-      bool finite = true;
       for (size_t c = 0; c < n; ++c) {
         const size_t at = c * chunk_;
         encoded[j].push_back(encode(inputs[j].data() + std::min(at, count_), realCount(c),
                                     worker_[j].current.data() + at, worker_[j].next.data() + at,
                                     &finite));
       }
-      worker_[j].commit(finite);
-      workerCommitted[j] = finite;
     }
     std::vector<std::vector<uint8_t>> serverEncoded(n);
     for (size_t r = 0; r < n; ++r) {
@@ -58,11 +57,13 @@ class CompressedReference {
       for (size_t j = 0; j < n; ++j) decode(encoded[j][r], acc.data(), m, j != 0);
       if (average)
         for (float& v : acc) v = v / static_cast<float>(n);
-      bool finite = true;
       serverEncoded[r] =
           encode(acc.data(), m, server_[r].current.data(), server_[r].next.data(), &finite);
+    }
+    for (size_t r = 0; r < n; ++r) {
+      worker_[r].commit(finite);
       server_[r].commit(finite);
-      serverCommitted[r] = finite;
+      workerCommitted[r] = serverCommitted[r] = finite;
     }
     std::vector<float> out(count_);
     for (size_t c = 0; c < n; ++c)
@@ -77,10 +78,12 @@ class CompressedReference {
     workerCommitted.assign(n, false);
     serverCommitted.assign(n, false);
     std::vector<std::vector<uint8_t>> encoded(n);
+    bool finite = true;  // every rank's encode
     for (size_t j = 0; j < n; ++j) {
-      bool finite = true;
       encoded[j] = encode(inputs[j].data(), count_, worker_[j].current.data(),
                           worker_[j].next.data(), &finite);
+    }
+    for (size_t j = 0; j < n; ++j) {
       worker_[j].commit(finite);
       workerCommitted[j] = finite;
     }
