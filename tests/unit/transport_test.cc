@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -368,7 +369,7 @@ TEST_P(TransportTest, DescriptorMismatchIsDescribed) {
   Tag posted = allReduceTag(3, 1000, ReduceOp::kMax);
   std::vector<std::string> needles;
   mismatch(this, sent, 4000, posted, 4000, &needles);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   run([&](Rank& me) {
     int sender = me.size - 1;
     std::vector<float> data(1000, 1.0f), into(1000, 0.0f);
@@ -392,7 +393,7 @@ TEST_P(TransportTest, DescriptorMismatchIsDescribed) {
     RequestPtr both[] = {std::move(s), std::move(r)};
     EXPECT_EQ(me.net.waitAll(both, soon()), Status::kOk) << lastError();
   });
-  std::string log = testing::internal::GetCapturedStderr();
+  std::string log = ::testing::internal::GetCapturedStderr();
   for (const std::string& needle : needles)
     EXPECT_NE(log.find(needle), std::string::npos) << needle << "\nnot in:\n" << log;
 }
@@ -402,7 +403,7 @@ TEST_P(TransportTest, SizeMismatchIsDescribed) {
   Tag posted = allReduceTag(3, 2000);
   std::vector<std::string> needles;
   mismatch(this, sent, 4000, posted, 8000, &needles);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   run([&](Rank& me) {
     int sender = me.size - 1;
     std::vector<float> data(1000, 1.0f), into(2000, 0.0f);
@@ -422,7 +423,7 @@ TEST_P(TransportTest, SizeMismatchIsDescribed) {
     }
     if (s) me.net.waitAll({&s, 1}, soon(2000ms));
   });
-  std::string log = testing::internal::GetCapturedStderr();
+  std::string log = ::testing::internal::GetCapturedStderr();
   for (const std::string& needle : needles)
     EXPECT_NE(log.find(needle), std::string::npos) << needle << "\nnot in:\n" << log;
 }
@@ -580,7 +581,7 @@ TEST_P(TcpMalformed, HeaderFailsThePeer) {
   setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
   bootstrap::UniqueId id;
   ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   std::thread fake([&] {
     std::unique_ptr<bootstrap::Bootstrap> boot;
     ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
@@ -639,7 +640,7 @@ TEST_P(TcpMalformed, HeaderFailsThePeer) {
     EXPECT_EQ(boot->barrier(), Status::kOk);
   }
   fake.join();
-  std::string log = testing::internal::GetCapturedStderr();
+  std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find(GetParam() == 0 ? "magic 0xffffffff" : "2199023255552 bytes"),
             std::string::npos)
       << log;
@@ -655,7 +656,7 @@ TEST(TcpMesh, StraysAreRefused) {
   setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
   bootstrap::UniqueId id;
   ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   std::thread real([&] {
     std::unique_ptr<bootstrap::Bootstrap> boot;
     ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
@@ -719,7 +720,7 @@ TEST(TcpMesh, StraysAreRefused) {
   real.join();
   close(fd);
   close(misdirected);
-  std::string log = testing::internal::GetCapturedStderr();
+  std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("refused a tcp connection from 127.0.0.1:"), std::string::npos) << log;
   EXPECT_NE(log.find("wrong job secret"), std::string::npos) << log;
   EXPECT_NE(log.find("does not fit this job"), std::string::npos) << log;
@@ -770,6 +771,84 @@ TEST(TcpMesh, SilentStraysDoNotDelayTheRealPeer) {
   real.join();
   close(fd);
   for (int s : silent) close(s);
+}
+
+// TCP only: a rank that sends its last message and at once destroys its
+// transport must not take that message down with it. Closing a socket while
+// the peer's bytes are still unread resets the connection, and the reset
+// throws away what the kernel had not yet transmitted. Rank 1 is played by
+// hand: it keeps streaming a frame to rank 0 (so rank 0 always has unread
+// bytes) and reads nothing until rank 0's transport is gone.
+TEST(TcpMesh, ALastMessageSurvivesTheSendersClose) {
+  setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
+  constexpr size_t kBytes = 1 << 20;
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
+  std::atomic<bool> stop{false};
+  size_t got = 0;
+  std::thread fake([&] {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
+    bootstrap::SocketAddress bound;
+    std::string error;
+    int listener = bootstrap::openListener(boot->localAddress(), &bound, &error);
+    ASSERT_GE(listener, 0) << error;
+    int small = 65536;  // a window smaller than the message, inherited by the accepted socket
+    setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    bootstrap::WireAddress cards[2], mine = bootstrap::toWire(bound);
+    ASSERT_EQ(boot->allGather(&mine, sizeof(mine), cards), Status::kOk);
+    int fd = -1;
+    for (auto until = Clock::now() + 5s; fd < 0 && Clock::now() < until;) {
+      bootstrap::SocketAddress remote;
+      fd = bootstrap::acceptOne(listener, &remote);
+      if (fd < 0) std::this_thread::sleep_for(1ms);
+    }
+    ASSERT_GE(fd, 0);
+    char hello[40];
+    int err = 0;
+    ASSERT_EQ(bootstrap::recvAll(fd, hello, sizeof(hello), Clock::now() + 5s, &err),
+              bootstrap::Io::kOk);
+    ASSERT_EQ(boot->barrier(), Status::kOk);  // the end of createTcpTransport
+    std::thread streamer([&] {
+      uint8_t header[40] = {};
+      uint32_t magic = 0x46545153;
+      uint64_t announced = 16 << 20;
+      std::memcpy(header, &magic, 4);
+      std::memcpy(header + 16, &announced, 8);
+      std::vector<char> chunk(1 << 16, 0);
+      if (send(fd, header, sizeof(header), MSG_NOSIGNAL) != 40) return;
+      for (size_t sent = 0; !stop && sent + chunk.size() <= announced;) {
+        ssize_t n = send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) sent += static_cast<size_t>(n);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) return;
+        if (n < 0) std::this_thread::sleep_for(100us);
+      }
+    });
+    std::this_thread::sleep_for(300ms);  // rank 0 sends and closes meanwhile
+    std::vector<char> in(1 << 16);
+    for (;;) {
+      ssize_t n = recv(fd, in.data(), in.size(), 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    stop = true;
+    streamer.join();
+    close(fd);
+    close(listener);
+  });
+  {
+    std::unique_ptr<bootstrap::Bootstrap> boot;
+    ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 0, 10s, &boot), Status::kOk);
+    std::unique_ptr<Transport> net;
+    ASSERT_EQ(createTcpTransport(*boot, &net), Status::kOk) << lastError();
+    std::vector<uint8_t> out(kBytes, 7);
+    RequestPtr s;
+    ASSERT_EQ(net->send(1, rawTag(1, 0), out.data(), kBytes, &s), Status::kOk);
+    ASSERT_EQ(net->waitAll({&s, 1}, soon()), Status::kOk) << lastError();
+    net.reset();
+  }
+  fake.join();
+  EXPECT_EQ(got, 40 + kBytes) << "rank 1 got only part of rank 0's last message";
 }
 
 // The TCP connection on its own, as the NCCL net plugin drives it: one
@@ -845,6 +924,41 @@ TEST(TcpConnection, WorksOnItsOwnOverASocketPair) {
   EXPECT_NE(orphan.error().find("rank 0 closed its connection"), std::string::npos)
       << orphan.error();
   EXPECT_TRUE(b.failed());
+}
+
+// With holdUntilPosted, a frame stays in the socket until its receive is
+// posted: the sender's queue backs up instead of the receiver buffering.
+TEST(TcpConnection, HoldUntilPostedLeavesFramesInTheSocket) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
+  int small = 65536;
+  for (int fd : pair) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  }
+  tcp::Connection a(pair[0], 0, 1), b(pair[1], 1, 0);
+  b.holdUntilPosted(true);
+  using Kind = tcp::ConnectionRequest::Kind;
+  constexpr size_t kBig = 8 << 20;  // far more than the two socket buffers hold
+  std::vector<uint8_t> out(kBig, 3), in(kBig, 0);
+  tcp::ConnectionRequest s(Kind::kSend, 1, rawTag(0, 0), out.data(), kBig);
+  a.postSend(&s);
+  for (int i = 0; i < 100; ++i) {
+    a.progress();
+    b.progress();
+  }
+  EXPECT_FALSE(s.done()) << "the receiver took a frame nobody had posted for";
+  EXPECT_TRUE(a.wantsWrite());
+  tcp::ConnectionRequest r(Kind::kRecvUpTo, 0, rawTag(0, 0), in.data(), kBig);
+  b.postRecv(&r);
+  for (auto until = Clock::now() + 10s; !(s.done() && r.done()) && Clock::now() < until;) {
+    a.progress();
+    b.progress();
+  }
+  ASSERT_TRUE(s.done() && r.done());
+  EXPECT_EQ(r.status(), Status::kOk) << r.error();
+  EXPECT_EQ(r.received(), kBig);
+  EXPECT_EQ(in, out);
 }
 
 #endif  // SQUALL_TRANSPORT_TEST_MPI

@@ -3,6 +3,7 @@
 // buffer for an unexpected frame, or nowhere), then the next header.
 #include "src/transport/tcp/connection.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -113,6 +114,41 @@ size_t Connection::abandon(Status status) {
   failure_ = status;
   why_ = "the connection was shut down";
   return pending;
+}
+
+int Connection::releaseFd() {
+  int fd = fd_;
+  fd_ = -1;
+  failed_ = true;
+  return fd;
+}
+
+void closeGracefully(const std::vector<int>& fds, Deadline until) {
+  std::vector<pollfd> open;
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    if (shutdown(fd, SHUT_WR) == 0) {
+      open.push_back({fd, POLLIN, 0});
+    } else {
+      close(fd);  // not connected any more: nothing to hand over
+    }
+  }
+  std::vector<char> sink(kScratchBytes);
+  while (!open.empty()) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0 || poll(open.data(), open.size(), static_cast<int>(left)) < 0) break;
+    for (size_t i = open.size(); i-- > 0;) {
+      if (open[i].revents == 0) continue;
+      ssize_t n;
+      do {
+        n = recv(open[i].fd, sink.data(), sink.size(), MSG_DONTWAIT);
+      } while (n > 0 || (n < 0 && errno == EINTR));
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      close(open[i].fd);  // the peer closed its side (or the connection broke)
+      open.erase(open.begin() + static_cast<long>(i));
+    }
+  }
+  for (const pollfd& p : open) close(p.fd);
 }
 
 void Connection::flushSends() {
@@ -231,6 +267,7 @@ void Connection::readFrames() {
     char* dst;
     size_t want;
     if (sink_ == Sink::kNone) {
+      if (hold_ && headerGot_ == 0 && posted_.empty()) return;  // TCP holds the sender back
       dst = reinterpret_cast<char*>(header_) + headerGot_;
       want = kMessageHeaderBytes - headerGot_;
     } else if (sink_ == Sink::kUser) {
@@ -383,6 +420,7 @@ void Connection::postRecv(ConnectionRequest* request) {
     return finish(request, failure_);
   }
   posted_.emplace(key, request);
+  if (hold_ && !loopback_) readFrames();  // a held frame may be waiting for this receive
 }
 
 }  // namespace squall::transport::tcp

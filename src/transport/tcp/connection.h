@@ -76,6 +76,12 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
+  // Flow control for owners that post receives in the order messages come
+  // (the NCCL net plugin): with `hold`, a frame's header is read only while
+  // a receive is posted, so a sender nobody receives from is held back by
+  // TCP itself instead of being buffered here. Off by default.
+  void holdUntilPosted(bool hold) { hold_ = hold; }
+
   int fd() const { return fd_; }  // -1 once failed
   int peer() const { return peer_; }
   bool failed() const { return failed_; }
@@ -96,6 +102,9 @@ class Connection {
   // Fails every pending request with `status` (for an owner going away) and
   // returns how many there were. Failure is silent: the owner reports it.
   size_t abandon(Status status);
+  // After abandon(): hands the socket to the caller (-1 if none is left),
+  // e.g. for closeGracefully().
+  int releaseFd();
 
   // Requests this connection has completed so far; an owner compares it
   // across calls to know when to wake its waiters.
@@ -135,6 +144,7 @@ class Connection {
   const int self_;
   const int peer_;
   bool failed_ = false;
+  bool hold_ = false;
   Status failure_ = Status::kOk;
   std::string why_;  // the sentence describing the failure
   uint64_t completions_ = 0;
@@ -151,5 +161,13 @@ class Connection {
   Unexpected* buffer_ = nullptr;         // Sink::kBuffer
   std::vector<char> scratch_;            // Sink::kDiscard
 };
+
+// Closes connected sockets without losing what is still queued in them:
+// closing a socket whose peer's bytes are unread resets the connection, and
+// the reset throws away our own bytes not yet transmitted. So each socket
+// shuts down its sending side (the peer gets our bytes, then end of stream),
+// reads and drops what arrives until the peer closes too or `until`, and only
+// then closes.
+void closeGracefully(const std::vector<int>& fds, Deadline until);
 
 }  // namespace squall::transport::tcp

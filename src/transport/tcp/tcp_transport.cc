@@ -26,6 +26,9 @@ namespace {
 using tcp::Connection;
 using tcp::ConnectionRequest;
 
+// How long a closing transport waits for its peers to take what it sent.
+constexpr auto kLinger = std::chrono::seconds(1);
+
 // What the transport and its requests share; requests keep it alive so a
 // request destroyed after its transport still finds the mutex.
 struct Core {
@@ -82,16 +85,25 @@ class TcpTransport final : public Transport {
 
   ~TcpTransport() override {
     progress_.reset();  // joins the thread
-    std::lock_guard<std::mutex> lock(core_->mutex);
-    size_t pending = 0;
-    for (auto& c : core_->connections) pending += c->abandon(Status::kInvalidUsage);
-    if (pending > 0)
-      SQUALL_WARN(Subsys::kTransport,
-                  "the tcp transport of rank %d was destroyed with %zu requests pending; they "
-                  "were failed",
-                  core_->rank, pending);
-    core_->connections.clear();  // closes the sockets
-    core_->closed = true;
+    std::vector<int> fds;
+    {
+      std::lock_guard<std::mutex> lock(core_->mutex);
+      size_t pending = 0;
+      for (auto& c : core_->connections) {
+        pending += c->abandon(Status::kInvalidUsage);
+        fds.push_back(c->releaseFd());
+      }
+      if (pending > 0)
+        SQUALL_WARN(Subsys::kTransport,
+                    "the tcp transport of rank %d was destroyed with %zu requests pending; they "
+                    "were failed",
+                    core_->rank, pending);
+      core_->connections.clear();
+      core_->closed = true;
+    }
+    // A live peer answers our end of stream with its own at once (its
+    // progress thread closes the connection), so this rarely waits long.
+    tcp::closeGracefully(fds, Clock::now() + kLinger);
   }
 
   int rank() const override { return core_->rank; }
