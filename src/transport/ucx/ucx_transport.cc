@@ -516,14 +516,7 @@ void UcxTransport::finish(UcxRequest* r, ucs_status_t status, size_t length) {
   if (r->cancelling_) {
     result = Status::kRemoteError;  // nobody will look: the request is being destroyed
   } else if (status != UCS_OK) {
-    // Only the first failure towards a peer is described by markFailed; a
-    // later request to it is described again on the thread completing it, so
-    // that its waiter gets the reason instead of an empty last error.
-    if (!failure_[r->peer()].empty()) {
-      SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", failure_[r->peer()].c_str());
-    } else {
-      markFailed(r->peer(), status);
-    }
+    markFailed(r->peer(), status);  // describes it (once per peer in the log)
     result = Status::kRemoteError;
   } else if (!r->isSend()) {
     result = r->checkReceived("UCX", rank_, length);
