@@ -113,8 +113,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
                         : codec::decodeAccumulate(slotOf(j, k), bytes, acc, m));
     }
     if (op == ReduceOp::kAvg) {
-      const auto divisor = static_cast<float>(n);
-      for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
+      divideAll(acc, m, n);
     }
     if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, k * seg, m);
   }

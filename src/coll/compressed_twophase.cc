@@ -127,8 +127,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
                         : codec::decodeAccumulate(piece, bytes, acc, m));
     }
     if (op == ReduceOp::kAvg) {
-      const auto divisor = static_cast<float>(n);
-      for (size_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
+      divideAll(acc, m, n);
     }
     codec::EncodeResult result;
     SQUALL_TRY(codec::encodeRaw(spec, acc, codec::DType::kF32, m, server.current() + k * seg,
