@@ -208,7 +208,12 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
       return MPI_ERR_INTERN;  // described where it failed
     c = fresh.get();
     const uint64_t before = state->residuals.evictions();
-    state->residuals.insert(key, std::move(fresh), residualBytes(facts.count, nranks));
+    if (!state->residuals.insert(key, std::move(fresh), residualBytes(facts.count, nranks))) {
+      // The state alone exceeds the cap (decide() normally says so first); the
+      // cap and the count are the same on every rank, so all pass it through.
+      Report::get().passed(Verdict::kResidualCap, fullBytes);
+      return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
+    }
     Report::get().evicted(state->residuals.evictions() - before);
   }
   const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;

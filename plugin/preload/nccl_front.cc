@@ -259,7 +259,12 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
       return nccl::kInternalError;
     c = fresh.get();
     const uint64_t before = s->residuals.evictions();
-    s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks));
+    if (!s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks))) {
+      // The state alone exceeds the cap (decide() normally says so first); the
+      // cap and the count are the same on every rank, so all pass it through.
+      Report::get().passed(Verdict::kResidualCap, fullBytes);
+      return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    }
     Report::get().evicted(s->residuals.evictions() - before);
   }
   if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c,

@@ -91,7 +91,7 @@ class ResidualMap {
   }
   // Inserts `value` (of `bytes`), evicting the least recently used entries
   // until it fits. False (nothing inserted) when `bytes` alone exceeds the cap.
-  bool insert(const ResidualKey& key, std::unique_ptr<Value> value, size_t bytes) {
+  [[nodiscard]] bool insert(const ResidualKey& key, std::unique_ptr<Value> value, size_t bytes) {
     if (bytes > cap_) return false;
     erase(key);
     while (used_ + bytes > cap_ && !lru_.empty()) {
