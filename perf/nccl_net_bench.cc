@@ -134,6 +134,7 @@ double runRaw(const Options& o, int rank, int control, const char* host) {
     sendAll(control, &go, 1);
   auto start = Clock::now();
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(o.conns));
   for (int c = 0; c < o.conns; ++c) {
     threads.emplace_back([&, c] {
       std::vector<char> buf(o.chunk, 1);

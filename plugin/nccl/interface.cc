@@ -469,7 +469,7 @@ wire::CollNetV10 ncclCollNetPlugin_v10 = {
 };
 
 SQUALL_EXPORT wire::CollNetV9 ncclCollNetPlugin_v9;
-wire::CollNetV9 ncclCollNetPlugin_v9 = [] {
+wire::CollNetV9 ncclCollNetPlugin_v9 = []() noexcept {
   wire::CollNetV9 table = ncclCollNetPlugin_v10;
   table.init = np::collInitOld<9>;
   return table;

@@ -93,9 +93,10 @@ Status Comm::split(int color, int key, std::unique_ptr<Comm>* out) {
   SQUALL_TRY(parent->allGather(mine, all.data(), 2, DataType::kI64));
   std::vector<int> members;  // parent ranks of my group, in new-rank order
   for (int r = 0; r < n; ++r)
-    if (color >= 0 && all[2 * r] == color) members.push_back(r);
-  std::stable_sort(members.begin(), members.end(),
-                   [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+    if (color >= 0 && all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+  });
   // The first member of each group creates its rendezvous id; all ids travel
   // in one all-gather (ranks that create none contribute zeros).
   const bool leader = !members.empty() && members.front() == parent->rank();

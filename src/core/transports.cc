@@ -55,11 +55,10 @@ Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
                        std::unique_ptr<transport::Transport>* out) {
   switch (kind) {
     case TransportKind::kTcp: return transport::createTcpTransport(bootstrap, out);
-    case TransportKind::kUcx:
 #if defined(SQUALL_HAVE_UCX)
-      return transport::createUcxTransport(bootstrap, out);
+    case TransportKind::kUcx: return transport::createUcxTransport(bootstrap, out);
 #else
-      break;
+    case TransportKind::kUcx:
 #endif
     case TransportKind::kMpi:
     case TransportKind::kNccl: break;

@@ -125,7 +125,8 @@ double expected(DataType dtype, ReduceOp op, int n, size_t i) {
       return codec::bf16ToFloat(
           codec::floatToBf16(static_cast<float>(sum) / static_cast<float>(n)));
     case DataType::kI32:
-    case DataType::kI64: return sum / n;  // truncates toward zero
+    // Integer avg truncates toward zero, as the library's does.
+    case DataType::kI64: return sum / n;  // NOLINT(bugprone-integer-division)
   }
   return 0;
 }
@@ -358,12 +359,13 @@ TEST_P(Collectives, AbsentRankTimesOutEveryoneQuickly) {
     options.allReduceAlgo = algo;
     Group group(5, options);
     std::vector<Status> status(5, Status::kOk);
-    std::vector<float> data(5 * 1000, 1.0f);
+    std::vector<float> data(size_t{5} * 1000, 1.0f);
     const auto begin = std::chrono::steady_clock::now();
     group.run([&](Communicator& c, int r) {
       if (r == 3) return;  // never calls
-      status[r] = c.allReduce(data.data() + r * 1000, data.data() + r * 1000, 1000, DataType::kF32,
-                              ReduceOp::kSum);
+      const size_t at = static_cast<size_t>(r) * 1000;
+      status[r] =
+          c.allReduce(data.data() + at, data.data() + at, 1000, DataType::kF32, ReduceOp::kSum);
     });
     EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(2));
     for (int r = 0; r < 5; ++r) {

@@ -122,7 +122,8 @@ class Connection {
   struct Key {
     uint64_t sequence;
     uint32_t step;
-    auto operator<=>(const Key&) const = default;
+    // clang-tidy 14 mistakes the defaulted comparison's 0 for a null pointer.
+    auto operator<=>(const Key&) const = default;  // NOLINT(modernize-use-nullptr)
   };
   enum class Sink { kNone, kUser, kBuffer, kDiscard };
 

@@ -626,7 +626,8 @@ TEST_P(NetVersion, GroupedReceiveMatchesTags) {
         void* reqs[4];
         for (int i = 0; i < 4; ++i) {
           int tag = sendOrder[i];
-          bufs[i].assign(static_cast<size_t>(tag - 9 + round), static_cast<uint8_t>(tag + round));
+          const int length = tag - 9 + round;
+          bufs[i].assign(static_cast<size_t>(length), static_cast<uint8_t>(tag + round));
           CHECK_OK(net->isend(sc, bufs[i].data(), bufs[i].size(), tag, nullptr, &reqs[i]));
           CHECK(reqs[i] != nullptr, "isend refused");
         }
@@ -680,7 +681,8 @@ TEST(NetConcurrency, TwoThreadsTwoCommunicators) {
       const int messages = 200;
       std::vector<uint8_t> out(70000), in(70000 + 16);
       for (int m = 0; m < messages; ++m) {
-        size_t size = static_cast<size_t>((m * 977 + c * 13 + rank) % 70000);
+        const int mySize = (m * 977 + c * 13 + rank) % 70000;
+        const auto size = static_cast<size_t>(mySize);
         for (size_t i = 0; i < size; ++i) out[i] = pattern(static_cast<size_t>(m + c), i);
         void* sreq = nullptr;
         void* rreq = nullptr;
@@ -697,7 +699,8 @@ TEST(NetConcurrency, TwoThreadsTwoCommunicators) {
           failures++;
           return;
         }
-        size_t peerSize = static_cast<size_t>((m * 977 + c * 13 + (1 - rank)) % 70000);
+        const int theirSize = (m * 977 + c * 13 + (1 - rank)) % 70000;
+        const auto peerSize = static_cast<size_t>(theirSize);
         if (got != static_cast<int>(peerSize)) failures++;
         for (size_t i = 0; i < peerSize; ++i)
           if (in[i] != pattern(static_cast<size_t>(m + c), i)) {
@@ -1209,7 +1212,8 @@ void collNetRanks(int nranks, int version, const char* codec) {
       size_t wo = 12, wb = globalBytes - 12 - 8;
       // allgather: rank r owns bytes [r*bpr, (r+1)*bpr) with value r*1000 + byte.
       std::vector<uint8_t> mine(bpr);
-      for (size_t b = 0; b < bpr; ++b) mine[b] = static_cast<uint8_t>(rank * 50 + b);
+      for (size_t b = 0; b < bpr; ++b)
+        mine[b] = static_cast<uint8_t>(static_cast<size_t>(rank) * 50 + b);
       size_t lo = std::max(wo, static_cast<size_t>(rank) * bpr);
       std::vector<uint8_t> window(wb, 0);
       wire::SgeV9 part{nullptr, window.data(), wb};
@@ -1279,6 +1283,7 @@ TEST(CollNet, KilledHeadFailsPendingAllReduce) {
     std::vector<char> all(static_cast<size_t>(nranks) * wire::kHandleMaxBytes);
     readAll(fd, all.data(), all.size());
     std::vector<void*> handles;
+    handles.reserve(static_cast<size_t>(nranks));
     for (int r = 0; r < nranks; ++r)
       handles.push_back(all.data() + static_cast<size_t>(r) * wire::kHandleMaxBytes);
     void* comm = nullptr;
