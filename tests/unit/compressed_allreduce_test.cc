@@ -383,8 +383,10 @@ TEST_P(CompressedAllReduce, HalfPrecisionInputIsWidened) {
     const std::vector<float> expected = algo == CompressedAlgo::kTwoPhase
                                             ? reference.twoPhase(inputs, false)
                                             : reference.allGather(inputs, false);
+    // A structured binding cannot be captured by a lambda before C++20's P1091 in every compiler.
+    const DataType type = dtype;
     group.run([&](Communicator& comm, int r) {
-      EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), dtype, ReduceOp::kSum,
+      EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), type, ReduceOp::kSum,
                                          states[r].get()),
                 Status::kOk);
     });
