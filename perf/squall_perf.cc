@@ -185,7 +185,9 @@ uint16_t floatToBf16Bits(float f) {  // exact for the test values (few mantissa 
 void fill(std::vector<uint8_t>& buffer, size_t count, squallDataType_t t, int rank) {
   for (size_t i = 0; i < count; ++i) {
     const float v =
-        static_cast<float>(static_cast<int>((i * 2654435761u + rank * 97u) % 17) - 8) * 0.25f;
+        static_cast<float>(
+            static_cast<int>((i * 2654435761u + static_cast<size_t>(rank) * 97u) % 17) - 8) *
+        0.25f;
     if (t == squallFloat32) {
       std::memcpy(buffer.data() + 4 * i, &v, 4);
     } else if (t == squallBfloat16) {
@@ -267,12 +269,17 @@ int run(const Args& a, squallComm_t comm) {
   // ETA from the time per byte so far, since a size's time grows with it.
   double plannedBytes = 0, doneBytes = 0;
   int plannedSizes = 0;
-  for (double b = static_cast<double>(a.minBytes); b <= static_cast<double>(a.maxBytes);
-       b *= a.factor)
+  // The geometric sweep, listed once so that no loop counts with a double.
+  std::vector<double> sweep;
+  double next = static_cast<double>(a.minBytes);
+  while (next <= static_cast<double>(a.maxBytes)) {
+    sweep.push_back(next);
+    next *= a.factor;
+  }
+  for (const double b : sweep)
     if (static_cast<size_t>(b) / elem > 0) plannedBytes += b, ++plannedSizes;
   const auto started = std::chrono::steady_clock::now();
-  for (double bytesF = static_cast<double>(a.minBytes); bytesF <= static_cast<double>(a.maxBytes);
-       bytesF *= a.factor) {
+  for (const double bytesF : sweep) {
     const size_t count = static_cast<size_t>(bytesF) / elem;
     if (count == 0) continue;
     if (rank == 0 && plannedSizes > 1) {

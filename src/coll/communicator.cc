@@ -231,7 +231,7 @@ Status Communicator::refuse(Status check) {
   return check;
 }
 
-Status Communicator::runBlocking(const Descriptor& descriptor, Body body) {
+Status Communicator::runBlocking(const Descriptor& descriptor, const Body& body) {
   drain();
   return execute(sequence_++, descriptor, options_, body);
 }

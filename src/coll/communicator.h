@@ -137,7 +137,7 @@ class Communicator {
 
   Status execute(uint64_t sequence, const transport::Descriptor& descriptor, const Options& options,
                  const Body& body);
-  Status runBlocking(const transport::Descriptor& descriptor, Body body);
+  Status runBlocking(const transport::Descriptor& descriptor, const Body& body);
   Status enqueue(const transport::Descriptor& descriptor, Body body, OperationPtr* operation);
   void drain();
   void workerLoop();

@@ -42,8 +42,12 @@ void setLastError(const std::string& message);
 
 }  // namespace squall
 
+// Yields `status` itself rather than fail()'s return value, so that static
+// analysis (which cannot see into the out-of-line fail()) knows the result is
+// the failure passed in. `status` must be free of side effects: it is
+// evaluated twice.
 #define SQUALL_FAIL(status, subsys, ...) \
-  ::squall::fail((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)
+  (static_cast<void>(::squall::fail((status), (subsys), __FILE__, __LINE__, __VA_ARGS__)), (status))
 
 // Returns a failure from the enclosing function when `cond` is false.
 #define SQUALL_REQUIRE(cond, status, subsys, ...)          \

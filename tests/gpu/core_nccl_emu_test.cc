@@ -25,6 +25,15 @@
 namespace squall::core {
 namespace {
 
+// Runs `release` when the scope ends, so an ASSERT's early return leaks nothing.
+template <typename F>
+struct AtExit {
+  F release;
+  ~AtExit() { release(); }
+};
+template <typename F>
+AtExit(F) -> AtExit<F>;
+
 struct Rank {
   std::unique_ptr<Comm> host;
   std::unique_ptr<Comm> nccl;
@@ -38,6 +47,7 @@ void runRanks(int n, const std::function<void(int, Rank&)>& body) {
   squall_emu::ncclCreateWorld(n, comms.data());
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       Rank rank;
@@ -114,8 +124,10 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &staged), Status::kOk);
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
     float* d = nullptr;
     ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    const AtExit freeBuffer{[&] { cudaFree(d); }};
     for (int call = 0; call < 3; ++call) {
       const std::vector<float> x = input(r, call, count);
       const ReduceOp op = call == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
@@ -145,8 +157,6 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     EXPECT_EQ(ds.skippedCalls, 0u);
     EXPECT_GT(ds.bytesSent, 0u);
     ASSERT_EQ(dev->reset(), Status::kOk) << lastError();
-    cudaFree(d);
-    cudaStreamDestroy(stream);
   });
 }
 
@@ -161,11 +171,13 @@ TEST(CoreNcclEmu, SyncOptimizerMatchesTheHostEngine) {
     ASSERT_EQ(k.host->createOptimizer(count, config, &host), Status::kOk) << lastError();
     // Gradients that are multiples of 2^-10: sums are exact in any order.
     std::vector<float> g(count), x(count, 0.5f), dx(count, 0.5f);
-    for (size_t i = 0; i < count; ++i) g[i] = static_cast<float>((i * 7 + r * 13) % 64) / 1024.0f;
+    for (size_t i = 0; i < count; ++i)
+      g[i] = static_cast<float>((i * 7 + static_cast<size_t>(r) * 13) % 64) / 1024.0f;
     EXPECT_EQ(dev->step(x.data(), g.data(), 0.0f), Status::kInvalidUsage);
     EXPECT_NE(lastError().find("squallOptimizerStepOnStream"), std::string::npos) << lastError();
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
     for (int s = 0; s < 3; ++s) {
       ASSERT_EQ(host->step(x.data(), g.data(), 0.0f), Status::kOk) << lastError();
       ASSERT_EQ(dev->stepOnStream(dx.data(), g.data(), 0.0f, stream), Status::kOk) << lastError();
@@ -183,7 +195,6 @@ TEST(CoreNcclEmu, SyncOptimizerMatchesTheHostEngine) {
     ASSERT_EQ(dev->saveState(blob.data(), blob.size(), &written), Status::kOk) << lastError();
     // The device blob loads into the host optimizer (one format).
     ASSERT_EQ(host->loadState(blob.data(), written), Status::kOk) << lastError();
-    cudaStreamDestroy(stream);
   });
 }
 

@@ -140,7 +140,7 @@ void storeInput(DType dtype, std::vector<uint8_t>& x, size_t i, float v) {
 // Block-structured specials use the smallest block tried (64), so that every
 // larger block contains them too.
 Inputs makeInputs(const Case& c) {
-  std::mt19937 rng(static_cast<uint32_t>(c.count * 131 + static_cast<int>(c.dtype) * 7 +
+  std::mt19937 rng(static_cast<uint32_t>(c.count * 131 + static_cast<size_t>(c.dtype) * 7 +
                                          static_cast<int>(c.data)));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-6, 6);

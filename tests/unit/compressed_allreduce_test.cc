@@ -187,8 +187,8 @@ TEST_P(CompressedAllReduce, WireBytesMatchTheCostModel) {
     for (int r = 0; r < n; ++r) {
       const coll::CompressedStats& stats = states[r]->lastStats();
       EXPECT_STREQ(stats.algorithm, "twophase");
-      EXPECT_EQ(stats.bytesSent, 2u * (n - 1) * chunkBytes);
-      EXPECT_EQ(stats.bytesReceived, 2u * (n - 1) * chunkBytes);
+      EXPECT_EQ(stats.bytesSent, 2u * static_cast<uint64_t>(n - 1) * chunkBytes);
+      EXPECT_EQ(stats.bytesReceived, 2u * static_cast<uint64_t>(n - 1) * chunkBytes);
       EXPECT_EQ(stats.messagesSent, 2u * (n - 1));
       EXPECT_NEAR(static_cast<double>(stats.bytesSent) / model, 1.0, 0.01);
     }
@@ -383,8 +383,10 @@ TEST_P(CompressedAllReduce, HalfPrecisionInputIsWidened) {
     const std::vector<float> expected = algo == CompressedAlgo::kTwoPhase
                                             ? reference.twoPhase(inputs, false)
                                             : reference.allGather(inputs, false);
+    // A structured binding cannot be captured by a lambda before C++20's P1091 in every compiler.
+    const DataType type = dtype;
     group.run([&](Communicator& comm, int r) {
-      EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), dtype, ReduceOp::kSum,
+      EXPECT_EQ(comm.compressedAllReduce(halves[r].data(), halves[r].data(), type, ReduceOp::kSum,
                                          states[r].get()),
                 Status::kOk);
     });

@@ -204,8 +204,9 @@ void runJob(int n, const std::function<Vars(int)>& vars) {
       // sends the 8 bytes to each of the n-1 peers and receives theirs.
       squallCommStats_t stats{};
       const bool counted = squallCommGetStats(comm, &stats) == squallSuccess &&
-                           stats.operations == 1 && stats.bytesSent == 8u * (n - 1) &&
-                           stats.bytesReceived == 8u * (n - 1);
+                           stats.operations == 1 &&
+                           stats.bytesSent == 8u * static_cast<uint64_t>(n - 1) &&
+                           stats.bytesReceived == 8u * static_cast<uint64_t>(n - 1);
       if (!counted)
         std::fprintf(stderr, "rank %d: stats %llu ops, %llu sent, %llu received\n", r,
                      static_cast<unsigned long long>(stats.operations),

@@ -30,14 +30,14 @@ int gNextResult = kNcclSuccess;
 int gRank = 1;
 int gSize = 3;
 
-int record(Call c) {
+int record(const Call& c) {
   gCalls.push_back(c);
   const int r = gNextResult;
   gNextResult = kNcclSuccess;
   return r;
 }
 
-const Table kFake = {
+constexpr Table kFake = {
     [](int result) { return result == kNcclRemoteError ? "remote process exited" : "fake"; },
     [](void*, int* count) -> int {
       *count = gSize;

@@ -5,6 +5,7 @@
 // failure hid the real error. Ranks are threads over the local transport.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -67,7 +68,7 @@ TEST(Reliability, CountsWhoseBytesOverflowAreRefusedByEveryCollective) {
       std::vector<float> x(16, static_cast<float>(r + 1));
       ASSERT_EQ(comm.allReduce(x.data(), x.data(), 16, DataType::kF32, ReduceOp::kSum),
                 Status::kOk);
-      EXPECT_EQ(x[0], static_cast<float>(n * (n + 1) / 2));
+      EXPECT_EQ(x[0], static_cast<float>(n * (n + 1)) / 2);
     });
   }
 }
@@ -195,7 +196,8 @@ TEST(Reliability, ANonFiniteCallDoesNotChangeTheNextCall) {
         const std::vector<float> without = lastOutput(n, kCount, spec, algo, {first, next});
         size_t differing = 0;
         for (size_t i = 0; i < kCount; ++i)
-          differing += std::memcmp(&with[i], &without[i], sizeof(float)) != 0 ? 1 : 0;
+          differing +=
+              std::bit_cast<uint32_t>(with[i]) != std::bit_cast<uint32_t>(without[i]) ? 1 : 0;
         EXPECT_EQ(differing, 0u) << codec::codecName(id) << " "
                                  << (algo == CompressedAlgo::kTwoPhase ? "twophase" : "allgather")
                                  << " n=" << n << ": the call after the non-finite one differs";
@@ -240,13 +242,16 @@ TEST(Reliability, AFailedAbortNoticeDoesNotHideTheRealError) {
   std::vector<std::unique_ptr<transport::Transport>> local;
   ASSERT_EQ(transport::createLocalTransports(2, &local), Status::kOk);
   std::vector<std::unique_ptr<transport::Transport>> wrapped;
+  wrapped.reserve(local.size());
   for (auto& t : local) wrapped.push_back(std::make_unique<NoticeLosingTransport>(std::move(t)));
   coll::Options options = testing::testOptions();
   options.timeout = std::chrono::seconds(3);
   std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(wrapped.size());
   for (auto& t : wrapped) comms.push_back(std::make_unique<Communicator>(t.get(), options));
   std::vector<std::string> errors(2);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       // Different counts: the receive that sees the other rank's message fails.

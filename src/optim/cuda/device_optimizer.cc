@@ -146,7 +146,8 @@ Status DeviceBackend::exchangeStatus(Status check) {
   // enqueues anything else, so nobody is left waiting in a collective that a
   // refusing rank never joins.
   hostStatus_ = static_cast<int>(check);
-  const std::string reason = lastError();
+  // A copy, not a reference: a failing exchange below overwrites lastError().
+  const std::string reason = lastError();  // NOLINT(performance-unnecessary-copy-initialization)
   std::vector<int> words(static_cast<size_t>(nranks_), 0);
   Status exchanged = [&]() -> Status {
     SQUALL_CUDA_TRY(cudaMemcpyAsync(status_ + rank_, &hostStatus_, sizeof(int),
@@ -191,7 +192,7 @@ Status DeviceBackend::moveMarks(Channel channel, bool save) {
   // Device to device: the residuals' current indices before the call, put
   // back for a rollback (the call writes only the buffers that are not current).
   const auto* s = state(channel);
-  int* marks = flag_ + kMarks + 2 * static_cast<int>(channel);
+  int* marks = flag_ + kMarks + 2 * static_cast<ptrdiff_t>(channel);
   const codec::DeviceResidual* residuals[2] = {s->worker(), s->server()};
   for (int i = 0; i < 2; ++i) {
     if (residuals[i] == nullptr) continue;  // one rank: no residuals

@@ -11,14 +11,14 @@
 #include <utility>
 #include <vector>
 
-struct ncclWorld {
+struct EmuWorld {
   std::mutex mutex;
   std::condition_variable cv;
   std::map<std::pair<int, int>, std::deque<std::vector<unsigned char>>> mail;  // (from, to)
 };
 
 struct ncclComm {
-  std::shared_ptr<ncclWorld> world;
+  std::shared_ptr<EmuWorld> world;
   int rank = 0;
   int size = 1;
 };
@@ -60,7 +60,7 @@ size_t sizeOf(int t) {
 void run(const std::vector<Op>& ops) {
   for (const Op& op : ops) {
     if (!op.send) continue;
-    ncclWorld& w = *op.comm->world;
+    EmuWorld& w = *op.comm->world;
     const auto* p = static_cast<const unsigned char*>(op.from);
     std::lock_guard<std::mutex> lock(w.mutex);
     w.mail[{op.comm->rank, op.peer}].emplace_back(p, p + op.bytes);
@@ -68,7 +68,7 @@ void run(const std::vector<Op>& ops) {
   }
   for (const Op& op : ops) {
     if (op.send) continue;
-    ncclWorld& w = *op.comm->world;
+    EmuWorld& w = *op.comm->world;
     std::unique_lock<std::mutex> lock(w.mutex);
     auto& box = w.mail[{op.peer, op.comm->rank}];
     w.cv.wait(lock, [&] { return !box.empty(); });
@@ -216,7 +216,7 @@ const Table& ncclTable() { return kTable; }
 
 void ncclCreateWorld(int n, ncclComm_t* comms) {
   squall::transport::nccl::installTable(&kTable);
-  auto world = std::make_shared<ncclWorld>();
+  auto world = std::make_shared<EmuWorld>();
   for (int i = 0; i < n; ++i) comms[i] = new ncclComm{world, i, n};
 }
 
