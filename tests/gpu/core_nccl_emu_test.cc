@@ -123,11 +123,16 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &host), Status::kOk);
     ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &staged), Status::kOk);
     cudaStream_t stream = nullptr;
+    // Armed before the creation, so a stream made but not reported as made is freed too.
+    const AtExit destroyStream{[&] {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
     float* d = nullptr;
+    const AtExit freeBuffer{[&] {
+      if (d != nullptr) cudaFree(d);
+    }};
     ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
-    const AtExit freeBuffer{[&] { cudaFree(d); }};
     for (int call = 0; call < 3; ++call) {
       const std::vector<float> x = input(r, call, count);
       const ReduceOp op = call == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
@@ -176,8 +181,11 @@ TEST(CoreNcclEmu, SyncOptimizerMatchesTheHostEngine) {
     EXPECT_EQ(dev->step(x.data(), g.data(), 0.0f), Status::kInvalidUsage);
     EXPECT_NE(lastError().find("squallOptimizerStepOnStream"), std::string::npos) << lastError();
     cudaStream_t stream = nullptr;
+    // Armed before the creation, so a stream made but not reported as made is freed too.
+    const AtExit destroyStream{[&] {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
     for (int s = 0; s < 3; ++s) {
       ASSERT_EQ(host->step(x.data(), g.data(), 0.0f), Status::kOk) << lastError();
       ASSERT_EQ(dev->stepOnStream(dx.data(), g.data(), 0.0f, stream), Status::kOk) << lastError();
