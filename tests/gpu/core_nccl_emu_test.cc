@@ -21,18 +21,12 @@
 #include "nccl_emu.h"
 #include "src/bootstrap/bootstrap.h"
 #include "src/core/comm.h"
+#include "tests/gpu/at_exit.h"
 
 namespace squall::core {
 namespace {
 
-// Runs `release` when the scope ends, so an ASSERT's early return leaks nothing.
-template <typename F>
-struct AtExit {
-  F release;
-  ~AtExit() { release(); }
-};
-template <typename F>
-AtExit(F) -> AtExit<F>;
+using testing::AtExit;
 
 struct Rank {
   std::unique_ptr<Comm> host;

@@ -19,6 +19,7 @@
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
 #include "src/transport/nccl/device_comm.h"
+#include "tests/gpu/at_exit.h"
 #include "tests/unit/compressed_reference.h"
 
 namespace squall::coll::device {
@@ -68,19 +69,26 @@ void check(const Case& c, int calls) {
   auto rank = [&](int r) {
     auto fail = [&](const char* what) { errors[r] = what; };
     cudaStream_t stream = nullptr;
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    const testing::AtExit release{[&] {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      if (in != nullptr) cudaFree(in);
+      if (out != nullptr) cudaFree(out);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     transport::nccl::DeviceComm comm;
     if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
     std::unique_ptr<DeviceCompressedState> state;
     if (DeviceCompressedState::create(c.n, r, c.count, c.spec, &state) != Status::kOk)
       return fail("create");
-    void* in = nullptr;
-    void* out = nullptr;
     cudaMalloc(&in, c.count * esize + 8);
     cudaMalloc(&out, c.count * esize + 8);
     void* target = c.inPlace ? in : out;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
     std::vector<uint8_t> staged(c.count * esize);
     for (int t = 0; t < calls; ++t) {
       const std::vector<float>& x = inputs[t][static_cast<size_t>(r)];
@@ -121,13 +129,9 @@ void check(const Case& c, int calls) {
     bool decodeError = false;
     if (state->takeDecodeError(stream, &decodeError) != Status::kOk || decodeError)
       fail("device decode error flag");
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    cudaFree(in);
-    cudaFree(out);
-    cudaStreamDestroy(stream);
   };
   std::vector<std::thread> threads;
+  threads.reserve(nn);
   for (int r = 0; r < c.n; ++r) threads.emplace_back(rank, r);
   for (auto& th : threads) th.join();
   squall_emu::ncclDestroyWorld(c.n, comms.data());

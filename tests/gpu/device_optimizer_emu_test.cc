@@ -9,9 +9,11 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +30,7 @@
 #include "src/optim/cuda/device_optimizer.h"
 #include "src/optim/optimizer.h"
 #include "src/optim/state_blob.h"
+#include "tests/gpu/at_exit.h"
 #include "tests/unit/coll_harness.h"
 
 namespace squall {
@@ -37,6 +40,13 @@ using optim::Config;
 using optim::Mode;
 using optim::Optimizer;
 using optim::cuda::createDeviceOptimizer;
+
+// Bit-for-bit equality of float arrays (NaNs and signed zeros included).
+bool sameFloatBits(const float* a, const float* b, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  return true;
+}
 
 constexpr size_t kCount = 1000;  // not a multiple of the block: padding
 
@@ -104,9 +114,16 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
   out.info.resize(n);
   out.state.resize(n);
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cudaStream_t stream = nullptr;
+      float *dx = nullptr, *dg = nullptr;
+      const testing::AtExit release{[&] {
+        if (dx != nullptr) cudaFree(dx);
+        if (dg != nullptr) cudaFree(dg);
+        if (stream != nullptr) cudaStreamDestroy(stream);
+      }};
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       transport::nccl::DeviceComm comm;
       ASSERT_EQ(transport::nccl::DeviceComm::wrap(comms[r], &comm), Status::kOk) << lastError();
@@ -114,7 +131,6 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
       ASSERT_EQ(comm.size(), n);
       std::unique_ptr<Optimizer> o;
       ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o), Status::kOk) << lastError();
-      float *dx = nullptr, *dg = nullptr;
       ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
       const std::vector<float> x0 = initialParams(r, perRank);
@@ -139,9 +155,6 @@ Run runDevice(int n, const Config& c, int steps, bool perRank, int nanStep, int 
       ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o2), Status::kOk);
       ASSERT_EQ(o2->loadState(out.state[r].data(), written), Status::kOk) << lastError();
       EXPECT_EQ(o2->info().step, out.info[r].step);
-      cudaFree(dx);
-      cudaFree(dg);
-      cudaStreamDestroy(stream);
     });
   }
   for (auto& t : threads) t.join();
@@ -157,7 +170,8 @@ void expectSame(int n, const Config& c, int steps, bool perRank = false, int nan
     ASSERT_EQ(dev.params[r].size(), kCount);
     size_t diff = 0;
     for (size_t i = 0; i < kCount; ++i)
-      diff += std::memcmp(&dev.params[r][i], &host.params[r][i], sizeof(float)) != 0;
+      diff +=
+          std::bit_cast<uint32_t>(dev.params[r][i]) != std::bit_cast<uint32_t>(host.params[r][i]);
     EXPECT_EQ(diff, 0u) << "rank " << r << ": " << diff << " parameters differ";
     EXPECT_EQ(dev.info[r].step, host.info[r].step);
     EXPECT_EQ(dev.info[r].phase, host.info[r].phase);
@@ -176,8 +190,8 @@ void expectSame(int n, const Config& c, int steps, bool perRank = false, int nan
     for (size_t k = 0; k < hb.sections.size(); ++k) {
       EXPECT_EQ(db.sections[k].name, hb.sections[k].name);
       EXPECT_TRUE(db.sections[k].data.size() == hb.sections[k].data.size() &&
-                  std::memcmp(db.sections[k].data.data(), hb.sections[k].data.data(),
-                              hb.sections[k].data.size() * sizeof(float)) == 0)
+                  sameFloatBits(db.sections[k].data.data(), hb.sections[k].data.data(),
+                                hb.sections[k].data.size()))
           << "rank " << r << ": section " << hb.sections[k].name << " differs";
     }
     EXPECT_EQ(db.header.adamSteps, hb.header.adamSteps);
@@ -277,9 +291,16 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
   std::vector<std::vector<float>> params(n);
   Watchdog watchdog(std::chrono::seconds(60));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       cudaStream_t stream = nullptr;
+      float *dx = nullptr, *dg = nullptr;
+      const testing::AtExit release{[&] {
+        if (dx != nullptr) cudaFree(dx);
+        if (dg != nullptr) cudaFree(dg);
+        if (stream != nullptr) cudaStreamDestroy(stream);
+      }};
       ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
       transport::nccl::DeviceComm comm;
       ASSERT_EQ(transport::nccl::DeviceComm::wrap(comms[r], &comm), Status::kOk) << lastError();
@@ -287,7 +308,6 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
       ASSERT_EQ(comm.size(), n);
       std::unique_ptr<Optimizer> o;
       ASSERT_EQ(createDeviceOptimizer(comm, kCount, c, &o), Status::kOk) << lastError();
-      float *dx = nullptr, *dg = nullptr;
       ASSERT_EQ(cudaMalloc(&dx, kCount * sizeof(float)), cudaSuccess);
       ASSERT_EQ(cudaMalloc(&dg, kCount * sizeof(float)), cudaSuccess);
       const std::vector<float> x0 = initialParams(r, perRank);
@@ -315,6 +335,8 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
             status = o->stepOnStream(dx, nullptr, lr, stream);
           else
             status = o->step(dx, dg, lr);
+          // A copy: the assertions below may run code that sets the last error.
+          // NOLINTNEXTLINE(performance-unnecessary-copy-initialization)
           const std::string message = lastError();
           EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(3));
           if (r == refuser) {
@@ -325,7 +347,7 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
             EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
           }
           const std::vector<float> after = download();
-          EXPECT_EQ(std::memcmp(before.data(), after.data(), kCount * sizeof(float)), 0);
+          EXPECT_TRUE(sameFloatBits(before.data(), after.data(), kCount));
           EXPECT_EQ(o->info().step, s);  // not counted
           EXPECT_EQ(o->info().phase, phaseBefore);
           if (r == 0) phases[s == refused[0] ? 0 : 1] = phaseBefore;
@@ -334,9 +356,6 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
       }
       params[r] = download();
       EXPECT_EQ(o->info().step, steps);
-      cudaFree(dx);
-      cudaFree(dg);
-      cudaStreamDestroy(stream);
     });
   }
   for (auto& t : threads) t.join();
@@ -346,7 +365,7 @@ std::vector<optim::Phase> expectRefusalsFailThePeers(int n, const Config& c, int
       ADD_FAILURE() << "rank " << r << " did not finish";
       continue;
     }
-    EXPECT_EQ(std::memcmp(params[r].data(), host.params[r].data(), kCount * sizeof(float)), 0)
+    EXPECT_TRUE(sameFloatBits(params[r].data(), host.params[r].data(), kCount))
         << "rank " << r << " differs from the host run without refusals";
   }
   return phases;

@@ -31,6 +31,7 @@ void runRanks(int n, const std::function<void(Comm&)>& body) {
   ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk) << lastError();
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       std::unique_ptr<Comm> comm;

@@ -683,7 +683,8 @@ TEST(NetConcurrency, TwoThreadsTwoCommunicators) {
       for (int m = 0; m < messages; ++m) {
         const int mySize = (m * 977 + c * 13 + rank) % 70000;
         const auto size = static_cast<size_t>(mySize);
-        for (size_t i = 0; i < size; ++i) out[i] = pattern(static_cast<size_t>(m + c), i);
+        for (size_t i = 0; i < size; ++i)
+          out[i] = pattern(static_cast<size_t>(m) + static_cast<size_t>(c), i);
         void* sreq = nullptr;
         void* rreq = nullptr;
         void* data = in.data();
@@ -703,7 +704,7 @@ TEST(NetConcurrency, TwoThreadsTwoCommunicators) {
         const auto peerSize = static_cast<size_t>(theirSize);
         if (got != static_cast<int>(peerSize)) failures++;
         for (size_t i = 0; i < peerSize; ++i)
-          if (in[i] != pattern(static_cast<size_t>(m + c), i)) {
+          if (in[i] != pattern(static_cast<size_t>(m) + static_cast<size_t>(c), i)) {
             failures++;
             break;
           }
