@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "perf/bench_control.h"
 #include "plugin/nccl/abi/net_abi.h"
 
 namespace wire = squall::nccl_abi;
@@ -31,28 +32,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-[[noreturn]] void die(const char* what) {
-  fprintf(stderr, "nccl_collnet_bench: %s (%s)\n", what, strerror(errno));
-  exit(1);
-}
-void sendAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
-    if (k <= 0) die("control send");
-    c += k;
-    n -= static_cast<size_t>(k);
-  }
-}
-void recvAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t k = recv(fd, c, n, 0);
-    if (k <= 0) die("control recv");
-    c += k;
-    n -= static_cast<size_t>(k);
-  }
-}
+using squall::bench::die;
+using squall::bench::recvAll;
+using squall::bench::sendAll;
 void logger(wire::LogLevel level, unsigned long, const char*, int, const char* format, ...) {
   if (level > wire::kLogWarn) return;
   va_list args;
