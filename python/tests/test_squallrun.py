@@ -31,6 +31,11 @@ def _squallrun(options, kind, steps, tmp):
         "--", *_torchrun(), "--standalone", "--nproc_per_node", str(WORLD), "--redirects", "2",
         "--tee", "2", os.path.join(HERE, "plain_train.py"), tmp, kind, str(steps)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150, cwd=tmp)
+    if r.returncode != 0 and "Address already in use" in r.stdout + r.stderr:
+        # torchrun --standalone picks its store's port by binding and closing
+        # it; another socket can take the port before the workers bind it.
+        # That race is torchrun's, so the run is retried once.
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150, cwd=tmp)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = [torch.load(os.path.join(tmp, f"rank{k}.pt")) for k in range(WORLD)]
     for k, res in enumerate(results):
