@@ -39,17 +39,18 @@ ncclResult_t missing() {
   SQUALL_WARN(Subsys::kApi,
               "the interposer has no real NCCL to call; set "
               "SQUALL_NCCL_LIBRARY to the real libnccl.so.2");
-  return nccl::kSystemError;
+  return nccl_abi::kSystemError;
 }
 
 void track(ncclComm_t comm) {
   const RealNccl& real = realNccl();
   int n = 0, rank = -1;
-  if (comm == nullptr || real.commCount == nullptr || real.commCount(comm, &n) != nccl::kSuccess)
+  if (comm == nullptr || real.commCount == nullptr ||
+      real.commCount(comm, &n) != nccl_abi::kSuccess)
     return;
   // The report is named by the launcher's rank; without one, by the rank in
   // the first communicator (torch's first is the world).
-  if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl::kSuccess)
+  if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl_abi::kSuccess)
     Report::get().setFallbackRank(rank);
   std::lock_guard<std::mutex> lock(gMutex);
   gComms[comm] = std::make_unique<CommState>(policy(), n);
@@ -71,16 +72,16 @@ void untrack(ncclComm_t comm) {
 bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
   facts->count = count;
   facts->dtypeKnown = true;
-  if (type == nccl::kFloat32)
+  if (type == nccl_abi::kFloat32)
     facts->dtype = DataType::kF32;
-  else if (type == nccl::kFloat16)
+  else if (type == nccl_abi::kFloat16)
     facts->dtype = DataType::kF16;
-  else if (type == nccl::kBfloat16)
+  else if (type == nccl_abi::kBfloat16)
     facts->dtype = DataType::kBf16;
   else
     facts->dtypeKnown = false;
-  facts->opKnown = op == nccl::kSum || op == nccl::kAvg;
-  facts->op = op == nccl::kAvg ? ReduceOp::kAvg : ReduceOp::kSum;
+  facts->opKnown = op == nccl_abi::kSum || op == nccl_abi::kAvg;
+  facts->op = op == nccl_abi::kAvg ? ReduceOp::kAvg : ReduceOp::kSum;
   return true;
 }
 
@@ -137,7 +138,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
   const RealNccl& real = realNccl();
   if (real.commInitRank == nullptr) return missing();
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
-  if (r == nccl::kSuccess && !insideSquall()) track(*comm);
+  if (r == nccl_abi::kSuccess && !insideSquall()) track(*comm);
   return r;
 }
 
@@ -147,7 +148,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
   if (real.commInitRankConfig == nullptr) return missing();
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
   // ncclInProgress (non-blocking init) still hands out the communicator.
-  if ((r == nccl::kSuccess || r == 7) && !insideSquall()) track(*comm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall()) track(*comm);
   return r;
 }
 
@@ -165,7 +166,9 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
   const RealNccl& real = realNccl();
   if (real.commSplit == nullptr) return missing();
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
-  if ((r == nccl::kSuccess || r == 7) && newcomm != nullptr && !insideSquall()) track(*newcomm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
+      !insideSquall())
+    track(*newcomm);
   return r;
 }
 
@@ -256,7 +259,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   if (c == nullptr) {
     std::unique_ptr<core::Compressor> fresh;
     if (s->engine->createCompressor(count, policy().codec, &fresh) != Status::kOk)
-      return nccl::kInternalError;
+      return nccl_abi::kInternalError;
     c = fresh.get();
     const uint64_t before = s->residuals.evictions();
     if (!s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks))) {
@@ -269,9 +272,9 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   }
   if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c,
                                              stream) != Status::kOk)
-    return nccl::kInternalError;
+    return nccl_abi::kInternalError;
   // A device compressor's statistics wait for its stream; the report takes
   // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
   Report::get().compressed(compressedBytes(count, nranks), fullBytes);
-  return nccl::kSuccess;
+  return nccl_abi::kSuccess;
 }

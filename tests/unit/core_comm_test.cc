@@ -189,7 +189,7 @@ TEST(CoreComm, DeviceEntryPointsFailCleanlyOrWork) {
   // know: kInvalidArgument with the GPU path, kUnsupported without.
   transport::nccl::Table refusing{};
   refusing.getErrorString = [](int) { return "invalid communicator"; };
-  refusing.commCount = [](void*, int*) -> int { return transport::nccl::kNcclInvalidArgument; };
+  refusing.commCount = [](void*, int*) -> int { return nccl_abi::kInvalidArgument; };
   refusing.commUserRank = refusing.commCount;
   refusing.origin = "refusing table";
   transport::nccl::installTable(&refusing);

@@ -26,26 +26,26 @@ struct Call {
 };
 
 std::vector<Call> gCalls;
-int gNextResult = kNcclSuccess;
+int gNextResult = nccl_abi::kSuccess;
 int gRank = 1;
 int gSize = 3;
 
 int record(const Call& c) {
   gCalls.push_back(c);
   const int r = gNextResult;
-  gNextResult = kNcclSuccess;
+  gNextResult = nccl_abi::kSuccess;
   return r;
 }
 
 constexpr Table kFake = {
-    [](int result) { return result == kNcclRemoteError ? "remote process exited" : "fake"; },
+    [](int result) { return result == nccl_abi::kRemoteError ? "remote process exited" : "fake"; },
     [](void*, int* count) -> int {
       *count = gSize;
-      return kNcclSuccess;
+      return nccl_abi::kSuccess;
     },
     [](void*, int* rank) -> int {
       *rank = gRank;
-      return kNcclSuccess;
+      return nccl_abi::kSuccess;
     },
     [](void*) { return record({"abort"}); },
     [] { return record({"groupStart"}); },
@@ -76,7 +76,7 @@ class NcclTableTest : public ::testing::Test {
  protected:
   void SetUp() override {
     gCalls.clear();
-    gNextResult = kNcclSuccess;
+    gNextResult = nccl_abi::kSuccess;
     gRank = 1;
     gSize = 3;
   }
@@ -148,13 +148,13 @@ TEST_F(NcclTableTest, FailuresBecomeStatusesNamingTheCall) {
   const struct {
     int nccl;
     Status status;
-  } cases[] = {{kNcclUnhandledCudaError, Status::kSystemError},
-               {kNcclSystemError, Status::kSystemError},
-               {kNcclInternalError, Status::kInternal},
-               {kNcclInvalidArgument, Status::kInvalidArgument},
-               {kNcclInvalidUsage, Status::kInvalidUsage},
-               {kNcclRemoteError, Status::kRemoteError},
-               {kNcclInProgress, Status::kInProgress},
+  } cases[] = {{nccl_abi::kUnhandledCudaError, Status::kSystemError},
+               {nccl_abi::kSystemError, Status::kSystemError},
+               {nccl_abi::kInternalError, Status::kInternal},
+               {nccl_abi::kInvalidArgument, Status::kInvalidArgument},
+               {nccl_abi::kInvalidUsage, Status::kInvalidUsage},
+               {nccl_abi::kRemoteError, Status::kRemoteError},
+               {nccl_abi::kInProgress, Status::kInProgress},
                {42, Status::kInternal}};
   for (const auto& c : cases) {
     gNextResult = c.nccl;
@@ -163,7 +163,7 @@ TEST_F(NcclTableTest, FailuresBecomeStatusesNamingTheCall) {
     EXPECT_NE(lastError().find("ncclSend"), std::string::npos) << lastError();
     EXPECT_NE(lastError().find("fake NCCL"), std::string::npos) << lastError();
   }
-  gNextResult = kNcclRemoteError;
+  gNextResult = nccl_abi::kRemoteError;
   EXPECT_EQ(comm.allGather(b, b, 1, kStream), Status::kRemoteError);
   EXPECT_NE(lastError().find("remote process exited"), std::string::npos) << lastError();
 }
@@ -202,7 +202,7 @@ TEST_F(NcclTableTest, TheRealLibraryResolvesEveryEntry) {
         reinterpret_cast<const void*>(t.broadcast)}) {
     EXPECT_NE(entry, nullptr);
   }
-  EXPECT_STREQ(t.getErrorString(kNcclSuccess), "no error");
+  EXPECT_STREQ(t.getErrorString(nccl_abi::kSuccess), "no error");
 }
 
 }  // namespace

@@ -5,14 +5,14 @@ namespace {
 
 int ncclTypeOf(DataType type) {
   switch (type) {
-    case DataType::kF32: return kNcclFloat32;
-    case DataType::kF16: return kNcclFloat16;
-    case DataType::kBf16: return kNcclBfloat16;
-    case DataType::kF64: return kNcclFloat64;
-    case DataType::kI32: return kNcclInt32;
-    case DataType::kI64: return kNcclInt64;
+    case DataType::kF32: return nccl_abi::kFloat32;
+    case DataType::kF16: return nccl_abi::kFloat16;
+    case DataType::kBf16: return nccl_abi::kBfloat16;
+    case DataType::kF64: return nccl_abi::kFloat64;
+    case DataType::kI32: return nccl_abi::kInt32;
+    case DataType::kI64: return nccl_abi::kInt64;
   }
-  return kNcclUint8;
+  return nccl_abi::kUint8;
 }
 
 }  // namespace
@@ -31,8 +31,8 @@ Status DeviceComm::wrap(const Table& table, void* ncclComm, DeviceComm* out) {
   c.comm_ = ncclComm;
   const int sizeResult = table.commCount(ncclComm, &c.size_);
   const int rankResult =
-      sizeResult == kNcclSuccess ? table.commUserRank(ncclComm, &c.rank_) : sizeResult;
-  if (rankResult != kNcclSuccess) {
+      sizeResult == nccl_abi::kSuccess ? table.commUserRank(ncclComm, &c.rank_) : sizeResult;
+  if (rankResult != nccl_abi::kSuccess) {
     return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
                        "the NCCL communicator could not be queried (%s); pass an initialised "
                        "ncclComm_t",
@@ -46,12 +46,12 @@ Status DeviceComm::wrap(const Table& table, void* ncclComm, DeviceComm* out) {
 }
 
 Status DeviceComm::send(const void* buffer, size_t bytes, int peer, void* stream) const {
-  return ncclStatus(*table_, table_->send(buffer, bytes, kNcclUint8, peer, comm_, stream),
+  return ncclStatus(*table_, table_->send(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream),
                     "ncclSend");
 }
 
 Status DeviceComm::recv(void* buffer, size_t bytes, int peer, void* stream) const {
-  return ncclStatus(*table_, table_->recv(buffer, bytes, kNcclUint8, peer, comm_, stream),
+  return ncclStatus(*table_, table_->recv(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream),
                     "ncclRecv");
 }
 
@@ -64,15 +64,15 @@ Status DeviceComm::groupEnd() const {
 }
 
 Status DeviceComm::allGather(const void* in, void* out, size_t bytes, void* stream) const {
-  return ncclStatus(*table_, table_->allGather(in, out, bytes, kNcclUint8, comm_, stream),
+  return ncclStatus(*table_, table_->allGather(in, out, bytes, nccl_abi::kUint8, comm_, stream),
                     "ncclAllGather");
 }
 
 Status DeviceComm::allReduceSum(const void* in, void* out, size_t count, DataType type,
                                 void* stream) const {
-  return ncclStatus(*table_,
-                    table_->allReduce(in, out, count, ncclTypeOf(type), kNcclSum, comm_, stream),
-                    "ncclAllReduce");
+  return ncclStatus(
+      *table_, table_->allReduce(in, out, count, ncclTypeOf(type), nccl_abi::kSum, comm_, stream),
+      "ncclAllReduce");
 }
 
 Status DeviceComm::broadcast(const void* in, void* out, size_t count, DataType type, int root,

@@ -88,16 +88,16 @@ Status ncclTable(const Table** out) {
 void installTable(const Table* table) { gInstalled.store(table, std::memory_order_release); }
 
 Status ncclStatus(const Table& table, int result, const char* what) {
-  if (result == kNcclSuccess) return Status::kOk;
+  if (result == nccl_abi::kSuccess) return Status::kOk;
   Status status = Status::kInternal;
   switch (result) {
-    case kNcclUnhandledCudaError:
-    case kNcclSystemError: status = Status::kSystemError; break;
-    case kNcclInvalidArgument: status = Status::kInvalidArgument; break;
-    case kNcclInvalidUsage: status = Status::kInvalidUsage; break;
-    case kNcclRemoteError: status = Status::kRemoteError; break;
-    case kNcclInProgress: status = Status::kInProgress; break;
-    default: break;  // kNcclInternalError and codes newer than this table
+    case nccl_abi::kUnhandledCudaError:
+    case nccl_abi::kSystemError: status = Status::kSystemError; break;
+    case nccl_abi::kInvalidArgument: status = Status::kInvalidArgument; break;
+    case nccl_abi::kInvalidUsage: status = Status::kInvalidUsage; break;
+    case nccl_abi::kRemoteError: status = Status::kRemoteError; break;
+    case nccl_abi::kInProgress: status = Status::kInProgress; break;
+    default: break;  // nccl_abi::kInternalError and codes newer than this table
   }
   const char* text = table.getErrorString != nullptr ? table.getErrorString(result) : nullptr;
   return SQUALL_FAIL(status, Subsys::kTransport, "%s failed in NCCL (%s): %s (code %d)", what,

@@ -16,32 +16,9 @@
 #include <cstddef>
 
 #include "src/common/status.h"
+#include "src/transport/nccl/nccl_abi_values.h"
 
 namespace squall::transport::nccl {
-
-// ncclResult_t values.
-enum NcclResult : int {
-  kNcclSuccess = 0,
-  kNcclUnhandledCudaError = 1,
-  kNcclSystemError = 2,
-  kNcclInternalError = 3,
-  kNcclInvalidArgument = 4,
-  kNcclInvalidUsage = 5,
-  kNcclRemoteError = 6,
-  kNcclInProgress = 7,
-};
-
-// ncclDataType_t and ncclRedOp_t values (those Squall uses).
-enum NcclType : int {
-  kNcclInt32 = 2,
-  kNcclInt64 = 4,
-  kNcclUint8 = 1,
-  kNcclFloat16 = 6,
-  kNcclFloat32 = 7,
-  kNcclFloat64 = 8,
-  kNcclBfloat16 = 9,
-};
-enum NcclOp : int { kNcclSum = 0, kNcclMax = 2, kNcclMin = 3, kNcclAvg = 4 };
 
 struct Table {
   const char* (*getErrorString)(int result);

@@ -46,12 +46,12 @@ thread_local cudaStream_t tGroupStream = nullptr;
 size_t sizeOf(int t) {
   switch (t) {
     case 0:  // int8
-    case kNcclUint8: return 1;
-    case kNcclFloat16:
-    case kNcclBfloat16: return 2;
-    case kNcclInt32:
+    case squall::nccl_abi::kUint8: return 1;
+    case squall::nccl_abi::kFloat16:
+    case squall::nccl_abi::kBfloat16: return 2;
+    case squall::nccl_abi::kInt32:
     case 3:  // uint32
-    case kNcclFloat32: return 4;
+    case squall::nccl_abi::kFloat32: return 4;
     default: return 8;
   }
 }
@@ -82,55 +82,57 @@ void run(const std::vector<Op>& ops) {
 
 int submit(std::vector<Op> ops, cudaStream_t stream) {
   if (tGroupDepth > 0) {
-    if (!tPending.empty() && tGroupStream != stream) return kNcclInvalidUsage;
+    if (!tPending.empty() && tGroupStream != stream) return squall::nccl_abi::kInvalidUsage;
     tGroupStream = stream;
     tPending.insert(tPending.end(), ops.begin(), ops.end());
-    return kNcclSuccess;
+    return squall::nccl_abi::kSuccess;
   }
   squall_emu::enqueue(stream, [ops = std::move(ops)] { run(ops); });
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
 const char* errorString(int result) {
-  return result == kNcclSuccess ? "no error" : "emulated NCCL error";
+  return result == squall::nccl_abi::kSuccess ? "no error" : "emulated NCCL error";
 }
 
 int commCount(void* comm, int* count) {
   *count = commOf(comm)->size;
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
 int commUserRank(void* comm, int* rank) {
   *rank = commOf(comm)->rank;
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
-int commAbort(void*) { return kNcclSuccess; }
+int commAbort(void*) { return squall::nccl_abi::kSuccess; }
 
 int groupStart() {
   ++tGroupDepth;
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
 int groupEnd() {
-  if (tGroupDepth == 0) return kNcclInvalidUsage;
-  if (--tGroupDepth > 0 || tPending.empty()) return kNcclSuccess;
+  if (tGroupDepth == 0) return squall::nccl_abi::kInvalidUsage;
+  if (--tGroupDepth > 0 || tPending.empty()) return squall::nccl_abi::kSuccess;
   std::vector<Op> ops = std::move(tPending);
   tPending.clear();
   squall_emu::enqueue(tGroupStream, [ops = std::move(ops)] { run(ops); });
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
 int send(const void* sendbuff, size_t count, int datatype, int peer, void* c, void* stream) {
   ncclComm_t comm = commOf(c);
-  if (peer < 0 || peer >= comm->size || peer == comm->rank) return kNcclInvalidArgument;
+  if (peer < 0 || peer >= comm->size || peer == comm->rank)
+    return squall::nccl_abi::kInvalidArgument;
   return submit({Op{true, sendbuff, nullptr, count * sizeOf(datatype), peer, comm}},
                 streamOf(stream));
 }
 
 int recv(void* recvbuff, size_t count, int datatype, int peer, void* c, void* stream) {
   ncclComm_t comm = commOf(c);
-  if (peer < 0 || peer >= comm->size || peer == comm->rank) return kNcclInvalidArgument;
+  if (peer < 0 || peer >= comm->size || peer == comm->rank)
+    return squall::nccl_abi::kInvalidArgument;
   return submit({Op{false, nullptr, recvbuff, count * sizeOf(datatype), peer, comm}},
                 streamOf(stream));
 }
@@ -158,7 +160,8 @@ int allGather(const void* sendbuff, void* recvbuff, size_t sendcount, int dataty
 int allReduce(const void* sendbuff, void* recvbuff, size_t count, int datatype, int op, void* c,
               void* stream) {
   ncclComm_t comm = commOf(c);
-  if (datatype != kNcclFloat32 || op != kNcclSum || tGroupDepth > 0) return kNcclInvalidUsage;
+  if (datatype != squall::nccl_abi::kFloat32 || op != squall::nccl_abi::kSum || tGroupDepth > 0)
+    return squall::nccl_abi::kInvalidUsage;
   squall_emu::enqueue(streamOf(stream), [=] {
     const size_t bytes = count * sizeof(float);
     const auto n = static_cast<size_t>(comm->size);
@@ -182,14 +185,14 @@ int allReduce(const void* sendbuff, void* recvbuff, size_t count, int datatype, 
       out[i] = acc;
     }
   });
-  return kNcclSuccess;
+  return squall::nccl_abi::kSuccess;
 }
 
 // The root sends to every other rank, which receives in place (out).
 int broadcast(const void* sendbuff, void* recvbuff, size_t count, int datatype, int root, void* c,
               void* s) {
   ncclComm_t comm = commOf(c);
-  if (root < 0 || root >= comm->size || tGroupDepth > 0) return kNcclInvalidArgument;
+  if (root < 0 || root >= comm->size || tGroupDepth > 0) return squall::nccl_abi::kInvalidArgument;
   const size_t bytes = count * sizeOf(datatype);
   std::vector<Op> ops;
   if (comm->rank == root) {
