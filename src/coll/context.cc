@@ -48,15 +48,21 @@ class KeepLastError {
 Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const {
   for (;;) {
     bool all = true;
+    const transport::Request* failed = nullptr;
     for (const transport::RequestPtr& r : requests) {
       if (r == nullptr) continue;
       if (!r->done()) {
         all = false;
       } else if (r->status() != Status::kOk) {
-        return transport::failureOf(*r);
+        failed = r.get();
+        break;
       }
     }
-    if (all) return Status::kOk;
+    if (failed == nullptr && all) return Status::kOk;
+    // A peer's notice wins over a failed request: a peer that gave up sends
+    // its notice and then goes, so the request with it that fails when its
+    // connection ends would otherwise blame a rank that is only the
+    // messenger (the notice names the first cause).
     if (abort != nullptr) {
       for (size_t peer = 0; peer < abort->requests.size(); ++peer) {
         const transport::RequestPtr& notice = abort->requests[peer];
@@ -76,6 +82,7 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
                            what.c_str(), peer, printable(reason).c_str());
       }
     }
+    if (failed != nullptr) return transport::failureOf(*failed);
     SQUALL_TRY(transport->progress());
     // Past the deadline, the transport reports which peers are missing.
     if (transport::Clock::now() >= deadline) return transport->waitAll(requests, deadline);

@@ -31,9 +31,15 @@ long long monotonicMs() {
   return static_cast<long long>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
+squallComm_t gComm = nullptr;
+
+// Reports the failure, then leaves as a careful application does: the
+// communicator is destroyed first, so the abort notices this rank sent
+// reach its peers before its connections go.
 [[noreturn]] void fail(int iteration, const char* what) {
   std::printf("FAIL %lld %d %s: %s\n", monotonicMs(), iteration, what, squallGetLastError());
   std::fflush(stdout);
+  if (gComm != nullptr) squallCommDestroy(gComm);
   std::_Exit(1);
 }
 
@@ -57,6 +63,7 @@ int main(int argc, char** argv) {
   config.transport = transport == "ucx" ? squallTransportUcx : squallTransportTcp;
   squallComm_t comm = nullptr;
   if (squallCommInitFromEnv(&comm, &config) != squallSuccess) fail(-1, "init");
+  gComm = comm;
   int rank = 0;
   int size = 0;
   squallCommRank(comm, &rank);
@@ -104,6 +111,7 @@ int main(int argc, char** argv) {
     }
   }
   if (compressor != nullptr) squallCompressorDestroy(compressor);
+  gComm = nullptr;
   if (squallCommDestroy(comm) != squallSuccess) fail(iterations, "destroy");
   std::printf("DONE %lld %d\n", monotonicMs(), rank);
   std::fflush(stdout);

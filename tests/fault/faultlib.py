@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 
@@ -19,27 +20,56 @@ def monotonic_ms():
 
 
 class Job:
-    """`nranks` processes of `argv`, ranks 0..n-1, rendezvous on loopback."""
+    """`nranks` processes of `argv`, ranks 0..n-1, rendezvous on loopback.
+    `ranks`: the ranks to start now (the others with start()); `preexec`:
+    rank -> function run in that child before exec (e.g. a descriptor limit)."""
 
-    def __init__(self, argv, nranks, extra_env=None, timeout_s=30):
+    def __init__(self, argv, nranks, extra_env=None, timeout_s=30, preexec=None, ranks=None):
         self.port = free_port()
+        self.argv = argv
+        self.nranks = nranks
         self.timeout_s = timeout_s
-        self.procs = []
-        for rank in range(nranks):
-            env = dict(os.environ)
-            env.update({
-                "RANK": str(rank),
-                "WORLD_SIZE": str(nranks),
-                "MASTER_ADDR": "127.0.0.1",
-                "SQUALL_PORT": str(self.port),
-                "SQUALL_SOCKET_IFNAME": "lo",
-                "SQUALL_JOB_SECRET": "fault-suite-%d" % self.port,
-                "SQUALL_TIMEOUT_S": str(max(5, timeout_s // 2)),
-                "UCX_NET_DEVICES": "lo",
-            })
-            env.update(extra_env or {})
-            self.procs.append(subprocess.Popen(
-                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        self.extra_env = extra_env or {}
+        self.preexec = preexec or {}
+        self.procs = [None] * nranks
+        self.files = [None] * nranks
+        for rank in range(nranks) if ranks is None else ranks:
+            self.start(rank)
+
+    def start(self, rank):
+        env = dict(os.environ)
+        env.update({
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.nranks),
+            "MASTER_ADDR": "127.0.0.1",
+            "SQUALL_PORT": str(self.port),
+            "SQUALL_SOCKET_IFNAME": "lo",
+            "SQUALL_JOB_SECRET": "fault-suite-%d" % self.port,
+            "SQUALL_TIMEOUT_S": str(max(5, self.timeout_s // 2)),
+            "UCX_NET_DEVICES": "lo",
+        })
+        env.update(self.extra_env)
+        out = tempfile.TemporaryFile(mode="w+")
+        err = tempfile.TemporaryFile(mode="w+")
+        self.files[rank] = (out, err)
+        self.procs[rank] = subprocess.Popen(self.argv, env=env, stdout=out, stderr=err,
+                                            preexec_fn=self.preexec.get(rank))
+
+    def output(self, rank):
+        out, _ = self.files[rank]
+        out.seek(0)
+        return out.read()
+
+    def wait_ready(self, timeout_s=20):
+        """True once every rank printed READY (init done)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(p is not None and "READY" in self.output(r) for r, p in enumerate(self.procs)):
+                return True
+            if any(p is not None and p.poll() is not None for p in self.procs):
+                return False
+            time.sleep(0.005)
+        return False
 
     def kill(self, rank):
         self.procs[rank].send_signal(signal.SIGKILL)
@@ -48,15 +78,20 @@ class Job:
         """[(returncode, stdout, stderr)] per rank; a hung rank is killed (rc None)."""
         deadline = time.monotonic() + self.timeout_s
         results = []
-        for p in self.procs:
-            left = max(0.1, deadline - time.monotonic())
+        for rank, p in enumerate(self.procs):
+            rc = None
             try:
-                out, err = p.communicate(timeout=left)
-                results.append((p.returncode, out, err))
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                rc = p.returncode
             except subprocess.TimeoutExpired:
                 p.kill()
-                out, err = p.communicate()
-                results.append((None, out, err))
+                p.wait()
+            out, err = self.files[rank]
+            out.seek(0)
+            err.seek(0)
+            results.append((rc, out.read(), err.read()))
+            out.close()
+            err.close()
         return results
 
 

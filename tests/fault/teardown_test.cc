@@ -32,29 +32,36 @@ enum class Wire { kTcp, kUcx };
 
 class TeardownTest : public ::testing::TestWithParam<Wire> {};
 
-TEST_P(TeardownTest, PeerTeardownDoesNotFailAnOperationThatCompletes) {
+// Three ranks as threads over the test's wire, each with its own bootstrap.
+void connectGroup(Wire wire, std::vector<std::unique_ptr<bootstrap::Bootstrap>>* boots,
+                  std::vector<std::unique_ptr<transport::Transport>>* transports) {
   setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
   setenv("UCX_NET_DEVICES", "lo", 0);
   constexpr int kRanks = 3;
   bootstrap::UniqueId id;
   ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk) << lastError();
-  std::vector<std::unique_ptr<bootstrap::Bootstrap>> boots(kRanks);
-  std::vector<std::unique_ptr<transport::Transport>> transports(kRanks);
-  {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < kRanks; ++r)
-      threads.emplace_back([&, r] {
-        ASSERT_EQ(bootstrap::Bootstrap::create(id, kRanks, r, 30s, &boots[r]), Status::kOk)
-            << lastError();
-        Status st = Status::kUnsupported;
-        if (GetParam() == Wire::kTcp) st = transport::createTcpTransport(*boots[r], &transports[r]);
+  boots->resize(kRanks);
+  transports->resize(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      auto& boot = (*boots)[r];
+      ASSERT_EQ(bootstrap::Bootstrap::create(id, kRanks, r, 30s, &boot), Status::kOk)
+          << lastError();
+      Status st = Status::kUnsupported;
+      if (wire == Wire::kTcp) st = transport::createTcpTransport(*boot, &(*transports)[r]);
 #ifdef SQUALL_HAVE_UCX
-        if (GetParam() == Wire::kUcx) st = transport::createUcxTransport(*boots[r], &transports[r]);
+      if (wire == Wire::kUcx) st = transport::createUcxTransport(*boot, &(*transports)[r]);
 #endif
-        ASSERT_EQ(st, Status::kOk) << lastError();
-      });
-    for (auto& t : threads) t.join();
-  }
+      ASSERT_EQ(st, Status::kOk) << lastError();
+    });
+  for (auto& t : threads) t.join();
+}
+
+TEST_P(TeardownTest, PeerTeardownDoesNotFailAnOperationThatCompletes) {
+  std::vector<std::unique_ptr<bootstrap::Bootstrap>> boots;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  connectGroup(GetParam(), &boots, &transports);
   for (auto& t : transports) ASSERT_NE(t, nullptr);
 
   coll::Options options;
@@ -100,6 +107,46 @@ TEST_P(TeardownTest, PeerTeardownDoesNotFailAnOperationThatCompletes) {
   zero.join();
   EXPECT_EQ(got[3], 4.0f);
   EXPECT_EQ(sendStatus, Status::kOk);
+  watch.requests.clear();
+  transports.clear();
+}
+
+// A rank that gives up sends its notice and goes. The peer waiting on it
+// must report the notice (the first cause, here "rank 2 is gone"), not the
+// end of the messenger's connection that follows it on the wire.
+TEST_P(TeardownTest, NoticeWinsOverTheMessengersDeparture) {
+  std::vector<std::unique_ptr<bootstrap::Bootstrap>> boots;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  connectGroup(GetParam(), &boots, &transports);
+  for (auto& t : transports) ASSERT_NE(t, nullptr);
+  coll::Options options;
+  transport::Descriptor descriptor;
+  descriptor.kind = CollKind::kAllReduce;
+  descriptor.count = 4;
+  auto contextOf = [&](int r) {
+    return coll::OpContext{transports[r].get(), 9, descriptor, transport::Clock::now() + 20s,
+                           &options};
+  };
+  coll::OpContext ctx0 = contextOf(0);
+  coll::AbortWatch watch;
+  ASSERT_EQ(coll::watchForAborts(ctx0, &watch), Status::kOk);
+  ctx0.abort = &watch;
+  float got[4] = {};
+  transport::RequestPtr fromOne[1];
+  ASSERT_EQ(ctx0.recv(1, 0, got, sizeof(got), &fromOne[0]), Status::kOk);
+  // Rank 1 gives up (rank 2 died, say), tells the others and leaves.
+  coll::sendAbortNotices(contextOf(1), "rank 1 failed #9: rank 2 is gone (the first cause)");
+  transports[1].reset();
+  // Let both the notice and the end of the connection reach rank 0 first.
+  const auto until = transport::Clock::now() + 10s;
+  while (!fromOne[0]->done() && transport::Clock::now() < until) {
+    transports[0]->progress();
+    transports[0]->waitForActivity(transport::Clock::now() + 10ms);
+  }
+  ASSERT_TRUE(fromOne[0]->done());
+  EXPECT_EQ(ctx0.waitAll(fromOne), Status::kRemoteError);
+  const std::string why = lastError();
+  EXPECT_NE(why.find("rank 2 is gone (the first cause)"), std::string::npos) << why;
   watch.requests.clear();
   transports.clear();
 }
