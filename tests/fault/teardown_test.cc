@@ -151,6 +151,50 @@ TEST_P(TeardownTest, NoticeWinsOverTheMessengersDeparture) {
   transports.clear();
 }
 
+// Rank 0 finished operation 9 and is in operation 10 when rank 1, still in
+// 9, gives up on it, tells the others and leaves. Rank 0 must report that
+// notice (it keeps operation 9's notice receives posted through 10), not
+// blame rank 1 for leaving.
+TEST_P(TeardownTest, NoticeForThePreviousOperationIsReported) {
+  std::vector<std::unique_ptr<bootstrap::Bootstrap>> boots;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  connectGroup(GetParam(), &boots, &transports);
+  for (auto& t : transports) ASSERT_NE(t, nullptr);
+  coll::Options options;
+  transport::Descriptor descriptor;
+  descriptor.kind = CollKind::kAllReduce;
+  descriptor.count = 4;
+  auto contextOf = [&](int r, uint64_t sequence) {
+    return coll::OpContext{transports[r].get(), sequence, descriptor, transport::Clock::now() + 20s,
+                           &options};
+  };
+  coll::OpContext previous = contextOf(0, 9);
+  coll::AbortWatch previousWatch;
+  ASSERT_EQ(coll::watchForAborts(previous, &previousWatch), Status::kOk);
+  coll::OpContext ctx0 = contextOf(0, 10);
+  coll::AbortWatch watch;
+  ASSERT_EQ(coll::watchForAborts(ctx0, &watch), Status::kOk);
+  ctx0.abort = &watch;
+  ctx0.previousAbort = &previousWatch;
+  float got[4] = {};
+  transport::RequestPtr fromOne[1];
+  ASSERT_EQ(ctx0.recv(1, 0, got, sizeof(got), &fromOne[0]), Status::kOk);
+  coll::sendAbortNotices(contextOf(1, 9), "rank 1 failed #9: rank 2 is gone (the first cause)");
+  transports[1].reset();
+  const auto until = transport::Clock::now() + 10s;
+  while (!fromOne[0]->done() && transport::Clock::now() < until) {
+    transports[0]->progress();
+    transports[0]->waitForActivity(transport::Clock::now() + 10ms);
+  }
+  EXPECT_EQ(ctx0.waitAll(fromOne), Status::kRemoteError);
+  const std::string why = lastError();
+  EXPECT_NE(why.find("rank 2 is gone (the first cause)"), std::string::npos) << why;
+  EXPECT_NE(why.find("the operation before it"), std::string::npos) << why;
+  watch.requests.clear();
+  previousWatch.requests.clear();
+  transports.clear();
+}
+
 std::vector<Wire> wires() {
 #ifdef SQUALL_HAVE_UCX
   return {Wire::kTcp, Wire::kUcx};
