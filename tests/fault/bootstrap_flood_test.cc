@@ -182,6 +182,7 @@ TEST(BootstrapFlood, PendingCapClosesTheOldest) {
   acceptor.maxPending = 16;
   AcceptStats stats;
   std::vector<int> idle;
+  idle.reserve(100);
   for (int i = 0; i < 100; ++i) idle.push_back(connectTo(bound));
   int real = connectTo(bound);
   ASSERT_GE(real, 0);
@@ -222,7 +223,7 @@ TEST(BootstrapFlood, MissingRankErrorMentionsTheFlood) {
   });
   std::unique_ptr<Bootstrap> boot;
   EXPECT_EQ(Bootstrap::create(id, 2, 0, 2s, &boot), Status::kTimeout);
-  const std::string why = lastError();
+  const std::string& why = lastError();
   flood.join();
   EXPECT_NE(why.find("rank 1 of 2 did not join"), std::string::npos) << why;
   EXPECT_NE(why.find("turned away"), std::string::npos) << why;

@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
           if (out[static_cast<size_t>(r) * count + i] != static_cast<float>(r + 1) + base)
             fail(it, "allgather result");
       } else {
-        const float want = static_cast<float>(size * (size + 1) / 2) + base * size;
+        const float want = static_cast<float>(size) * static_cast<float>(size + 1) / 2.0f +
+                           base * static_cast<float>(size);
         // int8 is block-scaled: allow its quantisation error.
         const float tolerance = op == "compressed" ? 0.05f * want + 0.1f : 0.0f;
         if (std::fabs(out[i] - want) > tolerance) fail(it, "allreduce result");

@@ -43,6 +43,7 @@ void connectGroup(Wire wire, std::vector<std::unique_ptr<bootstrap::Bootstrap>>*
   boots->resize(kRanks);
   transports->resize(kRanks);
   std::vector<std::thread> threads;
+  threads.reserve(kRanks);
   for (int r = 0; r < kRanks; ++r)
     threads.emplace_back([&, r] {
       auto& boot = (*boots)[r];
@@ -145,7 +146,7 @@ TEST_P(TeardownTest, NoticeWinsOverTheMessengersDeparture) {
   }
   ASSERT_TRUE(fromOne[0]->done());
   EXPECT_EQ(ctx0.waitAll(fromOne), Status::kRemoteError);
-  const std::string why = lastError();
+  const std::string& why = lastError();
   EXPECT_NE(why.find("rank 2 is gone (the first cause)"), std::string::npos) << why;
   watch.requests.clear();
   transports.clear();
@@ -187,7 +188,7 @@ TEST_P(TeardownTest, NoticeForThePreviousOperationIsReported) {
     transports[0]->waitForActivity(transport::Clock::now() + 10ms);
   }
   EXPECT_EQ(ctx0.waitAll(fromOne), Status::kRemoteError);
-  const std::string why = lastError();
+  const std::string& why = lastError();
   EXPECT_NE(why.find("rank 2 is gone (the first cause)"), std::string::npos) << why;
   EXPECT_NE(why.find("the operation before it"), std::string::npos) << why;
   watch.requests.clear();

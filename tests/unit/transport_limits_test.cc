@@ -221,6 +221,7 @@ TEST(UcxLimits, OversizedMismatchedMessageFailsThePeer) {
   std::vector<std::string> errors(2);
   std::vector<Status> results(2, Status::kInternal);
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       testing::ThreadBootstrap boot(&group, r);
