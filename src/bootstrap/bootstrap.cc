@@ -238,7 +238,8 @@ Status SocketBootstrap::joinAsRoot(int listener) {
                 remote.toString().c_str(), reason.c_str());
   };
   acceptor.complete = [&] { return joined == nranks_; };
-  acceptHellos(listener, acceptor, deadline());
+  AcceptStats stats;
+  acceptHellos(listener, acceptor, deadline(), &stats);
   close(listener);
 
   Ack ack{kAckMagic, joined == nranks_ ? 1u : 0u};
@@ -255,9 +256,9 @@ Status SocketBootstrap::joinAsRoot(int listener) {
     return SQUALL_FAIL(Status::kTimeout, Subsys::kBootstrap,
                        "%s %s of %d did not join within %g s: they may not have started, may "
                        "use a different unique id, or cannot reach rank 0 at %s (raise "
-                       "SQUALL_TIMEOUT_S if they are only slow)",
+                       "SQUALL_TIMEOUT_S if they are only slow)%s",
                        missing.size() == 1 ? "rank" : "ranks", rankList(missing).c_str(), nranks_,
-                       seconds(timeout_), root_.toString().c_str());
+                       seconds(timeout_), root_.toString().c_str(), stats.describe().c_str());
   }
   return Status::kOk;
 }

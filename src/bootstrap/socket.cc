@@ -11,10 +11,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "src/common/log.h"
 #include "src/common/params.h"
 
 namespace squall::bootstrap {
@@ -223,54 +225,168 @@ int acceptOne(int listener, SocketAddress* remote) {
   return fd;
 }
 
-bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline) {
+std::string AcceptStats::describe() const {
+  if (turnedAway() == 0 && acceptFailures == 0) return "";
+  char text[512];
+  int n = std::snprintf(text, sizeof(text),
+                        "; meanwhile %zu connection(s) without a valid handshake were turned "
+                        "away (%zu refused, %zu past the pending cap, %zu past the handshake "
+                        "deadline; the last from %s)",
+                        turnedAway(), refused, droppedOldest, timedOut,
+                        lastRefused.empty() ? "?" : lastRefused.c_str());
+  if (acceptFailures > 0 && n > 0 && static_cast<size_t>(n) < sizeof(text))
+    std::snprintf(text + n, sizeof(text) - static_cast<size_t>(n),
+                  " and accept failed %zu time(s) (%s)", acceptFailures,
+                  std::strerror(acceptErrno));
+  std::string out = text;
+  out.append(": a flood of connections from outside the job may have kept the real ones out");
+  return out;
+}
+
+namespace {
+// Refusals reported one by one before the rest are only counted.
+constexpr size_t kRefusalsReported = 8;
+// How long accepting pauses after accept() ran out of descriptors: briefly
+// when closing pending connections freed some, longer when none could be.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(10);
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
+
+bool outOfDescriptors(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+}  // namespace
+
+bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline,
+                  AcceptStats* statsOut) {
+  using SteadyClock = std::chrono::steady_clock;
   struct Pending {
     int fd;
     SocketAddress remote;
     std::string hello;
     size_t got = 0;
+    SteadyClock::time_point expires;
   };
-  std::vector<Pending> pending;
-  while (!acceptor.complete() && std::chrono::steady_clock::now() < deadline) {
+  size_t cap =  // lowered when descriptors run out
+      acceptor.maxPending > 0
+          ? acceptor.maxPending
+          : static_cast<size_t>(std::max<int64_t>(1, paramInt(Param::kBootstrapPendingMax)));
+  const std::chrono::milliseconds handshake =
+      acceptor.handshakeTimeout.count() > 0
+          ? acceptor.handshakeTimeout
+          : std::chrono::milliseconds(std::max<int64_t>(1, paramInt(Param::kBootstrapHandshakeMs)));
+  AcceptStats stats;
+  bool warnedDrop = false;
+  bool warnedAccept = false;
+  auto turnAway = [&](const Pending& p, const std::string& reason) {
+    stats.lastRefused = p.remote.toString();
+    if (stats.turnedAway() <= kRefusalsReported) {
+      acceptor.refused(p.remote, reason);
+    } else if (stats.turnedAway() == kRefusalsReported + 1) {
+      acceptor.refused(p.remote, reason + " (further refusals are only counted)");
+    }
+    close(p.fd);
+  };
+  std::vector<Pending> pending;  // oldest first
+  // Reads what pending[i] sent; true when it is finished with (admitted or
+  // refused) and must leave the list.
+  auto readHello = [&](Pending& p) {
+    ssize_t got = recv(p.fd, p.hello.data() + p.got, acceptor.helloBytes - p.got, MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    std::string reason;
+    if (got <= 0) {
+      reason = "it closed the connection before completing the handshake";
+    } else {
+      p.got += static_cast<size_t>(got);
+      if (p.got < acceptor.helloBytes) return false;
+      reason = acceptor.admit(p.hello.data(), p.fd, p.remote);
+    }
+    if (!reason.empty()) {
+      ++stats.refused;
+      turnAway(p, reason);
+    }
+    return true;
+  };
+  auto dropOldest = [&](const char* why) {
+    Pending& p = pending.front();
+    ++stats.droppedOldest;
+    if (!warnedDrop)
+      SQUALL_WARN(Subsys::kBootstrap,
+                  "more than %zu connections are waiting to complete their handshake; the "
+                  "oldest are closed (%s; logged once)",
+                  cap, why);
+    warnedDrop = true;
+    turnAway(p, "it was the oldest of too many connections without a completed handshake");
+    pending.erase(pending.begin());
+  };
+  SteadyClock::time_point acceptPausedUntil{};
+  while (!acceptor.complete() && SteadyClock::now() < deadline) {
+    const auto now = SteadyClock::now();
+    // Handshake deadlines: the list is in accept order, so expired ones lead.
+    while (!pending.empty() && pending.front().expires <= now) {
+      ++stats.timedOut;
+      turnAway(pending.front(), "it did not complete its handshake in time");
+      pending.erase(pending.begin());
+    }
+    const bool accepting = now >= acceptPausedUntil;
     std::vector<pollfd> fds;
-    fds.push_back({listener, POLLIN, 0});
+    fds.push_back({accepting ? listener : -1, POLLIN, 0});
     for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    int n = poll(fds.data(), fds.size(),
-                 static_cast<int>(std::clamp<long long>(left.count() + 1, 0, 1000)));
+    auto wake = std::min(deadline, now + std::chrono::seconds(1));
+    if (!pending.empty()) wake = std::min(wake, pending.front().expires);
+    if (!accepting) wake = std::min(wake, acceptPausedUntil);
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now);
+    int n = poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(left.count(), 0)));
     if (n <= 0) continue;
     // Read what the pending clients sent; backwards, so erasing is safe.
     for (size_t i = pending.size(); i-- > 0;) {
       if (fds[i + 1].revents == 0) continue;
-      Pending& p = pending[i];
-      ssize_t got = recv(p.fd, p.hello.data() + p.got, acceptor.helloBytes - p.got, MSG_DONTWAIT);
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-      std::string reason;
-      if (got <= 0) {
-        reason = "it closed the connection before completing the handshake";
-      } else {
-        p.got += static_cast<size_t>(got);
-        if (p.got < acceptor.helloBytes) continue;
-        reason = acceptor.admit(p.hello.data(), p.fd, p.remote);
-      }
-      if (!reason.empty()) {
-        acceptor.refused(p.remote, reason);
-        close(p.fd);
-      }
-      pending.erase(pending.begin() + static_cast<long>(i));
+      if (readHello(pending[i])) pending.erase(pending.begin() + static_cast<long>(i));
     }
-    if ((fds[0].revents & POLLIN) != 0) {
-      for (;;) {
-        Pending p{};
-        p.fd = acceptOne(listener, &p.remote);
-        if (p.fd < 0) break;
-        p.hello.assign(acceptor.helloBytes, '\0');
-        pending.push_back(std::move(p));
+    if (!accepting || (fds[0].revents & POLLIN) == 0) continue;
+    // A bounded batch, so the hellos of those already accepted are read
+    // before a flood can push them out of the pending list.
+    for (size_t batch = 0; batch < std::max<size_t>(1, cap / 2); ++batch) {
+      Pending p{};
+      p.fd = acceptOne(listener, &p.remote);
+      if (p.fd < 0) {
+        const int err = errno;
+        if (!outOfDescriptors(err)) break;  // EAGAIN: none left; others are transient
+        ++stats.acceptFailures;
+        stats.acceptErrno = err;
+        if (!warnedAccept)
+          SQUALL_WARN(Subsys::kBootstrap,
+                      "accepting a connection failed: %s; closing the older half of the "
+                      "connections without a completed handshake, holding fewer from now on, "
+                      "and pausing accepts briefly (raise the descriptor limit, ulimit -n, if "
+                      "this persists; logged once)",
+                      std::strerror(err));
+        warnedAccept = true;
+        // Descriptors are the scarce thing now: hold fewer unauthenticated
+        // connections, so that accepting rotates through the flood by the
+        // cap instead of failing again.
+        const bool freed = !pending.empty();
+        cap = std::max<size_t>(4, pending.size() / 2);
+        while (pending.size() > cap / 2) dropOldest("out of file descriptors");
+        acceptPausedUntil = SteadyClock::now() + (freed ? kAcceptRetry : kAcceptBackoff);
+        break;
       }
+      ++stats.accepted;
+      p.hello.assign(acceptor.helloBytes, '\0');
+      p.expires = SteadyClock::now() + handshake;
+      // A real client sends its hello right after connecting: it is often
+      // here already.
+      if (readHello(p)) continue;
+      if (pending.size() >= cap) dropOldest("pending cap");
+      pending.push_back(std::move(p));
     }
   }
   for (const Pending& p : pending) close(p.fd);
+  if (stats.turnedAway() > kRefusalsReported + 1)
+    SQUALL_WARN(Subsys::kBootstrap,
+                "%zu connections in all were turned away without a valid handshake (%zu "
+                "refused, %zu past the pending cap, %zu past the handshake deadline)",
+                stats.turnedAway(), stats.refused, stats.droppedOldest, stats.timedOut);
+  if (statsOut != nullptr) *statsOut = stats;
   return acceptor.complete();
 }
 

@@ -68,22 +68,49 @@ int acceptOne(int listener, SocketAddress* remote);
 // transport's mesh alike: every client must first send a fixed-size hello.
 // The hellos of all pending clients are read together without blocking on
 // any one, so a stray or malicious client that connects and stays silent
-// cannot hold up the real ones.
+// cannot hold up the real ones. Without the job secret a client cannot get
+// past the hello, so what it can cost is bounded (docs/protocol.md): at most
+// maxPending unauthenticated connections are held (a new one pushes out the
+// oldest), each must complete its hello within handshakeTimeout, and an
+// accept that fails for want of descriptors (EMFILE, ENFILE) pauses accepting
+// briefly instead of spinning on a listener that stays readable, and is
+// logged once.
 struct HelloAcceptor {
   size_t helloBytes = 0;
   // Judges a complete hello: "" adopts the connection (the callee now owns
   // `fd`); anything else is the reason to refuse it, and `fd` is closed.
   std::function<std::string(const void* hello, int fd, const SocketAddress& remote)> admit;
-  // Reports a refused client: admit's reason, or that it closed first.
+  // Reports a refused client: admit's reason, or that it closed first. Only
+  // the first few refusals are reported one by one; AcceptStats counts all.
   std::function<void(const SocketAddress& remote, const std::string& reason)> refused;
   // True once every client the caller waits for has been admitted.
   std::function<bool()> complete;
+  // 0: SQUALL_BOOTSTRAP_PENDING_MAX and SQUALL_BOOTSTRAP_HANDSHAKE_MS.
+  size_t maxPending = 0;
+  std::chrono::milliseconds handshakeTimeout{0};
+};
+
+// What acceptHellos turned away, so that a caller whose real peers did not
+// arrive can say that a flood may be the cause instead of blaming them.
+struct AcceptStats {
+  size_t accepted = 0;        // connections accepted, good or bad
+  size_t refused = 0;         // hellos admit() refused, or closed before the hello
+  size_t droppedOldest = 0;   // pushed out by the pending cap
+  size_t timedOut = 0;        // no complete hello within the handshake deadline
+  size_t acceptFailures = 0;  // accept() failing for want of descriptors or memory
+  int acceptErrno = 0;        // the last such failure's errno
+  std::string lastRefused;    // the address of the last client turned away
+
+  size_t turnedAway() const { return refused + droppedOldest + timedOut; }
+  // "" when nothing was turned away, else a clause for an error message.
+  std::string describe() const;
 };
 
 // Accepts on `listener` until acceptor.complete() or `deadline`, and returns
 // complete(). Clients still pending at the end are closed; the listener stays
-// open.
-bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline);
+// open. `stats` (may be null) receives what was turned away.
+bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline,
+                  AcceptStats* stats = nullptr);
 
 enum class Io { kOk, kTimeout, kClosed, kError };
 

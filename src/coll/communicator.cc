@@ -198,17 +198,26 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
   ctx.scratch = &scratch_;
   ctx.bytes = &bytes_;
   if (ctx.size() == 1) return body(ctx);
-  AbortWatch watch;
-  SQUALL_TRY(watchForAborts(ctx, &watch));
-  ctx.abort = &watch;
+  auto watch = std::make_unique<AbortWatch>();
+  SQUALL_TRY(watchForAborts(ctx, watch.get()));
+  ctx.abort = watch.get();
+  ctx.previousAbort = previousWatch_.get();
   const Status status = body(ctx);
-  if (status != Status::kOk && !watch.received) {
+  if (status != Status::kOk && !watch->received) {
     const std::string what = transport::describe(ctx.tag(0));
     std::string reason = "rank " + std::to_string(ctx.rank());
     reason.append(" failed ").append(what).append(": ").append(lastError());
     sendAbortNotices(ctx, reason);
   }
-  return status;  // the watch's pending receives are cancelled here
+  // The older watch's pending receives are cancelled here. This one's stay
+  // posted through the next operation when this one succeeded here; when it
+  // failed, the peers' notices about it say nothing new.
+  if (status == Status::kOk) {
+    previousWatch_ = std::move(watch);
+  } else {
+    previousWatch_.reset();
+  }
+  return status;
 }
 
 void Communicator::drain() {

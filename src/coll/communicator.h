@@ -154,6 +154,11 @@ class Communicator {
   Options options_;
   uint64_t sequence_ = 0;         // operations started, on the caller's thread
   std::vector<uint8_t> scratch_;  // OpContext::scratch of the running operation
+  // The notice receives of the operation before the running one stay posted
+  // through it: a peer still in that operation when it gave up (this rank
+  // had already finished it) is then reported by its notice, the first
+  // cause, instead of by the end of its connection that follows.
+  std::unique_ptr<AbortWatch> previousWatch_;
   ByteCounters bytes_;
 
   std::mutex mutex_;

@@ -48,29 +48,46 @@ class KeepLastError {
 Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const {
   for (;;) {
     bool all = true;
+    const transport::Request* failed = nullptr;
     for (const transport::RequestPtr& r : requests) {
       if (r == nullptr) continue;
       if (!r->done()) {
         all = false;
       } else if (r->status() != Status::kOk) {
-        return transport::failureOf(*r);
+        failed = r.get();
+        break;
       }
     }
-    if (all) return Status::kOk;
-    if (abort != nullptr) {
-      for (size_t peer = 0; peer < abort->requests.size(); ++peer) {
-        const transport::RequestPtr& notice = abort->requests[peer];
+    if (failed == nullptr && all) return Status::kOk;
+    // A peer's notice wins over a failed request: a peer that gave up sends
+    // its notice and then goes, so the request with it that fails when its
+    // connection ends would otherwise blame a rank that is only the
+    // messenger (the notice names the first cause).
+    for (AbortWatch* watch : {abort, previousAbort}) {
+      if (watch == nullptr) continue;
+      for (size_t peer = 0; peer < watch->requests.size(); ++peer) {
+        const transport::RequestPtr& notice = watch->requests[peer];
         if (notice == nullptr || !notice->done()) continue;
-        if (notice->status() != Status::kOk) return transport::failureOf(*notice);
-        abort->received = true;
-        char* reason = abort->reasons[peer].data();
+        // A notice receive that failed only says the connection to that peer
+        // ended. A peer that completed the operation and destroyed its
+        // communicator ends it too, so this is no failure of the operation:
+        // if the peer really died, a data request with it fails, or a rank
+        // that talks to it sends a notice.
+        if (notice->status() != Status::kOk) continue;
+        if (abort != nullptr) abort->received = true;
+        char* reason = watch->reasons[peer].data();
         reason[kAbortBytes - 1] = '\0';
         const std::string what = transport::describe(tag(0));
         return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl,
-                           "rank %d stops %s because rank %zu gave up on it: %s", rank(),
-                           what.c_str(), peer, printable(reason).c_str());
+                           "rank %d stops %s because rank %zu gave up on %s: %s", rank(),
+                           what.c_str(), peer,
+                           watch == abort ? "it"
+                                          : "the operation before it (which this rank "
+                                            "had completed)",
+                           printable(reason).c_str());
       }
     }
+    if (failed != nullptr) return transport::failureOf(*failed);
     SQUALL_TRY(transport->progress());
     // Past the deadline, the transport reports which peers are missing.
     if (transport::Clock::now() >= deadline) return transport->waitAll(requests, deadline);

@@ -67,6 +67,8 @@ struct OpContext {
   transport::Deadline deadline;
   const Options* options;
   AbortWatch* abort = nullptr;
+  // The previous operation's watch, still posted (see Communicator).
+  AbortWatch* previousAbort = nullptr;
   // Scratch owned by the communicator, reused by its operations (they run
   // one at a time): grown as needed, never shrunk or cleared.
   std::vector<uint8_t>* scratch = nullptr;

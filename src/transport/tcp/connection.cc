@@ -13,22 +13,51 @@
 #include <cstdio>
 #include <cstring>
 
+#include "src/common/params.h"
+
 namespace squall::transport::tcp {
 
 // A frame that arrived (or is arriving) before its receive was posted.
 struct Unexpected {
   Tag tag;
-  std::vector<char> data;
+  uint64_t bytes = 0;      // the payload size its header announced
+  std::vector<char> data;  // what has arrived so far (grown as it does)
   bool complete = false;
   ConnectionRequest* waiter = nullptr;
 };
 
 namespace {
 constexpr size_t kScratchBytes = size_t{1} << 16;
+// An unexpected frame's buffer starts at this and doubles as bytes arrive.
+constexpr size_t kFirstGrowth = size_t{1} << 16;
+
+uint64_t positiveParam(Param param, uint64_t fallback) {
+  const int64_t value = paramInt(param);
+  return value > 0 ? static_cast<uint64_t>(value) : fallback;
+}
 }  // namespace
 
-Connection::Connection(int fd, int self, int peer)
-    : fd_(fd), loopback_(fd < 0), self_(self), peer_(peer) {}
+UnexpectedLimits UnexpectedLimits::fromEnvironment() {
+  UnexpectedLimits limits;
+  limits.messageBytes = positiveParam(Param::kUnexpectedMessageMaxBytes, limits.messageBytes);
+  limits.totalBytes = positiveParam(Param::kUnexpectedMaxBytes, limits.totalBytes);
+  limits.messages = positiveParam(Param::kUnexpectedMaxMessages, limits.messages);
+  return limits;
+}
+
+Connection::Connection(int fd, int self, int peer, UnexpectedLimits limits)
+    : fd_(fd), loopback_(fd < 0), self_(self), peer_(peer), limits_(limits) {}
+
+uint64_t Connection::unexpectedBytesHeld() const {
+  uint64_t held = 0;
+  for (const auto& [key, u] : unexpected_) held += u->data.capacity();
+  return held;
+}
+
+Connection::UnexpectedMap::iterator Connection::dropUnexpected(UnexpectedMap::iterator it) {
+  unexpectedBytes_ -= it->second->bytes;
+  return unexpected_.erase(it);
+}
 
 Connection::~Connection() {
   if (fd_ >= 0) close(fd_);
@@ -81,7 +110,7 @@ void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
       continue;
     }
     if (it->second->waiter != nullptr) finish(it->second->waiter, status);
-    it = unexpected_.erase(it);
+    it = dropUnexpected(it);
   }
   buffer_ = nullptr;
   sink_ = Sink::kNone;
@@ -108,6 +137,7 @@ size_t Connection::abandon(Status status) {
   for (auto& [key, u] : unexpected_)
     if (u->waiter != nullptr) finish(u->waiter, status), ++pending;
   unexpected_.clear();
+  unexpectedBytes_ = 0;
   buffer_ = nullptr;
   sink_ = Sink::kNone;
   failed_ = true;
@@ -192,7 +222,7 @@ void Connection::deliver(Unexpected* u, ConnectionRequest* request) {
 void Connection::eraseUnexpected(Unexpected* u) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it)
     if (it->second.get() == u) {
-      unexpected_.erase(it);
+      dropUnexpected(it);
       return;
     }
 }
@@ -225,22 +255,63 @@ void Connection::onHeader() {
     }
     return;
   }
+  if (!admitUnexpected(h)) return;
   auto u = std::make_unique<Unexpected>();
   u->tag = h.tag;
-  try {
-    u->data.resize(h.payloadBytes);
-  } catch (const std::bad_alloc&) {
-    char why[256];
-    std::snprintf(why, sizeof(why),
-                  "rank %d sent a %llu-byte message before its receive was posted and it "
-                  "cannot be buffered (out of memory)",
-                  peer_, static_cast<unsigned long long>(h.payloadBytes));
-    fail(Status::kRemoteError, why, false);
-    return;
-  }
+  u->bytes = h.payloadBytes;
+  unexpectedBytes_ += h.payloadBytes;
   buffer_ = u.get();
   sink_ = Sink::kBuffer;
   unexpected_.emplace(keyOf(h.tag), std::move(u));
+}
+
+// False (and the connection failed, naming the peer and the limit) when the
+// frame `h`, which nobody has posted a receive for, would take this peer past
+// what it may make this rank buffer.
+bool Connection::admitUnexpected(const MessageHeader& h) {
+  const char* limit = nullptr;
+  unsigned long long value = 0;
+  if (h.payloadBytes > limits_.messageBytes) {
+    limit = "SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES";
+    value = limits_.messageBytes;
+  } else if (h.payloadBytes > limits_.totalBytes - std::min(unexpectedBytes_, limits_.totalBytes)) {
+    limit = "SQUALL_UNEXPECTED_MAX_BYTES";
+    value = limits_.totalBytes;
+  } else if (unexpected_.size() >= limits_.messages) {
+    limit = "SQUALL_UNEXPECTED_MAX_MESSAGES";
+    value = limits_.messages;
+  }
+  if (limit == nullptr) return true;
+  char why[512];
+  std::snprintf(why, sizeof(why),
+                "rank %d sent a %llu-byte message for %s before its receive was posted, with "
+                "%zu message(s) of %llu bytes from it already waiting; that exceeds %s=%llu, "
+                "so rank %d closes its connection to rank %d (raise the limit if the job "
+                "really sends that much ahead of its receives)",
+                peer_, static_cast<unsigned long long>(h.payloadBytes), describe(h.tag).c_str(),
+                unexpected_.size(), static_cast<unsigned long long>(unexpectedBytes_), limit, value,
+                self_, peer_);
+  fail(Status::kRemoteError, why, false);
+  return false;
+}
+
+// Makes room in the buffered frame for more of its bytes: the buffer doubles
+// (from kFirstGrowth) up to the announced size, so memory follows what the
+// peer actually sent.
+void Connection::growBuffer() {
+  std::vector<char>& data = buffer_->data;
+  if (payloadDone_ < data.size()) return;
+  const uint64_t next = std::max<uint64_t>(kFirstGrowth, 2 * static_cast<uint64_t>(data.size()));
+  try {
+    data.resize(static_cast<size_t>(std::min<uint64_t>(buffer_->bytes, next)));
+  } catch (const std::bad_alloc&) {
+    char why[256];
+    std::snprintf(why, sizeof(why),
+                  "rank %d sent a %llu-byte message before its receive was posted and this "
+                  "rank ran out of memory buffering it",
+                  peer_, static_cast<unsigned long long>(buffer_->bytes));
+    fail(Status::kRemoteError, why, false);
+  }
 }
 
 // The current frame's payload is all in.
@@ -274,8 +345,10 @@ void Connection::readFrames() {
       dst = target_->data_ + payloadDone_;
       want = payloadLeft_;
     } else if (sink_ == Sink::kBuffer) {
+      growBuffer();
+      if (failed_) return;
       dst = buffer_->data.data() + payloadDone_;
-      want = payloadLeft_;
+      want = buffer_->data.size() - payloadDone_;
     } else {
       if (scratch_.empty()) scratch_.resize(kScratchBytes);
       dst = scratch_.data();
@@ -368,8 +441,10 @@ void Connection::sendToSelf(ConnectionRequest* request) {
   } else {
     auto u = std::make_unique<Unexpected>();
     u->tag = request->tag_;
+    u->bytes = request->bytes();
     u->data.assign(request->data_, request->data_ + request->bytes());
     u->complete = true;
+    unexpectedBytes_ += u->bytes;
     unexpected_.emplace(keyOf(request->tag_), std::move(u));
   }
   finish(request, Status::kOk);
@@ -396,18 +471,18 @@ void Connection::postRecv(ConnectionRequest* request) {
   for (auto it = unexpected_.lower_bound(key); it != unexpected_.end() && it->first == key; ++it) {
     Unexpected* u = it->second.get();
     if (u->waiter != nullptr) continue;
-    if (!accepts(request, u->tag, u->data.size())) {
+    if (!accepts(request, u->tag, u->bytes)) {
       // The mismatched frame is consumed with the failed receive.
       if (buffer_ == u) {
         buffer_ = nullptr;
         sink_ = Sink::kDiscard;
       }
-      unexpected_.erase(it);
+      dropUnexpected(it);
       return;
     }
     if (u->complete) {
       deliver(u, request);
-      unexpected_.erase(it);
+      dropUnexpected(it);
     } else {
       u->waiter = request;
       request->waitingOn_ = u;

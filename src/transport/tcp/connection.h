@@ -15,6 +15,13 @@
 // handed over when its receive is posted. Users that number their messages
 // 0, 1, 2, ... in the sequence field therefore get posting-order matching.
 //
+// Limits: what a peer can make this rank hold is bounded (UnexpectedLimits):
+// an unexpected frame's buffer grows as its bytes arrive, never to what its
+// header announces, and a peer whose unexpected frames exceed the per-message
+// size, the total bytes or the count fails its connection with an error that
+// names it and the limit (docs/protocol.md). Frames that match a posted
+// receive land in the receive's own buffer and count against nothing.
+//
 // Failure: end of stream, a reset or a corrupt header fails the connection:
 // every pending request completes with kRemoteError naming the peer, and so
 // does every later one (frames that had fully arrived stay receivable).
@@ -38,6 +45,17 @@ namespace squall::transport::tcp {
 
 class Connection;
 struct Unexpected;
+
+// Bounds on the frames a peer may send before their receive is posted
+// (SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES, SQUALL_UNEXPECTED_MAX_BYTES,
+// SQUALL_UNEXPECTED_MAX_MESSAGES), per connection.
+struct UnexpectedLimits {
+  uint64_t messageBytes = uint64_t{1} << 31;
+  uint64_t totalBytes = uint64_t{1} << 32;
+  uint64_t messages = 65536;
+
+  static UnexpectedLimits fromEnvironment();
+};
 
 // A send or receive posted on a Connection. Owners derive from it to keep
 // what their own cancellation needs; the buffer stays valid until the request
@@ -71,7 +89,8 @@ class Connection {
   // Takes `fd`, a connected non-blocking stream socket, and closes it when
   // done. fd -1 makes the loop of a rank to itself: sends are copied straight
   // to matching receives. `self` and `peer` only name the ranks in errors.
-  Connection(int fd, int self, int peer);
+  Connection(int fd, int self, int peer,
+             UnexpectedLimits limits = UnexpectedLimits::fromEnvironment());
   ~Connection();  // closes the socket; call abandon() first if requests may be pending
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -110,6 +129,11 @@ class Connection {
   // across calls to know when to wake its waiters.
   uint64_t completions() const { return completions_; }
 
+  // Frames buffered before their receive was posted, and the bytes their
+  // buffers hold now (which grow as the frames arrive).
+  size_t unexpectedMessages() const { return unexpected_.size(); }
+  uint64_t unexpectedBytesHeld() const;
+
  private:
   struct SendOp {
     ConnectionRequest* request;  // nullptr once cancelled mid-frame
@@ -138,6 +162,10 @@ class Connection {
   void endPayload();
   void deliver(Unexpected* u, ConnectionRequest* request);
   void eraseUnexpected(Unexpected* u);
+  using UnexpectedMap = std::multimap<Key, std::unique_ptr<Unexpected>>;
+  UnexpectedMap::iterator dropUnexpected(UnexpectedMap::iterator it);
+  bool admitUnexpected(const MessageHeader& h);
+  void growBuffer();
   void sendToSelf(ConnectionRequest* request);
 
   int fd_;
@@ -151,7 +179,9 @@ class Connection {
   uint64_t completions_ = 0;
   std::deque<SendOp> sends_;
   std::multimap<Key, ConnectionRequest*> posted_;
-  std::multimap<Key, std::unique_ptr<Unexpected>> unexpected_;
+  UnexpectedMap unexpected_;
+  const UnexpectedLimits limits_;
+  uint64_t unexpectedBytes_ = 0;  // announced sizes of the frames in unexpected_
   // The frame being read.
   uint8_t header_[kMessageHeaderBytes];
   size_t headerGot_ = 0;

@@ -110,7 +110,8 @@ Status connectMesh(bootstrap::Bootstrap& boot, std::vector<int>* fds) {
                 remote.toString().c_str(), reason.c_str());
   };
   acceptor.complete = [&] { return missing == 0; };
-  if (!bootstrap::acceptHellos(listener, acceptor, until)) {
+  bootstrap::AcceptStats stats;
+  if (!bootstrap::acceptHellos(listener, acceptor, until, &stats)) {
     std::string names;
     for (int peer = 0; peer < rank; ++peer) {
       if ((*fds)[static_cast<size_t>(peer)] >= 0) continue;
@@ -120,8 +121,9 @@ Status connectMesh(bootstrap::Bootstrap& boot, std::vector<int>* fds) {
     cleanup();
     return SQUALL_FAIL(Status::kTimeout, Subsys::kTransport,
                        "rank(s) %s did not connect to rank %d's tcp transport within %g s (raise "
-                       "SQUALL_TIMEOUT_S if they are only slow)",
-                       names.c_str(), rank, static_cast<double>(timeout.count()) / 1000.0);
+                       "SQUALL_TIMEOUT_S if they are only slow)%s",
+                       names.c_str(), rank, static_cast<double>(timeout.count()) / 1000.0,
+                       stats.describe().c_str());
   }
   close(listener);
   return Status::kOk;

@@ -96,6 +96,7 @@ class UcxRequest final : public HeaderedRequest<UcxRequest> {
   ucp_tag_recv_info_t info_{};
   void* handle_ = nullptr;  // the UCX request while UCX holds our buffers
   bool cancelling_ = false;
+  size_t oversized_ = 0;  // the length of a message over the cap, received truncated
 };
 
 class UcxTransport final : public Transport {
@@ -155,6 +156,8 @@ class UcxTransport final : public Transport {
   int emptyWakeups_ = 0;        // wakeups in a row that moved nothing
   bool shuttingDown_ = false;
   const bool peerFailure_ = paramBool(Param::kUcxPeerFailure);
+  const size_t maxMessageBytes_ =
+      static_cast<size_t>(std::max<int64_t>(paramInt(Param::kUnexpectedMessageMaxBytes), 1));
 };
 
 UcxRequest::~UcxRequest() {
@@ -453,7 +456,16 @@ void UcxTransport::post(UcxRequest* r, ucp_tag_message_h message, size_t length)
   param.datatype = ucp_dt_make_contig(1);
   void* buffer;
   size_t count = length;
-  if (!r->fits(length)) {
+  if (!r->fits(length) && length > kMessageHeaderBytes &&
+      length - kMessageHeaderBytes > maxMessageBytes_) {
+    // A message of the wrong size is taken whole into a bounce buffer to
+    // report the mismatch, but never one over the cap: its length comes from
+    // the sender, so only its header is taken (UCX truncates the rest) and
+    // the peer is failed.
+    r->oversized_ = length;
+    buffer = r->bounce(kMessageHeaderBytes);
+    count = kMessageHeaderBytes;
+  } else if (!r->fits(length)) {
     buffer = r->bounce(length);
   } else if (r->bytes() == 0) {
     buffer = r->header();
@@ -515,6 +527,17 @@ void UcxTransport::finish(UcxRequest* r, ucs_status_t status, size_t length) {
   Status result = Status::kOk;
   if (r->cancelling_) {
     result = Status::kRemoteError;  // nobody will look: the request is being destroyed
+  } else if (r->oversized_ != 0 && failure_[r->peer()].empty()) {
+    char text[384];
+    std::snprintf(text, sizeof(text),
+                  "rank %d sent a %zu-byte UCX message where rank %d expected %zu payload bytes "
+                  "for %s; it exceeds SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES=%zu, so it was not "
+                  "buffered and rank %d treats rank %d as failed",
+                  r->peer(), r->oversized_ - kMessageHeaderBytes, rank_, r->bytes(),
+                  describe(r->tag()).c_str(), maxMessageBytes_, rank_, r->peer());
+    failure_[r->peer()] = text;
+    SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", text);
+    result = Status::kRemoteError;
   } else if (status != UCS_OK) {
     markFailed(r->peer(), status);  // describes it (once per peer in the log)
     result = Status::kRemoteError;
