@@ -2,7 +2,8 @@
 """Tables of perf/fp_peers.sh's rows: per link, ranks and size, each
 library's median over repeats of its per-run time (the slowest rank's median
 of -n calls), with the range over repeats, and Squall's speed relative to
-each peer (peer time / Squall time: >= 1 means Squall is at least as fast).
+each peer and the
+base build (its time / Squall's time: >= 1 means Squall is at least as fast).
 On a shaped link, "line" is Squall's share of the line rate: the time the
 ring's 2(n-1)/n * size bytes need at the rate, over the measured time.
 
@@ -52,7 +53,7 @@ def main():
                 cells[key, r["lib"]].append(r["median_us"])
                 if r["lib"] not in libs:
                     libs.append(r["lib"])
-    order = [l for l in ("squall", "gloo", "mpi") if l in libs]
+    order = [l for l in ("squall", "base", "gloo", "mpi") if l in libs]
     peers = [l for l in order if l != "squall"]
     keys = sorted({k for k, _ in cells})
     head = ["link", "ranks", "type", "op", "size"] + order + [f"x {l}" for l in peers] + ["line", "repeats"]

@@ -13,7 +13,8 @@
 # rank in its own network namespace behind a link shaped to RATE
 # (perf/links.sh, root). Open MPI runs on loopback only: its launcher cannot
 # start ranks inside perf/links.sh's namespaces. --libs picks a subset
-# (default squall,gloo,mpi). Arguments after -- go to every benchmark
+# (default squall,gloo,mpi); "base" runs fp_bench against the libsquall.so.0 in
+# the directory $BASE_LIB (an earlier build: a before/after in the same run). Arguments after -- go to every benchmark
 # (fp_bench's flags; gloo's twin takes the same ones). Squall runs over the
 # transport SQUALL_TRANSPORT names (tcp unless set).
 set -euo pipefail
@@ -65,6 +66,10 @@ run_one() {  # lib label args...
   local file="$out/${link}_n${ranks}.jsonl"
   case $lib in
     squall) cmd=("$bench" --lib squall --label "$label" "$@") ;;
+    base)
+      [[ -f ${BASE_LIB:-}/libsquall.so.0 ]] || { echo "fp_peers: base needs BASE_LIB=DIR with libsquall.so.0" >&2; exit 2; }
+      cmd=(env LD_LIBRARY_PATH="$BASE_LIB" "$bench" --lib squall --label "$label" "$@")
+      ;;
     gloo) cmd=(/usr/bin/python3 "$here/fp_bench_gloo.py" --label "$label" "$@") ;;
     mpi)
       [[ $link == loopback ]] || { echo "fp_peers: skipping mpi on $link (loopback only)" >&2; return 0; }
@@ -75,11 +80,13 @@ run_one() {  # lib label args...
       ;;
     *) echo "fp_peers: unknown library $lib" >&2; exit 2 ;;
   esac
+  local rename=(cat)
+  [[ $lib == base ]] && rename=(sed 's/"lib": "squall"/"lib": "base"/')
   if [[ $link == loopback ]]; then
-    local_ranks "${cmd[@]}" >>"$file"
+    local_ranks "${cmd[@]}" | "${rename[@]}" >>"$file"
   else
     GLOO_SOCKET_IFNAME=eth0 "$here/links.sh" --rate "$link" --ranks "$ranks" -- \
-      env GLOO_SOCKET_IFNAME=eth0 "${cmd[@]}" >>"$file"
+      env GLOO_SOCKET_IFNAME=eth0 "${cmd[@]}" | "${rename[@]}" >>"$file"
   fi
 }
 

@@ -90,6 +90,40 @@ TEST(RingPipeline, SegmentedEqualsUnsegmentedBitForBit) {
   }
 }
 
+// Both algorithms read the input where it is (no private copy of it any
+// more): out of place it must come back untouched, and the result must not
+// depend on whether the output started as a copy of the input.
+TEST(RingPipeline, InputIsLeftUntouchedOutOfPlace) {
+  for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
+    for (int n : {2, 3, 4}) {
+      coll::Options options = testing::testOptions();
+      options.allReduceAlgo = algo;
+      options.segmentBytes = 64;
+      Group group(n, options);
+      for (DataType dtype : {DataType::kF32, DataType::kBf16, DataType::kI64}) {
+        constexpr size_t kCount = 1001;
+        std::vector<std::vector<uint8_t>> fresh(static_cast<size_t>(n)),
+            copied(static_cast<size_t>(n));
+        group.run([&](Communicator& comm, int r) {
+          const std::vector<uint8_t> original = inputOf(r, kCount, dtype);
+          std::vector<uint8_t> in = original;
+          fresh[r].assign(in.size(), 0x5a);
+          EXPECT_EQ(comm.allReduce(in.data(), fresh[r].data(), kCount, dtype, ReduceOp::kSum),
+                    Status::kOk);
+          EXPECT_EQ(in, original) << "the input of rank " << r << " changed";
+          copied[r] = in;
+          EXPECT_EQ(comm.allReduce(in.data(), copied[r].data(), kCount, dtype, ReduceOp::kSum),
+                    Status::kOk);
+        });
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ(fresh[r], fresh[0]) << "rank " << r << " differs";
+          EXPECT_EQ(copied[r], fresh[0]) << "rank " << r << ": output's start leaked in";
+        }
+      }
+    }
+  }
+}
+
 TEST(RingPipeline, SumIsExactForIntegers) {
   constexpr int kN = 4;
   constexpr size_t kCount = 10007;
