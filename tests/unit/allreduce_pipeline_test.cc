@@ -94,8 +94,9 @@ TEST(RingPipeline, SegmentedEqualsUnsegmentedBitForBit) {
 // more): out of place it must come back untouched, and the result must not
 // depend on whether the output started as a copy of the input.
 TEST(RingPipeline, InputIsLeftUntouchedOutOfPlace) {
-  for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
-    for (int n : {2, 3, 4}) {
+  for (AllReduceAlgo algo :
+       {AllReduceAlgo::kRing, AllReduceAlgo::kDirect, AllReduceAlgo::kHalvingDoubling}) {
+    for (int n : {2, 3, 4, 6}) {
       coll::Options options = testing::testOptions();
       options.allReduceAlgo = algo;
       options.segmentBytes = 64;
