@@ -53,7 +53,9 @@ def main():
                 cells[key, r["lib"]].append(r["median_us"])
                 if r["lib"] not in libs:
                     libs.append(r["lib"])
-    order = [l for l in ("squall", "base", "gloo", "mpi") if l in libs]
+    order = ["squall"] + sorted(l for l in libs if l.startswith("squall:")) + [
+        l for l in ("base", "gloo", "mpi") if l in libs]
+    order = [l for l in order if l in libs]
     peers = [l for l in order if l != "squall"]
     keys = sorted({k for k, _ in cells})
     head = ["link", "ranks", "type", "op", "size"] + order + [f"x {l}" for l in peers] + ["line", "repeats"]

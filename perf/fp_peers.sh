@@ -14,7 +14,9 @@
 # (perf/links.sh, root). Open MPI runs on loopback only: its launcher cannot
 # start ranks inside perf/links.sh's namespaces. --libs picks a subset
 # (default squall,gloo,mpi); "base" runs fp_bench against the libsquall.so.0 in
-# the directory $BASE_LIB (an earlier build: a before/after in the same run). Arguments after -- go to every benchmark
+# the directory $BASE_LIB (an earlier build: a before/after in the same run),
+# and "squall:VAR=VALUE" Squall with that environment setting (its rows are
+# named after the setting). Arguments after -- go to every benchmark
 # (fp_bench's flags; gloo's twin takes the same ones). Squall runs over the
 # transport SQUALL_TRANSPORT names (tcp unless set).
 set -euo pipefail
@@ -66,6 +68,9 @@ run_one() {  # lib label args...
   local file="$out/${link}_n${ranks}.jsonl"
   case $lib in
     squall) cmd=("$bench" --lib squall --label "$label" "$@") ;;
+    squall:*=*)
+      cmd=(env "${lib#squall:}" "$bench" --lib squall --label "$label" "$@")
+      ;;
     base)
       [[ -f ${BASE_LIB:-}/libsquall.so.0 ]] || { echo "fp_peers: base needs BASE_LIB=DIR with libsquall.so.0" >&2; exit 2; }
       cmd=(env LD_LIBRARY_PATH="$BASE_LIB" "$bench" --lib squall --label "$label" "$@")
@@ -81,7 +86,7 @@ run_one() {  # lib label args...
     *) echo "fp_peers: unknown library $lib" >&2; exit 2 ;;
   esac
   local rename=(cat)
-  [[ $lib == base ]] && rename=(sed 's/"lib": "squall"/"lib": "base"/')
+  [[ $lib == base || $lib == squall:* ]] && rename=(sed "s/\"lib\": \"squall\"/\"lib\": \"$lib\"/")
   if [[ $link == loopback ]]; then
     local_ranks "${cmd[@]}" | "${rename[@]}" >>"$file"
   else
