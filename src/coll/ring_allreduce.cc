@@ -66,7 +66,14 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
   // Every message's step must stay below the abort notice's (2^32 - 1): at
   // most 2^31 of them, whatever SQUALL_SEGMENT_BYTES says.
   const auto steps = static_cast<size_t>(n - 1);
-  const size_t minSeg = std::max<size_t>(1, (longest * 2 * steps) >> 31);
+  // A chunk is cut into at most ringMaxSegments segments (the segment grows
+  // with the buffer): every segment costs this rank a wakeup, and on a
+  // loaded machine a wakeup waits for a time slice, so 128 segments of 1 MiB
+  // per chunk made a 256 MiB call at 2 ranks wait more than it worked. The
+  // pipeline needs only a few segments in flight to keep the wire busy.
+  const size_t cap = ctx.options->ringMaxSegments;
+  const size_t minSeg = std::max<size_t>(
+      {1, (longest * 2 * steps) >> 31, cap == 0 ? size_t{1} : (longest + cap - 1) / cap});
   const size_t seg = ctx.options->segmentBytes == 0
                          ? std::max(longest, size_t{1})
                          : std::clamp(ctx.options->segmentBytes / esize, minSeg,

@@ -50,10 +50,11 @@ std::vector<uint8_t> inputOf(int rank, size_t count, DataType dtype) {
 }
 
 std::vector<std::vector<uint8_t>> run(int n, size_t count, DataType dtype, ReduceOp op,
-                                      size_t segmentBytes, bool inPlace) {
+                                      size_t segmentBytes, bool inPlace, size_t maxSegments = 0) {
   coll::Options options = testing::testOptions();
   options.allReduceAlgo = AllReduceAlgo::kRing;
   options.segmentBytes = segmentBytes;
+  options.ringMaxSegments = maxSegments;  // 0: the tiny segments asked for, however many
   Group group(n, options);
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
   group.run([&](Communicator& comm, int r) {
@@ -84,6 +85,10 @@ TEST(RingPipeline, SegmentedEqualsUnsegmentedBitForBit) {
                 << "n " << n << " count " << count << " dtype " << dataTypeName(dtype) << " op "
                 << reduceOpName(op) << " segment " << seg;
           }
+          // Capped at 3 segments per chunk: the segments grow, the bits stay.
+          ASSERT_EQ(run(n, count, dtype, op, 16, false, 3)[0], whole[0])
+              << "n " << n << " count " << count << " dtype " << dataTypeName(dtype) << " op "
+              << reduceOpName(op) << " capped";
         }
       }
     }
