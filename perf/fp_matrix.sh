@@ -21,7 +21,7 @@ done
 # Shaped links (Open MPI cannot start ranks inside the namespaces).
 for n in 2 4; do
   for rate in 1gbit 10gbit; do
-    "$here/fp_peers.sh" --out "$out/links" --ranks "$n" --link "$rate" --repeat 3 --libs squall,gloo -- -b 64M -e 256M -f 4 -n 3 -w 1 ||
+    "$here/fp_peers.sh" --out "$out/links" --ranks "$n" --link "$rate" --repeat 3 --libs squall,gloo -- -b 256M -e 256M -n 3 -w 1 ||
       [[ $? == 77 ]]
   done
 done
