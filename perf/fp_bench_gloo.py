@@ -32,6 +32,10 @@ def main():
     p.add_argument("-o", default="sum", choices=["sum", "min", "max"])
     p.add_argument("--label", default="")
     a = p.parse_args()
+    # One intra-op thread, as each of the other libraries uses: with several
+    # ranks per host, torch's default (one per core) makes them fight over
+    # the cores in every tensor copy.
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     dtype = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
