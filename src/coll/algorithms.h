@@ -15,6 +15,8 @@ namespace squall::coll {
 
 Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t count, DataType dtype,
                      ReduceOp op);
+Status halvingDoublingAllReduce(const OpContext& ctx, const void* in, void* out, size_t count,
+                                DataType dtype, ReduceOp op);
 Status directAllReduce(const OpContext& ctx, const void* in, void* out, size_t count,
                        DataType dtype, ReduceOp op);
 Status ringAllGather(const OpContext& ctx, const void* in, void* out, size_t count, DataType dtype);

@@ -111,13 +111,17 @@ Options Options::fromEnvironment() {
     o.allReduceAlgo = AllReduceAlgo::kRing;
   else if (algo == "direct")
     o.allReduceAlgo = AllReduceAlgo::kDirect;
+  else if (algo == "rhd")
+    o.allReduceAlgo = AllReduceAlgo::kHalvingDoubling;
   else if (algo != "auto")
     SQUALL_WARN(Subsys::kEnv,
-                "SQUALL_ALLREDUCE_ALGO is '%s'; expected auto, ring or direct; "
+                "SQUALL_ALLREDUCE_ALGO is '%s'; expected auto, ring, rhd or direct; "
                 "using auto",
                 algo.c_str());
   const int64_t small = paramInt(Param::kAllReduceSmallBytes);
   if (small >= 0) o.allReduceSmallBytes = static_cast<size_t>(small);
+  const int64_t ring = paramInt(Param::kAllReduceRingBytes);
+  if (ring >= 0) o.allReduceRingBytes = static_cast<size_t>(ring);
   const std::string compressed = paramString(Param::kCompressedAlgo);
   if (compressed == "twophase")
     o.compressedAlgo = CompressedAlgo::kTwoPhase;
@@ -293,12 +297,17 @@ Communicator::Body Communicator::allReduceBody(const void* in, void* out, size_t
   return [=](const OpContext& ctx) {
     AllReduceAlgo algo = ctx.options->allReduceAlgo;
     if (algo == AllReduceAlgo::kAuto) {
-      algo = count * dataTypeSize(dtype) <= ctx.options->allReduceSmallBytes
-                 ? AllReduceAlgo::kDirect
-                 : AllReduceAlgo::kRing;
+      const size_t bytes = count * dataTypeSize(dtype);
+      algo = bytes <= ctx.options->allReduceSmallBytes  ? AllReduceAlgo::kDirect
+             : bytes <= ctx.options->allReduceRingBytes ? AllReduceAlgo::kHalvingDoubling
+                                                        : AllReduceAlgo::kRing;
     }
-    return algo == AllReduceAlgo::kDirect ? directAllReduce(ctx, in, out, count, dtype, op)
-                                          : ringAllReduce(ctx, in, out, count, dtype, op);
+    switch (algo) {
+      case AllReduceAlgo::kDirect: return directAllReduce(ctx, in, out, count, dtype, op);
+      case AllReduceAlgo::kHalvingDoubling:
+        return halvingDoublingAllReduce(ctx, in, out, count, dtype, op);
+      default: return ringAllReduce(ctx, in, out, count, dtype, op);
+    }
   };
 }
 

@@ -17,17 +17,19 @@
 
 namespace squall::coll {
 
-enum class AllReduceAlgo : uint8_t { kAuto, kRing, kDirect };
+enum class AllReduceAlgo : uint8_t { kAuto, kRing, kDirect, kHalvingDoubling };
 enum class CompressedAlgo : uint8_t { kAuto, kTwoPhase, kAllGather };
 
 struct Options {
   std::chrono::milliseconds timeout{300000};              // SQUALL_TIMEOUT_S
   AllReduceAlgo allReduceAlgo = AllReduceAlgo::kAuto;     // SQUALL_ALLREDUCE_ALGO
   size_t allReduceSmallBytes = 32768;                     // SQUALL_ALLREDUCE_SMALL_BYTES
+  size_t allReduceRingBytes = 262144;                     // SQUALL_ALLREDUCE_RING_BYTES
   CompressedAlgo compressedAlgo = CompressedAlgo::kAuto;  // SQUALL_COMPRESSED_ALGO
   size_t segmentBytes = 1 << 20;                          // SQUALL_SEGMENT_BYTES; 0: one
-  double netMbps = 10000.0;                               // SQUALL_NET_MBPS
-  double netLatencyUs = 50.0;                             // SQUALL_NET_LATENCY_US
+  size_t ringMaxSegments = 16;  // segments per ring chunk at most (0: no cap; tests)
+  double netMbps = 10000.0;     // SQUALL_NET_MBPS
+  double netLatencyUs = 50.0;   // SQUALL_NET_LATENCY_US
 
   // alpha / beta of the network model: the bytes one message latency is worth.
   double latencyBytes() const { return netLatencyUs * 1e-6 * netMbps * 1e6 / 8.0; }

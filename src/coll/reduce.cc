@@ -29,33 +29,43 @@ struct Plain {
   static T narrow(T v) { return v; }
 };
 
-template <typename F>
-void reduceTyped(ReduceOp op, void* accVoid, const void* inVoid, size_t count) {
+// One loop per (type, op), so that the compiler sees a branch-free body it
+// can vectorise; out may alias a (the in-place form).
+template <typename F, ReduceOp Op>
+void combineTyped(void* outVoid, const void* aVoid, const void* bVoid, size_t count) {
   using S = typename F::Storage;
   using C = typename F::Compute;
-  auto* acc = static_cast<uint8_t*>(accVoid);
-  const auto* in = static_cast<const uint8_t*>(inVoid);
+  auto* out = static_cast<uint8_t*>(outVoid);
+  const auto* pa = static_cast<const uint8_t*>(aVoid);
+  const auto* pb = static_cast<const uint8_t*>(bVoid);
   for (size_t i = 0; i < count; ++i) {
     S a, b;
-    std::memcpy(&a, acc + i * sizeof(S), sizeof(S));
-    std::memcpy(&b, in + i * sizeof(S), sizeof(S));
+    std::memcpy(&a, pa + i * sizeof(S), sizeof(S));
+    std::memcpy(&b, pb + i * sizeof(S), sizeof(S));
     const C x = F::widen(a);
     const C y = F::widen(b);
     C r;
-    switch (op) {
-      case ReduceOp::kMin: r = y < x ? y : x; break;
-      case ReduceOp::kMax: r = x < y ? y : x; break;
-      default:
-        if constexpr (std::is_integral_v<C>) {  // wraps instead of overflowing
-          using U = std::make_unsigned_t<C>;
-          r = static_cast<C>(static_cast<U>(x) + static_cast<U>(y));
-        } else {
-          r = x + y;
-        }
-        break;
+    if constexpr (Op == ReduceOp::kMin) {
+      r = y < x ? y : x;
+    } else if constexpr (Op == ReduceOp::kMax) {
+      r = x < y ? y : x;
+    } else if constexpr (std::is_integral_v<C>) {  // wraps instead of overflowing
+      using U = std::make_unsigned_t<C>;
+      r = static_cast<C>(static_cast<U>(x) + static_cast<U>(y));
+    } else {
+      r = x + y;
     }
     const S s = F::narrow(r);
-    std::memcpy(acc + i * sizeof(S), &s, sizeof(S));
+    std::memcpy(out + i * sizeof(S), &s, sizeof(S));
+  }
+}
+
+template <typename F>
+void combineOp(ReduceOp op, void* out, const void* a, const void* b, size_t count) {
+  switch (op) {
+    case ReduceOp::kMin: return combineTyped<F, ReduceOp::kMin>(out, a, b, count);
+    case ReduceOp::kMax: return combineTyped<F, ReduceOp::kMax>(out, a, b, count);
+    default: return combineTyped<F, ReduceOp::kSum>(out, a, b, count);  // avg sums too
   }
 }
 
@@ -74,14 +84,14 @@ void averageTyped(void* bufferVoid, size_t count, int n) {
 
 }  // namespace
 
-void reduceInto(DataType dtype, ReduceOp op, void* acc, const void* in, size_t count) {
+void combine(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t count) {
   switch (dtype) {
-    case DataType::kF32: return reduceTyped<Plain<float>>(op, acc, in, count);
-    case DataType::kF64: return reduceTyped<Plain<double>>(op, acc, in, count);
-    case DataType::kF16: return reduceTyped<F16>(op, acc, in, count);
-    case DataType::kBf16: return reduceTyped<Bf16>(op, acc, in, count);
-    case DataType::kI32: return reduceTyped<Plain<int32_t>>(op, acc, in, count);
-    case DataType::kI64: return reduceTyped<Plain<int64_t>>(op, acc, in, count);
+    case DataType::kF32: return combineOp<Plain<float>>(op, out, a, b, count);
+    case DataType::kF64: return combineOp<Plain<double>>(op, out, a, b, count);
+    case DataType::kF16: return combineOp<F16>(op, out, a, b, count);
+    case DataType::kBf16: return combineOp<Bf16>(op, out, a, b, count);
+    case DataType::kI32: return combineOp<Plain<int32_t>>(op, out, a, b, count);
+    case DataType::kI64: return combineOp<Plain<int64_t>>(op, out, a, b, count);
   }
 }
 

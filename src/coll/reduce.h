@@ -15,8 +15,15 @@
 
 namespace squall::coll {
 
-// acc[i] = acc[i] (op) in[i] for i < count; avg combines as sum.
-void reduceInto(DataType dtype, ReduceOp op, void* acc, const void* in, size_t count);
+// out[i] = a[i] (op) b[i] for i < count; avg combines as sum. out may be a or
+// b (element i is read before it is written). The operand order is part of the result for
+// min/max with NaNs, so every algorithm puts the same side first.
+void combine(DataType dtype, ReduceOp op, void* out, const void* a, const void* b, size_t count);
+
+// acc[i] = acc[i] (op) in[i].
+inline void reduceInto(DataType dtype, ReduceOp op, void* acc, const void* in, size_t count) {
+  combine(dtype, op, acc, acc, in, count);
+}
 
 // buffer[i] = buffer[i] / n (the avg op's final step).
 void finishAverage(DataType dtype, void* buffer, size_t count, int n);

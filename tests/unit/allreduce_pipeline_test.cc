@@ -50,10 +50,11 @@ std::vector<uint8_t> inputOf(int rank, size_t count, DataType dtype) {
 }
 
 std::vector<std::vector<uint8_t>> run(int n, size_t count, DataType dtype, ReduceOp op,
-                                      size_t segmentBytes, bool inPlace) {
+                                      size_t segmentBytes, bool inPlace, size_t maxSegments = 0) {
   coll::Options options = testing::testOptions();
   options.allReduceAlgo = AllReduceAlgo::kRing;
   options.segmentBytes = segmentBytes;
+  options.ringMaxSegments = maxSegments;  // 0: the tiny segments asked for, however many
   Group group(n, options);
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(n));
   group.run([&](Communicator& comm, int r) {
@@ -84,6 +85,45 @@ TEST(RingPipeline, SegmentedEqualsUnsegmentedBitForBit) {
                 << "n " << n << " count " << count << " dtype " << dataTypeName(dtype) << " op "
                 << reduceOpName(op) << " segment " << seg;
           }
+          // Capped at 3 segments per chunk: the segments grow, the bits stay.
+          ASSERT_EQ(run(n, count, dtype, op, 16, false, 3)[0], whole[0])
+              << "n " << n << " count " << count << " dtype " << dataTypeName(dtype) << " op "
+              << reduceOpName(op) << " capped";
+        }
+      }
+    }
+  }
+}
+
+// Both algorithms read the input where it is (no private copy of it any
+// more): out of place it must come back untouched, and the result must not
+// depend on whether the output started as a copy of the input.
+TEST(RingPipeline, InputIsLeftUntouchedOutOfPlace) {
+  for (AllReduceAlgo algo :
+       {AllReduceAlgo::kRing, AllReduceAlgo::kDirect, AllReduceAlgo::kHalvingDoubling}) {
+    for (int n : {2, 3, 4, 6}) {
+      coll::Options options = testing::testOptions();
+      options.allReduceAlgo = algo;
+      options.segmentBytes = 64;
+      Group group(n, options);
+      for (DataType dtype : {DataType::kF32, DataType::kBf16, DataType::kI64}) {
+        constexpr size_t kCount = 1001;
+        std::vector<std::vector<uint8_t>> fresh(static_cast<size_t>(n)),
+            copied(static_cast<size_t>(n));
+        group.run([&](Communicator& comm, int r) {
+          const std::vector<uint8_t> original = inputOf(r, kCount, dtype);
+          std::vector<uint8_t> in = original;
+          fresh[r].assign(in.size(), 0x5a);
+          EXPECT_EQ(comm.allReduce(in.data(), fresh[r].data(), kCount, dtype, ReduceOp::kSum),
+                    Status::kOk);
+          EXPECT_EQ(in, original) << "the input of rank " << r << " changed";
+          copied[r] = in;
+          EXPECT_EQ(comm.allReduce(in.data(), copied[r].data(), kCount, dtype, ReduceOp::kSum),
+                    Status::kOk);
+        });
+        for (int r = 0; r < n; ++r) {
+          EXPECT_EQ(fresh[r], fresh[0]) << "rank " << r << " differs";
+          EXPECT_EQ(copied[r], fresh[0]) << "rank " << r << ": output's start leaked in";
         }
       }
     }

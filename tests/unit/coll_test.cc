@@ -155,7 +155,8 @@ void checkAllReduce(Group& group, size_t count, DataType dtype, ReduceOp op, boo
 
 TEST_P(Collectives, AllReduceEveryTypeOpAndAlgorithm) {
   for (int n : kRankCounts) {
-    for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
+    for (AllReduceAlgo algo :
+         {AllReduceAlgo::kRing, AllReduceAlgo::kDirect, AllReduceAlgo::kHalvingDoubling}) {
       coll::Options options = testing::testOptions();
       options.allReduceAlgo = algo;
       Group group(n, options);
@@ -170,10 +171,12 @@ TEST_P(Collectives, AllReduceEveryTypeOpAndAlgorithm) {
 
 TEST_P(Collectives, AllReduceLargeAndAuto) {
   for (int n : {3, 8}) {
-    Group group(n);  // auto: ring above 32 KiB
+    Group group(n);  // auto: direct to 32 KiB, rhd to 256 KiB, ring above
     checkAllReduce(group, (1 << 20) + 3, DataType::kF32, ReduceOp::kSum, false);
     checkAllReduce(group, 1 << 16, DataType::kBf16, ReduceOp::kAvg, true);
     checkAllReduce(group, 100, DataType::kI64, ReduceOp::kMax, false);
+    checkAllReduce(group, 40000 + 1, DataType::kF32, ReduceOp::kAvg, false);  // rhd
+    checkAllReduce(group, 30000, DataType::kF64, ReduceOp::kMin, true);       // rhd
   }
 }
 
@@ -322,7 +325,8 @@ TEST_P(Collectives, ARanksBadArgumentFailsItsPeersAtOnce) {
 
 TEST_P(Collectives, MismatchedCallsFailOnEveryRank) {
   coll::Options options = testing::testOptions();
-  for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
+  for (AllReduceAlgo algo :
+       {AllReduceAlgo::kRing, AllReduceAlgo::kDirect, AllReduceAlgo::kHalvingDoubling}) {
     options.allReduceAlgo = algo;
     Group group(4, options);
     std::vector<Status> status(4);
@@ -355,7 +359,8 @@ TEST_P(Collectives, MismatchedCallsFailOnEveryRank) {
 TEST_P(Collectives, AbsentRankTimesOutEveryoneQuickly) {
   coll::Options options = testing::testOptions();
   options.timeout = std::chrono::milliseconds(300);
-  for (AllReduceAlgo algo : {AllReduceAlgo::kRing, AllReduceAlgo::kDirect}) {
+  for (AllReduceAlgo algo :
+       {AllReduceAlgo::kRing, AllReduceAlgo::kDirect, AllReduceAlgo::kHalvingDoubling}) {
     options.allReduceAlgo = algo;
     Group group(5, options);
     std::vector<Status> status(5, Status::kOk);

@@ -5,17 +5,24 @@
 // Concurrency: one mutex guards every connection, including the reads into
 // user buffers. Posting threads take it and try to write their send at once,
 // so a small message leaves without a thread switch; the progress thread
-// takes it for each batch of ready sockets. Destroying a pending request
+// takes it for each batch of ready sockets. A waiting thread polls the
+// sockets itself for a short while (SQUALL_TCP_SPIN_US) before it sleeps:
+// a small message's reply usually lands within microseconds, and taking it
+// here saves waking the progress thread and then this one, which on a
+// loaded machine is most of a small collective's time. Destroying a pending request
 // takes the same mutex and withdraws it from its connection, so the backend
 // never touches a cancelled request's buffer afterwards. Waiters sleep on a
 // condition variable that is signalled whenever a request completes.
 #include "src/transport/tcp/tcp_transport.h"
+
+#include <sched.h>
 
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
 
+#include "src/common/params.h"
 #include "src/transport/tcp/connection.h"
 #include "src/transport/tcp/mesh.h"
 #include "src/transport/tcp/progress.h"
@@ -71,7 +78,8 @@ class TcpRequest final : public ConnectionRequest {
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  TcpTransport(std::shared_ptr<Core> core, std::chrono::microseconds spin)
+      : core_(std::move(core)), spin_(spin) {}
 
   Status start() {
     std::vector<std::pair<int, uint32_t>> sockets;
@@ -123,6 +131,19 @@ class TcpTransport final : public Transport {
 
   Status waitForActivity(Deadline until) override {
     std::unique_lock<std::mutex> lock(core_->mutex);
+    if (core_->generation == seen_ && spin_.count() > 0) {
+      // Poll from this thread first. Between polls the lock is dropped and the
+      // CPU yielded, so the progress thread (and, on a shared core, the peer
+      // this rank waits for) can run.
+      const Deadline stop = std::min(until, Clock::now() + spin_);
+      for (;;) {
+        for (int p = 0; p < core_->size; ++p) core_->with(p, [](Connection& c) { c.progress(); });
+        if (core_->generation != seen_ || Clock::now() >= stop) break;
+        lock.unlock();
+        sched_yield();
+        lock.lock();
+      }
+    }
     if (core_->generation == seen_) {
       // The cap bounds the cost of a wakeup missed by a second thread that
       // shares this transport (seen_ is per transport, not per thread).
@@ -164,6 +185,7 @@ class TcpTransport final : public Transport {
 
   std::shared_ptr<Core> core_;
   std::unique_ptr<tcp::ProgressThread> progress_;
+  const std::chrono::microseconds spin_;
   uint64_t seen_ = ~0ull;
 };
 
@@ -180,7 +202,8 @@ Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>
   for (int p = 0; p < core->size; ++p)
     core->connections.push_back(
         std::make_unique<Connection>(fds[static_cast<size_t>(p)], core->rank, p));
-  auto transport = std::make_unique<TcpTransport>(std::move(core));
+  const auto spin = std::chrono::microseconds(std::max<int64_t>(0, paramInt(Param::kTcpSpinUs)));
+  auto transport = std::make_unique<TcpTransport>(std::move(core), spin);
   SQUALL_TRY(transport->start());
   // Every rank has its connections before anyone sends: a rank that failed
   // setup makes this fail instead of leaving the others to time out later.
