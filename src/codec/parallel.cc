@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -254,11 +255,28 @@ void setLocalRanks(int localRanks) {
 
 void setCodecThreads(int threads) { gOverride.store(std::clamp(threads, 0, kMaxThreads)); }
 
+// The ranks per host a launcher announces (torchrun, Open MPI, MPICH,
+// Slurm); 1 when none does. Communicators built over MPI have no rendezvous
+// of their own to count local ranks with, so this is what they go by.
+int launcherLocalRanks() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                           "SLURM_NTASKS_PER_NODE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && n >= 1 && n <= 4096) return static_cast<int>(n);
+  }
+  return 1;
+}
+
 int codecThreads() {
   if (const int forced = gOverride.load(); forced > 0) return forced;
   if (const int fromEnv = paramThreads(); fromEnv > 0) return fromEnv;
   static const int cores = affinityCores();
-  return std::clamp(cores / std::max(1, gLocalRanks.load()), 1, kMaxThreads);
+  static const int launcher = launcherLocalRanks();
+  const int local = std::max({1, gLocalRanks.load(), launcher});
+  return std::clamp(cores / local, 1, kMaxThreads);
 }
 
 size_t minElementsPerThread() {

@@ -16,7 +16,9 @@ namespace squall::codec {
 
 // Threads one codec call may use: SQUALL_CODEC_THREADS when it is set (> 0),
 // else the cores this process may run on (sched_getaffinity) divided by the
-// ranks that share this host (setLocalRanks; 1 until a communicator says).
+// ranks that share this host: the most that a communicator reported
+// (setLocalRanks) or a launcher announced (LOCAL_WORLD_SIZE,
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE).
 int codecThreads();
 // Called by communicators once they know how many of their ranks run on this
 // host; the largest count seen is kept (a process's communicators share its
