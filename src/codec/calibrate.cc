@@ -149,31 +149,45 @@ Isa decideIsa(const std::vector<Isa>& candidates,
       }
     }
     chosen = widest;
+    // The paired figures of the leader, or of the runner-up when the widest
+    // leads, against the widest.
+    Isa other = leader;
     if (leader == widest) {
-      why = std::string(isaName(widest)) + " has the lowest median time";
-    } else {
-      std::vector<double> ratios;
-      int wins = 0;
-      for (const auto& round : seconds) {
-        const double a = round[static_cast<int>(leader)], b = round[static_cast<int>(widest)];
-        if (a > 0 && b > 0) {
-          ratios.push_back(a / b);
-          wins += a < b ? 1 : 0;
+      double second = -1;
+      for (Isa isa : candidates) {
+        const double m = medianOf(seconds, isa);
+        if (isa != widest && m > 0 && (second <= 0 || m < second)) {
+          second = m;
+          other = isa;
         }
       }
-      const double ratio = median(ratios);
+    }
+    std::vector<double> ratios;
+    int wins = 0;
+    for (const auto& round : seconds) {
+      const double a = round[static_cast<int>(other)], b = round[static_cast<int>(widest)];
+      if (a > 0 && b > 0) {
+        ratios.push_back(a / b);
+        wins += a < b ? 1 : 0;
+      }
+    }
+    const double ratio = ratios.empty() ? -1 : median(ratios);
+    char text[240];
+    std::snprintf(text, sizeof(text),
+                  "%s/%s paired time ratio %.3f (median), %s faster in %d of %zu rounds",
+                  isaName(other), isaName(widest), ratio, isaName(other), wins, ratios.size());
+    if (other == widest) {
+      why = std::string(isaName(widest)) + " is the only candidate measured";
+    } else if (leader == widest) {
+      why = std::string(isaName(widest)) + " has the lowest median time; " + text;
+    } else {
+      why = text;
       const bool clear = !ratios.empty() && ratio <= 1.0 - kCalibrationMargin &&
                          3 * wins >= 2 * static_cast<int>(ratios.size());
-      char text[200];
-      std::snprintf(text, sizeof(text),
-                    "%s/%s paired time ratio %.3f (median), %s faster in %d of %zu rounds",
-                    isaName(leader), isaName(widest), ratio, isaName(leader), wins, ratios.size());
-      why = text;
-      if (clear) {
+      if (clear)
         chosen = leader;
-      } else {
+      else
         why += "; within the noise margin, so the widest stays";
-      }
     }
   }
   if (reason != nullptr) *reason = why;
