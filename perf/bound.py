@@ -281,7 +281,7 @@ def main():
         if rate is None and a.rate:
             label, rate = a.rate, parse_rate(a.rate)
         if rate is None and a.project:
-            label = "unshaped"  # its wire bytes serve the projection; no measured bound
+            label = "loopback"  # its wire bytes serve the projection; no measured bound
         elif rate is None:
             sys.exit(f"bound.py: no rate for {path}: pass --rate or name it like 1gbit_n2.json")
         for row in run["rows"]:

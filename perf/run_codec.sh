@@ -22,7 +22,7 @@ for tool in "$bench" "$perf"; do
   [[ -x $tool ]] || { echo "run_codec.sh: $tool is missing; build first (ninja -C $build)" >&2; exit 2; }
 done
 log() { echo "run_codec.sh: $*" >&2; }
-log "$(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$out/machine.txt"
+echo "$(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u)" | tee "$out/machine.txt" >&2
 
 log "calibration x5"
 "$bench" --calibrate=5 > "$out/calibrate.txt"
@@ -49,4 +49,5 @@ done
 python3 "$(dirname "$0")/bound.py" --codec "$out/codec_threads.json" --impl avx512 \
   --project 10gbit,25gbit,40gbit,100gbit --threads 1,2,4,8 --json "$out/projection.json" \
   "$out"/threads_1_*.json | tee "$out/projection.md"
+echo "load $(cut -d' ' -f1-3 /proc/loadavg), $(date -u)" >>"$out/machine.txt"
 log "done: $out"

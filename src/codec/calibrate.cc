@@ -301,7 +301,8 @@ std::string calibrationCachePath(const std::string& dir, const std::string& key)
   return dir + name;
 }
 
-bool readCalibrationCache(const std::string& path, const std::string& key, Isa* isa) {
+bool readCalibrationCache(const std::string& path, const std::string& key, Isa* isa,
+                          std::string* reason) {
   if (path.empty()) return false;
   std::ifstream in(path);
   std::string keyLine, choiceLine;
@@ -311,6 +312,9 @@ bool readCalibrationCache(const std::string& path, const std::string& key, Isa* 
   for (Isa candidate : availableIsas()) {
     if (name == isaName(candidate)) {
       *isa = candidate;
+      std::string reasonLine;
+      if (reason != nullptr && std::getline(in, reasonLine) && reasonLine.rfind("reason ", 0) == 0)
+        *reason = reasonLine.substr(7);
       return true;
     }
   }
@@ -387,10 +391,11 @@ const Calibration& processCalibration() {
     const std::string key = calibrationCacheKey(elements);
     const std::string path = calibrationCachePath(defaultCacheDir(), key);
     Isa cached = widest;
-    if (!always && readCalibrationCache(path, key, &cached)) {
+    std::string cachedReason;
+    if (!always && readCalibrationCache(path, key, &cached, &cachedReason)) {
       c.chosen = cached;
       c.source = "cache";
-      c.reason = path;
+      c.reason = path + ": " + cachedReason;
       c.elements = elements;
       return c;
     }

@@ -58,9 +58,11 @@ Calibration calibrateIsa(size_t elements, int rounds);
 std::string calibrationCacheKey(size_t elements);
 // The cache file for `key` in `dir` ("" when there is no directory to use).
 std::string calibrationCachePath(const std::string& dir, const std::string& key);
-// Reads a cached choice; false when absent, for another key, or naming an
-// implementation that cannot run here.
-bool readCalibrationCache(const std::string& path, const std::string& key, Isa* isa);
+// Reads a cached choice (and, when `reason` is set, the figures it was made
+// on); false when absent, for another key, or naming an implementation that
+// cannot run here.
+bool readCalibrationCache(const std::string& path, const std::string& key, Isa* isa,
+                          std::string* reason = nullptr);
 // Writes it (atomically: a temporary file renamed); false on failure.
 bool writeCalibrationCache(const std::string& path, const std::string& key,
                            const Calibration& calibration);

@@ -95,8 +95,10 @@ TEST(CodecCalibrate, CacheRoundTrip) {
   c.chosen = Isa::kScalar;
   c.reason = "test";
   ASSERT_TRUE(writeCalibrationCache(path, key, c));  // creates the directory too
-  ASSERT_TRUE(readCalibrationCache(path, key, &isa));
+  std::string reason;
+  ASSERT_TRUE(readCalibrationCache(path, key, &isa, &reason));
   EXPECT_EQ(isa, Isa::kScalar);
+  EXPECT_EQ(reason, "test");
   // The same file read for another CPU (another key) is not used.
   isa = Isa::kAvx2;
   EXPECT_FALSE(readCalibrationCache(path, key + " other", &isa));
