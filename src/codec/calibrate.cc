@@ -89,7 +89,7 @@ void flush(void* data, size_t bytes) {
 }
 
 std::string defaultCacheDir() {
-  const std::string dir = paramString(Param::kCodecCacheDir);
+  std::string dir = paramString(Param::kCodecCacheDir);
   if (!dir.empty()) return dir;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] == '/')
     return std::string(xdg) + "/squall";
