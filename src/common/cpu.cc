@@ -60,7 +60,7 @@ std::string detectModel() {
   if (__get_cpuid(0x80000000u, &a, &b, &c, &d) != 0 && a >= 0x80000004u) {
     for (unsigned leaf = 0; leaf < 3; ++leaf) {
       __get_cpuid(0x80000002u + leaf, &regs[0], &regs[1], &regs[2], &regs[3]);
-      std::memcpy(brand + leaf * 16, regs, 16);
+      std::memcpy(brand + static_cast<size_t>(leaf) * 16, regs, 16);
     }
     model += " ";
     model += brand;

@@ -96,7 +96,7 @@ TEST_F(CodecThreads, PiecesFollowTheMinimum) {
 TEST_F(CodecThreads, KernelsGiveTheSingleThreadBytes) {
   const size_t m = minElementsPerThread();
   // Uneven cuts, a partial last block, a partial last 64-bit word.
-  const size_t counts[] = {2 * m, 3 * m + 77, 8 * m + 2048 * 3 + 5};
+  const size_t counts[] = {2 * m, 3 * m + 77, 8 * m + size_t{2048} * 3 + 5};
   int checked = 0;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isaAvailable(isa)) continue;
