@@ -2,12 +2,16 @@
 """Lower bound of the compressed allreduce on a shaped link, next to what ran.
 
     perf/bound.py --codec codec.json [--codec ...] RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
+                  [--project 25gbit,40gbit,100gbit] [--threads 1,2,4,8]
+                  [--gpu-codec gpu_codec_bench.txt | --hbm-gbps 4800]
 
 codec.json is `codec_bench --json` output (per-element rates of encode+EF,
 decode and decode-accumulate for each CPU implementation); each RUN.json is
 `squall_perf --vs none --json` output of a compressed run with its
-full-precision baseline. The link rate comes from --rate, else from the file
-name (`1gbit_n2_1.json`, as perf/run_links.sh names them). Rows of the same
+full-precision baseline. The link rate a run was measured on comes from the
+file name (`1gbit_n2_1.json`, as perf/run_links.sh names them), else from
+--rate; --rate never overrides a rate the file name states (a 10 Gbit
+measurement is not a 100 Gbit one: ask for --project instead). Rows of the same
 link, rank count and size from several files (repeated runs) are combined:
 the median of their (per-run median) times.
 
@@ -28,6 +32,19 @@ For every row it prints:
 and checks the targets: wire bytes within 3% of 2(n-1)/n * N * (1/8 + 4/B)
 (N elements, B the codec block), time within 1.3x of the bound, and on
 1 Gbit at 256 MiB a speedup of at least 10x (2 ranks) or 6x (4 ranks).
+
+--project RATES adds, after the measured table, a projection to each rate for
+every measured (ranks, size): nothing is timed at those rates. Wire time is
+the measured run's wire bytes at the projected rate, codec time the per-rank
+codec work at the rates of the --codec files (codec_bench --json --threads=...)
+for each of --threads, assuming each rank owns those cores; also at the run's
+copy bandwidth (the memory-bound ceiling of any thread count on this CPU), and
+for the GPU codec: from gpu_codec_bench output (--gpu-codec) when it has run,
+else from --hbm-gbps with the kernels moving exactly their bytes (labelled an
+HBM bound, not a measurement). Each row compares max(wire, codec) with a
+full-precision ring at the line rate (2(n-1)/n * 4N bytes), says whether
+compression pays and by how much, and gives the rate above which it stops
+paying (codec-bound: 2(n-1)/n * 32 N bits / codec time).
 
 Codec work per rank, by algorithm (the auto choice is reproduced from
 src/coll/compressed_allgather.cc): twophase encodes N(1 + 1/n) elements,
@@ -55,13 +72,21 @@ def rate_from_name(path):
     return (m.group(1), parse_rate(m.group(1))) if m else (None, None)
 
 
-def codec_rates(paths, impl):
-    """Per-element rates (elements/s) at the largest size measured for impl,
-    the median over the codec_bench files given (one per repeated run)."""
+def codec_rows(paths):
     rows = []
     for path in paths:
         with open(path) as f:
             rows += [dict(r, file=path) for r in json.load(f)]
+    return rows
+
+
+def codec_rates(paths, impl, threads=1):
+    """Per-element rates (elements/s) at the largest size measured for impl
+    at `threads` threads (files from before --threads count as one), the
+    median over the codec_bench files given (one per repeated run)."""
+    rows = [r for r in codec_rows(paths) if r.get("threads", 1) == threads]
+    if not rows:
+        raise KeyError(f"no codec_bench rows at {threads} thread(s)")
     impls = sorted({r["impl"] for r in rows})
     if impl not in impls:
         # The library picks the best the CPU has; codec_bench names them alike.
@@ -87,6 +112,116 @@ def codec_seconds(n, count, algo, rates):
     return count / enc + count / dec + count * (n - 1) / acc
 
 
+def rate_label(bits):
+    return f"{bits / 1e9:.3g}gbit" if bits >= 1e9 else f"{bits / 1e6:.3g}mbit"
+
+
+# Bytes each onebit kernel moves per element (fp32 input, block B): encode+EF
+# reads x and e, writes e and the payload; decode reads the payload, writes
+# the output; decode-accumulate also reads the accumulator.
+def kernel_bytes(block):
+    payload = 1 / 8 + 4 / block
+    return {"encode+EF": 12 + payload, "decode": 4 + payload, "accumulate": 8 + payload}
+
+
+def gpu_rates_from_bench(path):
+    """Per-element rates of the onebit fp32 kernels from gpu_codec_bench's
+    output, at the largest size it ran."""
+    pattern = re.compile(r"^(encode\+EF onebit fp32|decode onebit|decode-accumulate onebit)\s+"
+                         r"n=(\d+)\s+([\d.]+) ms")
+    found = {}
+    with open(path) as f:
+        for line in f:
+            m = pattern.match(line)
+            if m:
+                found.setdefault(int(m.group(2)), {})[m.group(1)] = float(m.group(3)) / 1e3
+    if not found:
+        sys.exit(f"bound.py: no onebit fp32 rows in {path} (gpu_codec_bench output expected)")
+    n = max(found)
+    names = {"encode+EF": "encode+EF onebit fp32", "decode": "decode onebit",
+             "accumulate": "decode-accumulate onebit"}
+    return n, {k: n / found[n][v] for k, v in names.items()}
+
+
+def print_projection(a, groups, rates_for):
+    rates = [parse_rate(r) for r in a.project.split(",")]
+    threads = [int(t) for t in a.threads.split(",")]
+    block_default = 2048
+    sources = []  # (label, rates, note)
+    all_rows = codec_rows(a.codec)
+    cores = max((row.get("affinity_cores", 0) for row in all_rows), default=0)
+    for t in threads:
+        try:
+            impl, elems, r = codec_rates(a.codec, a.impl, t)
+        except KeyError:
+            print(f"# no codec_bench rows at {t} thread(s): run codec_bench --threads=...")
+            continue
+        over = ""
+        if cores and t > cores:
+            over = f" (oversubscribed: {cores} cores here)"
+        sources.append((f"CPU {impl} {t} thr{over}", r,
+                        f"codec_bench {elems >> 20}M elements, {t} thread(s)"))
+    # Above the cores this machine has, the measured rows say nothing about
+    # real cores; the 1-thread rate times T is given next to them as what
+    # perfect scaling would give (an upper bound: memory bandwidth caps it).
+    try:
+        impl1, _, one = codec_rates(a.codec, a.impl, 1)
+        for t in threads:
+            if cores and t > cores:
+                sources.append((f"CPU {impl1} 1 thr x {t} (linear, not measured)",
+                                {k: v * t for k, v in one.items()},
+                                f"upper bound: {t} x the 1-thread rate, memory bandwidth ignored"))
+    except KeyError:
+        pass
+    if a.gpu_codec:
+        n, r = gpu_rates_from_bench(a.gpu_codec)
+        sources.append(("GPU codec (measured)", r, f"gpu_codec_bench {a.gpu_codec}, n={n}"))
+    else:
+        kb = kernel_bytes(block_default)
+        sources.append((f"GPU, HBM bound {a.hbm_gbps:g} GB/s (not measured)",
+                        {k: a.hbm_gbps * 1e9 / v for k, v in kb.items()},
+                        "no GPU run: kernels assumed to move exactly their bytes at HBM speed"))
+    print()
+    print("## Projection (not measured at these rates)")
+    print()
+    for label, r, note in sources:
+        print(f"# {label}: {note}; encode+EF {r['encode+EF'] / 1e9:.3f}, decode "
+              f"{r['decode'] / 1e9:.3f}, accumulate {r['accumulate'] / 1e9:.3f} Gelem/s")
+    print()
+    hdr = ("projected link", "from", "n", "size", "codec", "wire ms", "codec ms", "bound ms",
+           "fp32 wire ms", "speedup", "pays", "stops paying above")
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "|".join("---" if i < 5 or i == 10 else "---:" for i in range(len(hdr))) + "|")
+    out = []
+    for (_, n, nbytes), g in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0,) + kv[0][1:]):
+        rows = g["rows"]
+        count = rows[0]["count"]
+        wire_bytes = max(r["wire_bytes"] for r in rows)
+        block = g["run"].get("block", block_default)
+        algo = algorithm(n, count, block)
+        fp32_bits = 2 * (n - 1) / n * nbytes * 8
+        for rate in rates:
+            for label, r, _ in sources:
+                wire = wire_bytes * 8 / rate
+                codec = codec_seconds(n, count, algo, r)
+                bound = max(wire, codec)
+                fp32 = fp32_bits / rate
+                speedup = fp32 / bound
+                # Compression pays while fp32 wire time exceeds the bound; the
+                # wire term alone pays up to 32 / 1.016 bits, so above the
+                # codec-bound knee the break-even rate is fp32 bits / codec time.
+                stop = fp32_bits / codec
+                print(f"| {rate_label(rate)} (projected) | {g['label']} run | {n} | {human(nbytes)} | "
+                      f"{label} | {wire * 1e3:.2f} | {codec * 1e3:.2f} | {bound * 1e3:.2f} | "
+                      f"{fp32 * 1e3:.2f} | {speedup:.2f}x | {'yes' if speedup > 1 else 'no'} | "
+                      f"{rate_label(stop)} |")
+                out.append({"projected_rate_bps": rate, "measured_link": g["label"], "ranks": n,
+                            "bytes": nbytes, "codec_source": label, "wire_s": wire,
+                            "codec_s": codec, "bound_s": bound, "fp32_wire_s": fp32,
+                            "speedup": speedup, "break_even_bps": stop, "projected": True})
+    return out
+
+
 def human(nbytes):
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
@@ -101,7 +236,14 @@ def main():
     ap.add_argument("--codec-shared", action="append", default=[],
                     help="codec_bench --json of one of --cores instances run at once (repeatable):"
                          " the rates when every core runs a codec and they share memory")
-    ap.add_argument("--rate", help="link rate (1gbit, 10gbit, ...); default: from the file name")
+    ap.add_argument("--rate", help="link rate of runs whose file name does not state one (1gbit, "
+                    "10gbit, ...); never overrides the file name's")
+    ap.add_argument("--project", help="comma-separated rates to project to (25gbit,40gbit,100gbit)")
+    ap.add_argument("--threads", default="1,2,4,8",
+                    help="codec thread counts of the projection (codec_bench --threads rows)")
+    ap.add_argument("--gpu-codec", help="gpu_codec_bench output, for the GPU codec's projection")
+    ap.add_argument("--hbm-gbps", type=float, default=4800.0,
+                    help="HBM bandwidth for the GPU bound when --gpu-codec is absent (H200: 4800)")
     ap.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the ranks share")
     ap.add_argument("--impl", default="avx512",
                     help="codec implementation, when the run files do not name it")
@@ -132,15 +274,24 @@ def main():
     for path in a.runs:
         with open(path) as f:
             run = json.load(f)
-        label, rate = (a.rate, parse_rate(a.rate)) if a.rate else rate_from_name(path)
-        if rate is None:
+        label, rate = rate_from_name(path)
+        if rate is not None and a.rate and parse_rate(a.rate) != rate:
+            sys.exit(f"bound.py: {path} was measured at {label}; refusing to relabel it as "
+                     f"{a.rate} (use --project {a.rate} for a labelled projection)")
+        if rate is None and a.rate:
+            label, rate = a.rate, parse_rate(a.rate)
+        if rate is None and a.project:
+            label = "loopback"  # its wire bytes serve the projection; no measured bound
+        elif rate is None:
             sys.exit(f"bound.py: no rate for {path}: pass --rate or name it like 1gbit_n2.json")
         for row in run["rows"]:
             key = (rate, run["ranks"], row["bytes"])
             g = groups.setdefault(key, {"label": label, "run": run, "rows": []})
             g["rows"].append(row)
     out, all_met = [], True
-    for (rate, n, nbytes), g in sorted(groups.items()):
+    for (rate, n, nbytes), g in sorted(groups.items(), key=lambda kv: (kv[0][0] or 0,) + kv[0][1:]):
+        if rate is None:
+            continue
         label, run, rows = g["label"], g["run"], g["rows"]
         block = run.get("block", 2048)
         rates = rates_for(run.get("codec_impl", a.impl))
@@ -176,11 +327,12 @@ def main():
                     "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
                     "speedup": base / t, "speedup_vs_fp32_wire": fp32_wire / t,
                         "wire_over_ideal": wire_ratio, "shared_bound_s": shared, "targets": checks})
+    print(f"# all targets met: {'yes' if all_met else 'no'}")
+    projected = print_projection(a, groups, rates_for) if a.project else []
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out}, f,
-                      indent=1)
-    print(f"# all targets met: {'yes' if all_met else 'no'}")
+            json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out,
+                       "projection": projected}, f, indent=1)
 
 
 if __name__ == "__main__":

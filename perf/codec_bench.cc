@@ -1,17 +1,29 @@
-// codec_bench: single-thread throughput of the onebit codec kernels (fp32
-// input) for each implementation, next to a STREAM-style copy measured in the
-// same run, since the kernels are meant to be memory-bound.
+// codec_bench: throughput of the onebit codec kernels (fp32 input) for each
+// implementation and thread count, next to a STREAM-style copy measured in
+// the same run, since the kernels are meant to be memory-bound.
 //
 //   codec_bench [--sizes=1M,4M,...] [--iters=N] [--impl=scalar,avx2,avx512]
-//               [--full] [--json] [--summary]
+//               [--threads=1,2,4,8] [--full] [--json] [--summary]
+//   codec_bench --calibrate[=N] [--segment=256K]
 //
 // Each figure is the median of --iters timed runs after one warm-up run, on
-// buffers whose pages were touched beforehand. GB/s counts the bytes a kernel
+// buffers whose pages were touched beforehand; the configurations (impl x
+// threads) run interleaved, one run of each per iteration in rotating order,
+// so that load from other processes falls on all of them alike, and each
+// configuration's per-iteration time ratio to the first one (the "paired"
+// column) is reported next to the medians. GB/s counts the bytes a kernel
 // must move (reads plus writes, as STREAM does), and "% copy" relates that to
-// the copy's GB/s, the bandwidth a streaming kernel can hope for.
+// the copy's GB/s, the bandwidth a streaming kernel can hope for. Threads run
+// the library's multi-threaded codec (src/codec/parallel.h), whose bytes are
+// those of one thread.
+//
+// --calibrate runs the library's implementation calibration (calibrate.h) N
+// times on --segment-element segments and prints every round's paired
+// figures and each run's decision, then what this process would use.
 #include <emmintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "src/codec/calibrate.h"
 #include "src/codec/kernels.h"
+#include "src/codec/parallel.h"
 
 namespace squall::codec {
 namespace {
@@ -28,15 +42,19 @@ struct Options {
   std::vector<size_t> sizes;
   int iters = 7;
   std::vector<Isa> impls;
+  std::vector<int> threads;
   bool json = false;
   bool summary = false;
+  int calibrate = 0;  // runs of the calibration; 0: none
+  size_t segment = size_t{1} << 18;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "codec_bench: %s\n"
                "usage: codec_bench [--sizes=1M,4M,16M,64M] [--iters=N] "
-               "[--impl=scalar,avx2,avx512] [--full] [--json] [--summary]\n",
+               "[--impl=scalar,avx2,avx512] [--threads=1,2,4,8] [--full] [--json] [--summary]\n"
+               "       codec_bench --calibrate[=N] [--segment=256K]\n",
                why);
   std::exit(2);
 }
@@ -91,6 +109,20 @@ Options parseOptions(int argc, char** argv) {
         else
           usage(("unknown implementation \"" + s + "\"").c_str());
       }
+    } else if (const char* v = value("--threads=")) {
+      for (const std::string& t : split(v)) {
+        const int n = std::atoi(t.c_str());
+        if (n < 1 || n > 64) usage("--threads takes counts from 1 to 64");
+        o.threads.push_back(n);
+      }
+    } else if (arg == "--calibrate") {
+      o.calibrate = 1;
+    } else if (const char* v = value("--calibrate=")) {
+      o.calibrate = std::atoi(v);
+      if (o.calibrate < 1) usage("--calibrate= takes a positive count");
+    } else if (const char* v = value("--segment=")) {
+      o.segment = parseSize(v);
+      if (o.segment < kDefaultBlock) usage("--segment must be at least one block (2048)");
     } else if (arg == "--full") {
       full = true;
     } else if (arg == "--json") {
@@ -110,6 +142,7 @@ Options parseOptions(int argc, char** argv) {
   }
   if (o.summary && o.iters == 7) o.iters = 3;
   if (o.impls.empty()) o.impls = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+  if (o.threads.empty()) o.threads = {1};
   return o;
 }
 
@@ -145,6 +178,19 @@ double medianSeconds(int iters, F&& run) {
   return times[times.size() / 2];
 }
 
+template <typename F>
+double secondsOf(F&& run) {
+  const auto t0 = std::chrono::steady_clock::now();
+  run();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double medianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 != 0 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
 // STREAM "copy" with explicit 16-byte loads and stores, so that the compiler
 // does not turn it into a call to memcpy (whose non-temporal stores would
 // measure something else).
@@ -167,11 +213,15 @@ void copyFloats(const float* src, float* dst, size_t n) {
 
 struct Result {
   const char* impl;
+  int threads;
   const char* kernel;
   size_t count;
-  double seconds;
-  double bytes;     // memory traffic the kernel must cause
-  double copyGbps;  // the same run's copy bandwidth
+  double seconds;                 // median
+  double minSeconds, maxSeconds;  // range over the iterations
+  double paired;                  // median per-iteration time ratio to the run's first config
+  int pairedWins;                 // iterations this config was faster than the first
+  double bytes;                   // memory traffic the kernel must cause
+  double copyGbps;                // the same run's copy bandwidth
   double gbps() const { return bytes / seconds / 1e9; }
   double elementsPerSecond() const { return static_cast<double>(count) / seconds; }
   double percentOfCopy() const { return 100.0 * gbps() / copyGbps; }
@@ -179,7 +229,8 @@ struct Result {
 
 struct SizeRun {
   double copyGbps = 0;
-  std::vector<Result> results;
+  int iters = 0;
+  std::vector<Result> results;  // per config: encode+EF, decode, accumulate
 };
 
 SizeRun measureSize(const Options& o, size_t count) {
@@ -195,31 +246,64 @@ SizeRun measureSize(const Options& o, size_t count) {
   }
 
   SizeRun run;
+  run.iters = o.iters;
   const double copySeconds =
       medianSeconds(o.iters, [&] { copyFloats(x.floats(), out.floats(), count); });
   run.copyGbps = 2.0 * 4.0 * static_cast<double>(count) / copySeconds / 1e9;
 
-  const double n = static_cast<double>(count);
-  const double payloadBytes = static_cast<double>(layout.payloadBytes);
+  struct Config {
+    const KernelTable* table;
+    int threads;
+  };
+  std::vector<Config> configs;
   for (Isa isa : o.impls) {
     if (!isaAvailable(isa)) continue;
-    const KernelTable& table = kernelsFor(isa);
-    const CodecKernels& k = table.codecs[static_cast<int>(CodecId::kOnebit)];
-    const EncodeJob ejob{x.data, DType::kF32,  count,         spec,
-                         layout, eIn.floats(), eOut.floats(), payload.data};
-    const DecodeJob djob{payload.data, count, spec, layout, out.floats()};
-    // Read x and e, write e and the payload.
-    run.results.push_back({table.name, "encode+EF", count,
-                           medianSeconds(o.iters, [&] { k.encode(ejob); }), 12.0 * n + payloadBytes,
-                           run.copyGbps});
-    // Read the payload, write the output.
-    run.results.push_back({table.name, "decode", count,
-                           medianSeconds(o.iters, [&] { k.decode(djob); }), 4.0 * n + payloadBytes,
-                           run.copyGbps});
-    // Read the payload and the accumulator, write the accumulator.
-    run.results.push_back({table.name, "accumulate", count,
-                           medianSeconds(o.iters, [&] { k.accumulate(djob); }),
-                           8.0 * n + payloadBytes, run.copyGbps});
+    for (int t : o.threads) configs.push_back({&kernelsFor(isa), t});
+  }
+  const EncodeJob ejob{x.data, DType::kF32,  count,         spec,
+                       layout, eIn.floats(), eOut.floats(), payload.data};
+  const DecodeJob djob{payload.data, count, spec, layout, out.floats()};
+  constexpr int kKernels = 3;
+  // times[config][kernel][iteration]
+  std::vector<std::array<std::vector<double>, kKernels>> times(configs.size());
+  auto once = [&](const Config& c, int kernel) {
+    const CodecKernels& k = c.table->codecs[static_cast<int>(CodecId::kOnebit)];
+    switch (kernel) {
+      case 0: return secondsOf([&] { (void)parallelEncode(k.encode, ejob, c.threads); });
+      case 1: return secondsOf([&] { parallelDecode(k.decode, djob, c.threads); });
+      default: return secondsOf([&] { parallelDecode(k.accumulate, djob, c.threads); });
+    }
+  };
+  for (const Config& c : configs)
+    for (int kernel = 0; kernel < kKernels; ++kernel) (void)once(c, kernel);  // warm-up
+  for (int i = 0; i < o.iters; ++i) {
+    for (size_t j = 0; j < configs.size(); ++j) {
+      const size_t c = (j + static_cast<size_t>(i)) % configs.size();  // rotating order
+      for (int kernel = 0; kernel < kKernels; ++kernel)
+        times[c][kernel].push_back(once(configs[c], kernel));
+    }
+  }
+  const double n = static_cast<double>(count);
+  const double payloadBytes = static_cast<double>(layout.payloadBytes);
+  // Read x and e, write e and the payload; read the payload, write the
+  // output; read the payload and the accumulator, write the accumulator.
+  const double traffic[kKernels] = {12.0 * n + payloadBytes, 4.0 * n + payloadBytes,
+                                    8.0 * n + payloadBytes};
+  const char* names[kKernels] = {"encode+EF", "decode", "accumulate"};
+  for (size_t c = 0; c < configs.size(); ++c) {
+    for (int kernel = 0; kernel < kKernels; ++kernel) {
+      const std::vector<double>& t = times[c][kernel];
+      std::vector<double> ratios;
+      int wins = 0;
+      for (size_t i = 0; i < t.size(); ++i) {
+        ratios.push_back(t[i] / times[0][kernel][i]);
+        wins += t[i] < times[0][kernel][i] ? 1 : 0;
+      }
+      run.results.push_back({configs[c].table->name, configs[c].threads, names[kernel], count,
+                             medianOf(t), *std::min_element(t.begin(), t.end()),
+                             *std::max_element(t.begin(), t.end()), medianOf(ratios), wins,
+                             traffic[kernel], run.copyGbps});
+    }
   }
   return run;
 }
@@ -229,26 +313,42 @@ std::string sizeLabel(size_t count) {
   return std::to_string(count);
 }
 
+// The median time of the same implementation and kernel at one thread in
+// this run (0 when one thread was not measured).
+double oneThreadSeconds(const SizeRun& run, const Result& r) {
+  for (const Result& o : run.results)
+    if (o.threads == 1 && o.kernel == r.kernel && std::strcmp(o.impl, r.impl) == 0)
+      return o.seconds;
+  return 0;
+}
+
 void printTable(const std::vector<SizeRun>& runs) {
-  std::printf("%-8s %-7s %-11s %10s %12s %9s %9s %8s\n", "size", "impl", "kernel", "ms", "Gelem/s",
-              "GB/s", "copyGB/s", "%copy");
+  std::printf("%-6s %-7s %3s %-11s %9s %19s %9s %8s %7s %7s %8s %s\n", "size", "impl", "thr",
+              "kernel", "ms", "range ms", "Gelem/s", "GB/s", "%copy", "xthr1", "paired", "wins");
   for (const SizeRun& run : runs) {
     for (const Result& r : run.results) {
-      std::printf("%-8s %-7s %-11s %10.3f %12.3f %9.2f %9.2f %7.1f%%\n", sizeLabel(r.count).c_str(),
-                  r.impl, r.kernel, r.seconds * 1e3, r.elementsPerSecond() / 1e9, r.gbps(),
-                  r.copyGbps, r.percentOfCopy());
+      const double one = oneThreadSeconds(run, r);
+      std::printf("%-6s %-7s %3d %-11s %9.3f %9.3f-%-9.3f %9.3f %8.2f %6.1f%% %6.2fx %8.3f %d/%d\n",
+                  sizeLabel(r.count).c_str(), r.impl, r.threads, r.kernel, r.seconds * 1e3,
+                  r.minSeconds * 1e3, r.maxSeconds * 1e3, r.elementsPerSecond() / 1e9, r.gbps(),
+                  r.percentOfCopy(), one > 0 ? one / r.seconds : 0.0, r.paired, r.pairedWins,
+                  run.iters);
     }
+    if (!run.results.empty())
+      std::printf("# %s: copy %.2f GB/s; paired = median per-iteration time / %s %d-thread time\n",
+                  sizeLabel(run.results[0].count).c_str(), run.copyGbps, run.results[0].impl,
+                  run.results[0].threads);
   }
 }
 
 void printSummary(const std::vector<SizeRun>& runs) {
   for (const SizeRun& run : runs) {
     if (run.results.empty()) continue;
-    std::printf("onebit codec, %s fp32 elements, one thread; copy %.1f GB/s\n",
+    std::printf("onebit codec, %s fp32 elements; copy %.1f GB/s\n",
                 sizeLabel(run.results[0].count).c_str(), run.copyGbps);
-    std::printf("  %-7s %18s %18s %18s\n", "impl", "encode+EF", "decode", "accumulate");
+    std::printf("  %-7s %3s %18s %18s %18s\n", "impl", "thr", "encode+EF", "decode", "accumulate");
     for (size_t i = 0; i + 2 < run.results.size(); i += 3) {
-      std::printf("  %-7s", run.results[i].impl);
+      std::printf("  %-7s %3d", run.results[i].impl, run.results[i].threads);
       for (size_t j = i; j < i + 3; ++j) {
         std::printf(" %7.1f GB/s %3.0f%%", run.results[j].gbps(), run.results[j].percentOfCopy());
       }
@@ -263,15 +363,43 @@ void printJson(const std::vector<SizeRun>& runs) {
   for (const SizeRun& run : runs) {
     for (const Result& r : run.results) {
       std::printf(
-          "%s  {\"impl\": \"%s\", \"kernel\": \"%s\", \"elements\": %zu, "
-          "\"seconds\": %.6g, \"elements_per_s\": %.6g, \"gb_per_s\": %.4g, "
-          "\"copy_gb_per_s\": %.4g, \"percent_of_copy\": %.4g}",
-          first ? "" : ",\n", r.impl, r.kernel, r.count, r.seconds, r.elementsPerSecond(), r.gbps(),
-          r.copyGbps, r.percentOfCopy());
+          "%s  {\"impl\": \"%s\", \"threads\": %d, \"kernel\": \"%s\", \"elements\": %zu, "
+          "\"seconds\": %.6g, \"seconds_min\": %.6g, \"seconds_max\": %.6g, "
+          "\"elements_per_s\": %.6g, \"gb_per_s\": %.4g, \"copy_gb_per_s\": %.4g, "
+          "\"percent_of_copy\": %.4g, \"paired_ratio\": %.4g, \"paired_wins\": %d, "
+          "\"iters\": %d, \"affinity_cores\": %d}",
+          first ? "" : ",\n", r.impl, r.threads, r.kernel, r.count, r.seconds, r.minSeconds,
+          r.maxSeconds, r.elementsPerSecond(), r.gbps(), r.copyGbps, r.percentOfCopy(), r.paired,
+          r.pairedWins, run.iters, affinityCores());
       first = false;
     }
   }
   std::printf("\n]\n");
+}
+
+int runCalibrations(const Options& o) {
+  std::printf("calibration of %s-element segments (the pipelined allreduce's), %d run(s)\n",
+              sizeLabel(o.segment).c_str(), o.calibrate);
+  int chosen[kNumIsas] = {0, 0, 0};
+  for (int run = 0; run < o.calibrate; ++run) {
+    const Calibration c = calibrateIsa(o.segment, 7);
+    std::printf("run %d: %.1f ms, chose %s\n", run + 1, c.costSeconds * 1e3, isaName(c.chosen));
+    for (size_t i = 0; i < c.seconds.size(); ++i) {
+      std::printf("  round %zu:", i + 1);
+      for (Isa isa : c.candidates)
+        if (c.seconds[i][static_cast<int>(isa)] > 0)
+          std::printf(" %s %.0f us", isaName(isa), c.seconds[i][static_cast<int>(isa)] * 1e6);
+      std::printf("\n");
+    }
+    std::printf("  %s\n", c.reason.c_str());
+    ++chosen[static_cast<int>(c.chosen)];
+  }
+  std::printf("chosen: scalar %d, avx2 %d, avx512 %d of %d\n", chosen[0], chosen[1], chosen[2],
+              o.calibrate);
+  const Calibration& p = processCalibration();
+  std::printf("this process (SQUALL_CODEC_ISA / SQUALL_CODEC_CALIBRATE / cache): %s, %s%s%s\n",
+              isaName(p.chosen), p.source.c_str(), p.reason.empty() ? "" : ": ", p.reason.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -280,6 +408,7 @@ void printJson(const std::vector<SizeRun>& runs) {
 int main(int argc, char** argv) {
   using namespace squall::codec;
   const Options o = parseOptions(argc, argv);
+  if (o.calibrate > 0) return runCalibrations(o);
   std::vector<SizeRun> runs;
   for (size_t count : o.sizes) runs.push_back(measureSize(o, count));
   if (o.json)

@@ -10,8 +10,12 @@
 # speed, as on a real cluster). These addresses exist only inside the
 # namespaces this script creates; nothing leaves the machine. Each rank gets
 # torchrun-style RANK, WORLD_SIZE, LOCAL_RANK=0, MASTER_ADDR (rank 0) and
-# MASTER_PORT. Everything is torn down on exit, also on failure or Ctrl-C.
-# Needs root and network namespaces; prints why and exits 77 (skip) otherwise.
+# MASTER_PORT. Everything is torn down on exit, also on failure or Ctrl-C:
+# every process inside the run's namespaces, the namespaces, their veths and
+# qdiscs; what a run killed with -9 left is removed by the next run that
+# takes its subnet (a lock in /run/squall-links tells live runs from dead
+# ones). Needs root, iproute2, network namespaces, veth and sch_tbf; prints
+# why and exits 77 (skip) without root or namespaces, 1 without veth or tbf.
 set -euo pipefail
 
 rate=1gbit
@@ -36,36 +40,70 @@ done
 (($#)) || usage
 [[ $ranks =~ ^[0-9]+$ ]] && ((ranks >= 1 && ranks <= 64)) || { echo "--ranks must be 1..64" >&2; exit 2; }
 
-if [[ $(id -u) -ne 0 ]]; then echo "links.sh: skipped: needs root for network namespaces" >&2; exit 77; fi
-command -v ip >/dev/null && command -v tc >/dev/null ||
-  { echo "links.sh: skipped: needs ip and tc (apt-get install iproute2)" >&2; exit 77; }
+skip() { echo "links.sh: skipped: $*" >&2; exit 77; }
+[[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces and qdiscs); run it with sudo"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (apt-get install iproute2)"
+command -v flock >/dev/null || skip "needs flock (apt-get install util-linux)"
 
-job=$(( $$ % 200 + 20 ))   # a per-run subnet and name prefix, so runs never collide
+# A per-run subnet and name prefix. The lock makes it ours: a concurrent run
+# holds the lock of its own prefix, so whatever carries a prefix whose lock
+# we hold is ours or left by a run that died (kill -9, a crash) and can go.
+lockdir=/run/squall-links
+mkdir -p "$lockdir"
+job=""
+for ((try = 0; try < 200; try++)); do
+  candidate=$(( ($$ + try) % 200 + 20 ))
+  exec {lockfd}>"$lockdir/$candidate.lock"
+  if flock -n "$lockfd"; then job=$candidate; break; fi
+  exec {lockfd}>&-
+done
+[[ -n $job ]] || { echo "links.sh: 200 runs hold every subnet; wait for one to end" >&2; exit 1; }
 prefix="sq${job}"
 bridge_ns="${prefix}br"
 pids=()
-cleanup() {
-  local p
-  # Ranks first (a deleted namespace lives on while a process is inside it),
-  # then the namespaces; deleting a namespace deletes its veth ends and their
-  # peers. A veth end still in this namespace (a failure before it moved) is
-  # deleted by name.
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  for ((i = 0; i < ranks; i++)); do
-    ip netns del "${prefix}r$i" 2>/dev/null || true
-    ip link del "${prefix}h$i" 2>/dev/null || true
-  done
-  ip netns del "$bridge_ns" 2>/dev/null || true
+ours() {  # the namespaces and host-side links carrying our prefix
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${prefix}(r[0-9]+|br)$" || true
 }
+cleanup() {
+  local p ns
+  trap '' INT TERM  # a second Ctrl-C must not interrupt the cleanup
+  # Processes first, every one inside our namespaces (the ranks and whatever
+  # they started: a deleted namespace lives on while a process is inside
+  # it), then the namespaces; deleting a namespace deletes its veth ends, the
+  # peers and the qdiscs on them. A veth end still in this namespace (a
+  # failure before it moved) is deleted by name.
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for ns in $(ours); do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  for ns in $(ours); do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  for p in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
+             grep -E "^${prefix}[he][0-9]+$"); do
+    ip link del "$p" 2>/dev/null || true
+  done
+  if [[ -n $(ours) ]]; then
+    echo "links.sh: could not delete namespaces $(ours | tr '\n' ' '); remove them with ip netns del" >&2
+  fi
+}
+cleanup  # what a dead run with this prefix left behind
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# A setup step that fails says which one, then the EXIT trap cleans up.
+trap 'echo "links.sh: failed (status $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-if ! ip netns add "$bridge_ns" 2>/dev/null; then
-  echo "links.sh: skipped: cannot create network namespaces here" >&2
-  exit 77
+if ! err=$(ip netns add "$bridge_ns" 2>&1); then
+  skip "cannot create network namespaces here ($err)"
 fi
+if ! err=$(ip -n "$bridge_ns" link add "${prefix}probe" type veth peer name "${prefix}probe1" 2>&1); then
+  echo "links.sh: cannot create veth pairs ($err); the kernel needs the veth module" >&2
+  exit 1
+fi
+ip -n "$bridge_ns" link del "${prefix}probe"
 # Token bucket depth: 10 ms of traffic at the rate (1.25 MB at 1 Gbit), so
 # that TCP, which sends in bursts of up to 64 KiB GSO segments paced by ACKs,
 # reaches the rate instead of stalling on an empty bucket; never below 64 KiB
@@ -79,6 +117,11 @@ esac
 ip -n "$bridge_ns" link add br0 type bridge
 ip -n "$bridge_ns" link set br0 up
 ip -n "$bridge_ns" link set lo up
+if ! err=$(ip netns exec "$bridge_ns" tc qdisc add dev br0 root tbf rate "$rate" burst "$burst" latency 100ms 2>&1); then
+  echo "links.sh: cannot shape with tbf at $rate ($err); the kernel needs sch_tbf" >&2
+  exit 1
+fi
+ip netns exec "$bridge_ns" tc qdisc del dev br0 root
 if [[ -n $delay ]]; then  # probe on the bridge, which carries no shaping of its own
   if ! ip netns exec "$bridge_ns" tc qdisc add dev br0 root netem delay "$delay" 2>/dev/null; then
     echo "links.sh: --delay needs the netem qdisc (kernel module sch_netem), which this kernel lacks" >&2

@@ -1,6 +1,7 @@
 // squall_info: what this build of Squall is and how it is configured.
 //
-//   squall_info               version, CPU features, codec implementation
+//   squall_info               version, CPU features, codec implementation (and
+//                             why: forced, cached or calibrated), codec threads
 //   squall_info --params      every SQUALL_* variable with its current value
 //   squall_info --params-md   the same table as Markdown (docs/env.md)
 #include <cstdio>
@@ -8,6 +9,8 @@
 #include <cstring>
 
 #include "squall/squall.h"
+#include "src/codec/calibrate.h"
+#include "src/codec/parallel.h"
 #include "src/common/cpu.h"
 #include "src/common/params.h"
 
@@ -40,6 +43,12 @@ int main(int argc, char** argv) {
   const squall::CpuFeatures& cpu = squall::cpuFeatures();
   std::printf("squall %d.%d.%d\n", version / 10000, version / 100 % 100, version % 100);
   std::printf("cpu: avx2=%s avx512=%s\n", cpu.avx2 ? "yes" : "no", cpu.avx512 ? "yes" : "no");
+  std::printf("cpu model: %s\n", squall::cpuModel().c_str());
   std::printf("codec implementation: %s\n", squallCodecImplementation());
+  const squall::codec::Calibration& c = squall::codec::processCalibration();
+  std::printf("codec choice: %s%s%s\n", c.source.c_str(), c.reason.empty() ? "" : ": ",
+              c.reason.c_str());
+  std::printf("codec threads: %d per call (%d cores in this process's affinity mask)\n",
+              squall::codec::codecThreads(), squall::codec::affinityCores());
   return 0;
 }

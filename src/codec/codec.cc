@@ -6,6 +6,7 @@
 
 #include "src/codec/kernels.h"
 #include "src/codec/numeric.h"
+#include "src/codec/parallel.h"
 
 namespace squall::codec {
 namespace {
@@ -44,7 +45,7 @@ Status decodeInto(const void* input, size_t bytes, float* output, size_t count, 
   if (count == 0) return Status::kOk;
   const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
   DecodeJob job{static_cast<const uint8_t*>(input) + kHeaderBytes, count, spec, layout, output};
-  (accumulate ? k.accumulate : k.decode)(job);
+  parallelDecode(accumulate ? k.accumulate : k.decode, job, codecThreads());
   return Status::kOk;
 }
 
@@ -138,8 +139,10 @@ Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
-    r.finite = k.encode(
-        EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut, out + kHeaderBytes});
+    r.finite = parallelEncode(
+        k.encode,
+        EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut, out + kHeaderBytes},
+        codecThreads());
   }
   *result = r;
   return Status::kOk;

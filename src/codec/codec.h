@@ -2,7 +2,9 @@
 // decode-accumulate, and the exact encoded size, for every codec in wire.h.
 //
 // The functions here validate everything once and then call the kernels of
-// the active implementation (scalar, AVX2 or AVX-512; see kernels.h).
+// the active implementation (scalar, AVX2 or AVX-512, chosen by measurement:
+// calibrate.h) on codecThreads() threads (parallel.h); neither choice
+// changes a byte of the output.
 #pragma once
 
 #include <cstddef>

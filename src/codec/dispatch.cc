@@ -1,43 +1,11 @@
-// Chooses the kernel table once per process: the best the CPU supports,
-// capped by SQUALL_CODEC_ISA (useful to compare implementations or to work
-// around a suspected SIMD problem without rebuilding).
-#include <strings.h>
-
-#include <string>
-
+// Chooses the kernel table once per process: SQUALL_CODEC_ISA when it names
+// one, else the fastest the CPU supports as measured (calibrate.h).
+#include "src/codec/calibrate.h"
 #include "src/codec/kernels.h"
 #include "src/common/cpu.h"
-#include "src/common/params.h"
+#include "src/common/log.h"
 
 namespace squall::codec {
-namespace {
-
-Isa bestIsa() {
-  if (isaAvailable(Isa::kAvx512)) return Isa::kAvx512;
-  if (isaAvailable(Isa::kAvx2)) return Isa::kAvx2;
-  return Isa::kScalar;
-}
-
-Isa chooseIsa() {
-  const std::string wanted = paramString(Param::kCodecIsa);
-  Isa cap = Isa::kAvx512;
-  if (strcasecmp(wanted.c_str(), "scalar") == 0) {
-    cap = Isa::kScalar;
-  } else if (strcasecmp(wanted.c_str(), "avx2") == 0) {
-    cap = Isa::kAvx2;
-  } else if (strcasecmp(wanted.c_str(), "avx512") != 0 && strcasecmp(wanted.c_str(), "auto") != 0) {
-    SQUALL_WARN(Subsys::kEnv,
-                "SQUALL_CODEC_ISA=\"%s\" is not auto, scalar, avx2 or avx512; using auto",
-                wanted.c_str());
-  }
-  const Isa best = bestIsa();
-  const Isa chosen = cap < best ? cap : best;
-  SQUALL_INFO(Subsys::kCodec, "codec implementation: %s (SQUALL_CODEC_ISA=%s)",
-              kernelsFor(chosen).name, wanted.c_str());
-  return chosen;
-}
-
-}  // namespace
 
 bool isaAvailable(Isa isa) {
   switch (isa) {
@@ -62,7 +30,14 @@ const KernelTable& kernelsFor(Isa isa) {
 }
 
 const KernelTable& activeKernels() {
-  static const KernelTable& table = kernelsFor(chooseIsa());
+  static const KernelTable& table = []() -> const KernelTable& {
+    const Calibration& c = processCalibration();
+    SQUALL_INFO(Subsys::kCodec, "codec implementation: %s (%s%s%s)", kernelsFor(c.chosen).name,
+                c.source.c_str(), c.reason.empty() ? "" : ": ", c.reason.c_str());
+    if (c.costSeconds > 0)
+      SQUALL_INFO(Subsys::kCodec, "codec calibration took %.1f ms", c.costSeconds * 1e3);
+    return kernelsFor(c.chosen);
+  }();
   return table;
 }
 

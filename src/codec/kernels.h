@@ -55,7 +55,8 @@ const KernelTable& avx512Kernels();
 // Whether `isa` can run here (CPU support and built in).
 bool isaAvailable(Isa isa);
 const KernelTable& kernelsFor(Isa isa);
-// The table in use: the best available, capped by SQUALL_CODEC_ISA.
+// The table in use: SQUALL_CODEC_ISA's, else the fastest measured
+// (calibrate.h), chosen once per process.
 const KernelTable& activeKernels();
 
 }  // namespace squall::codec

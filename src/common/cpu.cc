@@ -5,6 +5,8 @@
 #endif
 
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 namespace squall {
 namespace {
@@ -36,7 +38,43 @@ CpuFeatures detect() {
   return f;
 }
 
+std::string detectModel() {
+  std::string model;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned regs[4] = {0, 0, 0, 0};
+  if (__get_cpuid(0, &regs[0], &regs[1], &regs[2], &regs[3]) == 0) return model;
+  char vendor[13] = {};
+  std::memcpy(vendor, &regs[1], 4);
+  std::memcpy(vendor + 4, &regs[3], 4);
+  std::memcpy(vendor + 8, &regs[2], 4);
+  model = vendor;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) != 0) {
+    const unsigned family = ((a >> 8) & 0xf) + ((a >> 20) & 0xff);
+    const unsigned modelId = ((a >> 4) & 0xf) | (((a >> 16) & 0xf) << 4);
+    char fms[48];
+    std::snprintf(fms, sizeof(fms), " family %u model %u stepping %u", family, modelId, a & 0xf);
+    model += fms;
+  }
+  char brand[49] = {};
+  if (__get_cpuid(0x80000000u, &a, &b, &c, &d) != 0 && a >= 0x80000004u) {
+    for (unsigned leaf = 0; leaf < 3; ++leaf) {
+      __get_cpuid(0x80000002u + leaf, &regs[0], &regs[1], &regs[2], &regs[3]);
+      std::memcpy(brand + static_cast<size_t>(leaf) * 16, regs, 16);
+    }
+    model += " ";
+    model += brand;
+  }
+#endif
+  return model;
+}
+
 }  // namespace
+
+const std::string& cpuModel() {
+  static const std::string model = detectModel();
+  return model;
+}
 
 const CpuFeatures& cpuFeatures() {
   static const CpuFeatures features = detect();

@@ -1,6 +1,8 @@
 // What the CPU (and the operating system's register saving) supports.
 #pragma once
 
+#include <string>
+
 namespace squall {
 
 struct CpuFeatures {
@@ -9,5 +11,9 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpuFeatures();
+
+// What identifies the CPU model, for caches of per-CPU measurements: the
+// vendor and brand strings and family / model / stepping ("" off x86).
+const std::string& cpuModel();
 
 }  // namespace squall

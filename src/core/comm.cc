@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/bootstrap/local_ranks.h"
+#include "src/codec/parallel.h"
 #include "src/common/params.h"
 #include "src/core/engine.h"
 
@@ -29,6 +31,11 @@ Comm::~Comm() = default;
 
 Status Comm::fromBootstrap(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
                            const CommConfig& config, std::unique_ptr<Comm>* out) {
+  // The codec's default thread count divides this machine's cores among the
+  // ranks that share them.
+  int localRanks = 1;
+  SQUALL_TRY(bootstrap::countLocalRanks(*bootstrap, &localRanks));
+  codec::setLocalRanks(localRanks);
   std::unique_ptr<transport::Transport> transport;
   SQUALL_TRY(createTransport(config.transport, *bootstrap, &transport));
   std::unique_ptr<Engine> engine;

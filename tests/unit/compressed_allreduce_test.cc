@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/codec/numeric.h"
+#include "src/codec/parallel.h"
 #include "src/coll/algorithms.h"
 #include "tests/unit/coll_harness.h"
 #include "tests/unit/compressed_reference.h"
@@ -162,6 +163,20 @@ TEST_P(CompressedAllReduce, LargeBuffersMatchReference) {
                              CompressedAlgo::kTwoPhase, ReduceOp::kSum, 100 << 10, 1});
   checkAgainstReference(Case{3, 1 << 20, specOf(codec::CodecId::kOnebit, 2048),
                              CompressedAlgo::kAllGather, ReduceOp::kSum, 256 << 10, 1});
+}
+
+// The multi-threaded codec inside the collective: segments of 256 Ki
+// elements cut into 4 pieces each, ranks (threads of this process) taking the
+// pool in turn or running alone when another holds it; the result must still
+// be the reference's, bit for bit.
+TEST_P(CompressedAllReduce, MultiThreadedCodecMatchesReference) {
+  codec::setCodecThreads(4);
+  ASSERT_GE(codec::piecesFor(size_t{1} << 18, codec::codecThreads()), 4);
+  checkAgainstReference(Case{2, (1 << 20) + 77, specOf(codec::CodecId::kOnebit, 2048),
+                             CompressedAlgo::kTwoPhase, ReduceOp::kAvg, 1 << 20, 2});
+  checkAgainstReference(Case{3, 1 << 20, specOf(codec::CodecId::kInt8, 2048),
+                             CompressedAlgo::kAllGather, ReduceOp::kSum, 1 << 20, 1});
+  codec::setCodecThreads(0);
 }
 
 TEST_P(CompressedAllReduce, WireBytesMatchTheCostModel) {

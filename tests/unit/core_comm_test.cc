@@ -4,6 +4,8 @@
 // r contributes r + 1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "src/bootstrap/bootstrap.h"
+#include "src/codec/parallel.h"
 #include "src/common/status.h"
 #include "src/core/comm.h"
 #include "src/transport/nccl/nccl_table.h"
@@ -45,6 +48,20 @@ void runRanks(int n, const std::function<void(Comm&)>& body) {
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+// Ranks as threads of one process share its cores: the codec's default
+// thread count is the cores divided by the ranks on this machine.
+TEST(CoreComm, CodecThreadsDivideTheCoresAmongLocalRanks) {
+  for (const char* v : {"SQUALL_CODEC_THREADS", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                        "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (std::getenv(v) != nullptr) GTEST_SKIP() << v << " is set; the default is not in use";
+  const int n = 3;
+  std::vector<int> threads(n, 0);
+  runRanks(n,
+           [&](Comm& comm) { threads[static_cast<size_t>(comm.rank())] = codec::codecThreads(); });
+  const int expected = std::max(1, codec::affinityCores() / n);
+  for (int t : threads) EXPECT_EQ(t, expected);
 }
 
 TEST(CoreComm, ConfigFromEnvironmentIsResolved) {

@@ -1,0 +1,314 @@
+#include "src/codec/parallel.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "src/common/log.h"
+#include "src/common/params.h"
+
+namespace squall::codec {
+namespace {
+
+constexpr int kMaxThreads = 64;
+constexpr size_t kElementUnit = 64;  // piece granularity of the element-wise codecs
+
+std::atomic<int> gLocalRanks{1};
+std::atomic<int> gOverride{0};
+
+// A piece of work the pool runs: piece i of `pieces`, i >= 1 (the caller
+// runs piece 0).
+struct Work {
+  void (*run)(const void* context, int piece) = nullptr;
+  const void* context = nullptr;
+  int pieces = 0;
+};
+
+// Workers sleep on a condition variable between calls: on a machine whose
+// cores are shared with other ranks, spinning would take time from them.
+// The pool is never destroyed (its workers may still be waiting when static
+// destructors run); after fork() the child, which has none of the parent's
+// threads, starts a fresh one and keeps the old one reachable.
+struct Pool {
+  std::mutex submit;  // one call at a time; others run on their caller
+  std::mutex mutex;
+  std::condition_variable wake, finished;
+  uint64_t generation = 0;
+  int remaining = 0;  // pieces of the current generation not yet finished
+  Work work;
+  int workers = 0;
+  Pool* previous = nullptr;  // the parent's pool after a fork, kept reachable
+
+  void workerLoop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      Work w;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        wake.wait(lock, [&] { return generation != seen; });
+        seen = generation;
+        w = work;
+      }
+      if (index >= w.pieces) continue;
+      w.run(w.context, index);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (--remaining == 0) finished.notify_one();
+    }
+  }
+
+  // Starts workers up to `count` (index 1..count); false when a thread could
+  // not be started, in which case the caller runs the call alone.
+  bool ensureWorkers(int count) {
+    while (workers < count) {
+      try {
+        const int index = workers + 1;
+        std::thread t([this, index] { workerLoop(index); });
+        pthread_setname_np(t.native_handle(), "squall-codec");
+        t.detach();
+      } catch (const std::system_error& e) {
+        SQUALL_WARN(Subsys::kCodec,
+                    "could not start a codec thread (%s); the codec runs on %d thread(s)", e.what(),
+                    workers + 1);
+        return false;
+      }
+      ++workers;
+    }
+    return true;
+  }
+
+  void run(const Work& w) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      work = w;
+      remaining = w.pieces - 1;
+      ++generation;
+    }
+    wake.notify_all();
+    w.run(w.context, 0);
+    std::unique_lock<std::mutex> lock(mutex);
+    finished.wait(lock, [&] { return remaining == 0; });
+  }
+};
+
+Pool* gPool = nullptr;
+std::once_flag gPoolOnce;
+
+void afterForkInChild() {
+  auto* fresh = new Pool;
+  fresh->previous = gPool;
+  gPool = fresh;
+}
+
+Pool& pool() {
+  std::call_once(gPoolOnce, [] {
+    gPool = new Pool;
+    pthread_atfork(nullptr, nullptr, afterForkInChild);
+  });
+  return *gPool;
+}
+
+int paramThreads() {
+  static const int threads = [] {
+    const int64_t v = paramInt(Param::kCodecThreads);
+    if (v < 0 || v > kMaxThreads) {
+      SQUALL_WARN(Subsys::kEnv, "SQUALL_CODEC_THREADS=%lld is outside 0..%d; using the default",
+                  static_cast<long long>(v), kMaxThreads);
+      return 0;
+    }
+    return static_cast<int>(v);
+  }();
+  return threads;
+}
+
+// Runs `pieces` pieces of `run` and returns when all are done.
+void runPieces(int pieces, void (*run)(const void*, int), const void* context) {
+  if (pieces > 1) {
+    Pool& p = pool();
+    std::unique_lock<std::mutex> lock(p.submit, std::try_to_lock);
+    if (lock.owns_lock() && p.ensureWorkers(pieces - 1)) {
+      p.run(Work{run, context, pieces});
+      return;
+    }
+  }
+  for (int i = 0; i < pieces; ++i) run(context, i);
+}
+
+struct Range {
+  size_t begin = 0, end = 0, firstBlock = 0, blocks = 0;
+};
+
+size_t unitOf(const Spec& spec) { return usesBlocks(spec.codec) ? spec.block : kElementUnit; }
+
+// Piece i of `pieces` over `count` elements, in whole units (blocks).
+Range pieceRange(const Spec& spec, size_t count, int pieces, int i) {
+  const size_t unit = unitOf(spec);
+  const size_t units = (count + unit - 1) / unit;
+  const auto n = static_cast<size_t>(pieces);
+  const auto k = static_cast<size_t>(i);
+  // The first units % n pieces take one unit more, so sizes differ by at
+  // most one unit.
+  const size_t base = units / n, extra = units % n;
+  const size_t firstUnit = k * base + std::min(k, extra);
+  const size_t lastUnit = firstUnit + base + (k < extra ? 1 : 0);
+  Range r;
+  r.begin = std::min(firstUnit * unit, count);
+  r.end = std::min(lastUnit * unit, count);
+  if (usesBlocks(spec.codec)) {
+    r.firstBlock = firstUnit;
+    r.blocks = lastUnit - firstUnit;
+  }
+  return r;
+}
+
+// Where the data of element `begin` lies, from the start of the data section.
+size_t dataByteOffset(CodecId codec, size_t begin) {
+  switch (codec) {
+    case CodecId::kOnebit: return begin / 8;  // begin is a multiple of 64
+    case CodecId::kInt8: return begin;
+    case CodecId::kNone: return begin * 4;
+    case CodecId::kFp16:
+    case CodecId::kBf16: return begin * 2;
+  }
+  return 0;
+}
+
+// The payload pointer and layout a kernel needs to see elements
+// [begin, end) as a call of its own: scales start at the range's first
+// block, and dataOffset is rebased so that payload + dataOffset is the
+// range's first data byte.
+template <typename Payload>
+void rebase(const Spec& spec, const Layout& whole, const Range& r, Payload* payload,
+            Layout* layout) {
+  *layout = whole;
+  if (usesBlocks(spec.codec)) {
+    layout->blocks = r.blocks;
+    layout->dataOffset = whole.dataOffset + dataByteOffset(spec.codec, r.begin) - r.firstBlock * 4;
+    *payload += r.firstBlock * 4;
+  } else {
+    *payload += dataByteOffset(spec.codec, r.begin);
+  }
+}
+
+struct EncodeContext {
+  EncodeFn fn;
+  const EncodeJob* job;
+  int pieces;
+  std::atomic<bool>* finite;
+};
+
+void encodePiece(const void* context, int i) {
+  const auto& c = *static_cast<const EncodeContext*>(context);
+  const EncodeJob& whole = *c.job;
+  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
+  if (r.end <= r.begin) return;
+  EncodeJob job = whole;
+  job.input = static_cast<const uint8_t*>(whole.input) + r.begin * dtypeSize(whole.dtype);
+  job.count = r.end - r.begin;
+  if (whole.residualIn != nullptr) {
+    job.residualIn = whole.residualIn + r.begin;
+    job.residualOut = whole.residualOut + r.begin;
+  }
+  rebase(whole.spec, whole.layout, r, &job.payload, &job.layout);
+  if (!c.fn(job)) c.finite->store(false, std::memory_order_relaxed);
+}
+
+struct DecodeContext {
+  DecodeFn fn;
+  const DecodeJob* job;
+  int pieces;
+};
+
+void decodePiece(const void* context, int i) {
+  const auto& c = *static_cast<const DecodeContext*>(context);
+  const DecodeJob& whole = *c.job;
+  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
+  if (r.end <= r.begin) return;
+  DecodeJob job = whole;
+  job.count = r.end - r.begin;
+  job.output = whole.output + r.begin;
+  rebase(whole.spec, whole.layout, r, &job.payload, &job.layout);
+  c.fn(job);
+}
+
+}  // namespace
+
+int affinityCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+void setLocalRanks(int localRanks) {
+  int seen = gLocalRanks.load();
+  while (localRanks > seen && !gLocalRanks.compare_exchange_weak(seen, localRanks)) {
+  }
+}
+
+void setCodecThreads(int threads) { gOverride.store(std::clamp(threads, 0, kMaxThreads)); }
+
+// The ranks per host a launcher announces (torchrun, Open MPI, MPICH,
+// Slurm); 1 when none does. Communicators built over MPI have no rendezvous
+// of their own to count local ranks with, so this is what they go by.
+int launcherLocalRanks() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                           "SLURM_NTASKS_PER_NODE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    const long n = std::strtol(value, &end, 10);
+    if (end != value && *end == '\0' && n >= 1 && n <= 4096) return static_cast<int>(n);
+  }
+  return 1;
+}
+
+int codecThreads() {
+  if (const int forced = gOverride.load(); forced > 0) return forced;
+  if (const int fromEnv = paramThreads(); fromEnv > 0) return fromEnv;
+  static const int cores = affinityCores();
+  static const int launcher = launcherLocalRanks();
+  const int local = std::max({1, gLocalRanks.load(), launcher});
+  return std::clamp(cores / local, 1, kMaxThreads);
+}
+
+size_t minElementsPerThread() {
+  static const size_t minimum = [] {
+    const int64_t v = paramInt(Param::kCodecThreadMinElements);
+    return v >= static_cast<int64_t>(kElementUnit) ? static_cast<size_t>(v) : kElementUnit;
+  }();
+  return minimum;
+}
+
+int piecesFor(size_t count, int threads) {
+  const size_t byWork = count / minElementsPerThread();
+  return static_cast<int>(std::clamp<size_t>(byWork, 1, static_cast<size_t>(std::max(threads, 1))));
+}
+
+bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads) {
+  const int pieces = piecesFor(job.count, threads);
+  if (pieces <= 1) return fn(job);
+  std::atomic<bool> finite{true};
+  const EncodeContext context{fn, &job, pieces, &finite};
+  runPieces(pieces, encodePiece, &context);
+  return finite.load(std::memory_order_relaxed);
+}
+
+void parallelDecode(DecodeFn fn, const DecodeJob& job, int threads) {
+  const int pieces = piecesFor(job.count, threads);
+  if (pieces <= 1) {
+    fn(job);
+    return;
+  }
+  const DecodeContext context{fn, &job, pieces};
+  runPieces(pieces, decodePiece, &context);
+}
+
+}  // namespace squall::codec

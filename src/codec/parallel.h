@@ -1,0 +1,46 @@
+// The multi-threaded codec: one encode, decode or decode-accumulate call cut
+// into pieces at block boundaries (64-element boundaries for the element-wise
+// codecs) and run by a small pool of worker threads plus the caller.
+//
+// Every block is encoded by exactly one thread with the same kernel it would
+// see single-threaded, and a piece boundary is a block boundary, so the
+// bytes, the residuals and the decoded floats are identical to the
+// single-thread codec for any thread count (tests/unit/codec_threads_test.cc).
+#pragma once
+
+#include <cstddef>
+
+#include "src/codec/kernels.h"
+
+namespace squall::codec {
+
+// Threads one codec call may use: SQUALL_CODEC_THREADS when it is set (> 0),
+// else the cores this process may run on (sched_getaffinity) divided by the
+// ranks that share this host: the most that a communicator reported
+// (setLocalRanks) or a launcher announced (LOCAL_WORLD_SIZE,
+// OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE).
+int codecThreads();
+// Called by communicators once they know how many of their ranks run on this
+// host; the largest count seen is kept (a process's communicators share its
+// cores).
+void setLocalRanks(int localRanks);
+// Overrides codecThreads() for this process (benchmarks, tests); 0 returns
+// to the default. Takes precedence over SQUALL_CODEC_THREADS.
+void setCodecThreads(int threads);
+// The cores this process may run on.
+int affinityCores();
+// The smallest piece, in elements, worth a thread of its own
+// (SQUALL_CODEC_THREAD_MIN_ELEMENTS): below twice this a call runs on the
+// caller alone, so small calls never pay for waking workers.
+size_t minElementsPerThread();
+
+// How many pieces a call of `count` elements is cut into with `threads`.
+int piecesFor(size_t count, int threads);
+
+// Runs the kernel of `job` on up to `threads` threads; returns the AND of the
+// pieces' finite flags. When another thread is already using the pool, the
+// call runs on the caller alone (same bytes, no waiting on the other call).
+bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads);
+void parallelDecode(DecodeFn fn, const DecodeJob& job, int threads);
+
+}  // namespace squall::codec
