@@ -55,12 +55,25 @@ typedef struct {
    * reach with these betas, (1 - beta1) / sqrt((1 - beta2) (1 - beta1^2 / beta2)) = 7.27 for
    * (0.9, 0.999), and no clip when beta1^2 >= beta2; > 0: that bound. */
   float maxUpdate;
+  /* APMSqueeze adaptive warmup (docs/optim.md, "When the warmup ends"). freezeThreshold > 0:
+   * the warmup ends after the first step t, a multiple of freezeWindow and >= 2 freezeWindow,
+   * where sum |v_hat_t - v_hat_(t - freezeWindow)| / sum v_hat_t < freezeThreshold (v_hat: the
+   * bias-corrected second moment, the same on every rank, so every rank decides alike), and
+   * at the latest after the fixed warmup (warmupSteps / warmupFraction), now an upper bound.
+   * freezeThreshold = 0: the fixed warmup. */
+  double freezeThreshold;
+  int64_t freezeWindow;
 } squallOptimConfig_t;
+
+/* The adaptive warmup's defaults (docs/convergence.md measures them). */
+#define SQUALL_OPTIM_FREEZE_THRESHOLD 0.0
+#define SQUALL_OPTIM_FREEZE_WINDOW 8
 
 #define SQUALL_OPTIM_CONFIG_INIT                                                                   \
   {                                                                                                \
     sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
-        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f                                     \
+        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f, SQUALL_OPTIM_FREEZE_THRESHOLD,     \
+        SQUALL_OPTIM_FREEZE_WINDOW                                                                 \
   }
 
 typedef struct squallOptimizer* squallOptimizer_t;
@@ -68,7 +81,7 @@ typedef struct squallOptimizer* squallOptimizer_t;
 typedef struct {
   int64_t step;             /* steps taken */
   squallOptimPhase_t phase; /* APMSqueeze phase */
-  int64_t warmupSteps;      /* resolved warmup length */
+  int64_t warmupSteps;      /* the warmup's length once frozen; before, its upper bound */
   uint64_t bytesSent;       /* by this rank over all steps, headers included */
   uint64_t skippedSteps;    /* compressed steps whose residuals were kept (non-finite input) */
 } squallOptimInfo_t;

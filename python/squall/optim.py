@@ -144,13 +144,20 @@ class APMSqueeze(torch.optim.Optimizer):
     these betas, 7.27 lr for (0.9, 0.999)). guard=False is the plain update of
     the paper, which can blow up where the frozen variance is (near) zero.
     See docs/optim.md, "The guard".
+
+    freeze_threshold, freeze_window (None: the library's defaults): the
+    adaptive warmup. The warmup ends at the first multiple t of freeze_window
+    (t >= 2 freeze_window) where the bias-corrected variance changed by less
+    than freeze_threshold (relative, L1) over the last window, and at the
+    latest after `warmup`, which becomes an upper bound; freeze_threshold=0 is
+    the fixed warmup. See docs/optim.md, "When the warmup ends".
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, warmup=0.15, total_steps=None,
                  codec="onebit", comm=None, mode="apmsqueeze", guard=True, max_update=None,
-                 broadcast_initial=True):
+                 broadcast_initial=True, freeze_threshold=None, freeze_window=None):
         _lib.require_optim()
         for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
                             ("capturable", capturable), ("differentiable", differentiable),
@@ -179,6 +186,21 @@ class APMSqueeze(torch.optim.Optimizer):
                 "squall.optim.APMSqueeze: max_update is None (the bound of full-precision Adam "
                 f"for these betas) or a finite number > 0, not {max_update!r}")
         self.guard, self.max_update = guard, max_update
+        if freeze_threshold is None:
+            freeze_threshold = _lib.FREEZE_THRESHOLD
+        if freeze_window is None:
+            freeze_window = _lib.FREEZE_WINDOW
+        if isinstance(freeze_threshold, bool) or not (
+                isinstance(freeze_threshold, (int, float)) and 0 <= freeze_threshold < math.inf):
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze: freeze_threshold is 0 (the fixed warmup) or a finite "
+                f"relative change > 0, not {freeze_threshold!r}")
+        if isinstance(freeze_window, bool) or not isinstance(freeze_window, int) \
+                or freeze_window < 1:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: freeze_window is a number of steps >= 1, not "
+                f"{freeze_window!r}")
+        self.freeze_threshold, self.freeze_window = float(freeze_threshold), freeze_window
         self.mode = mode
         self.codec = codec
         self._spec = parse_codec(codec)
@@ -280,6 +302,8 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.codec = self._spec
         cfg.guard = 1 if self.guard else 0
         cfg.maxUpdate = float(self.max_update or 0.0)
+        cfg.freezeThreshold = self.freeze_threshold
+        cfg.freezeWindow = self.freeze_window
         h = ctypes.c_void_p()
         with _cuda.device_guard(self.comm.device):  # from NCCL: the state lives on its GPU
             check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
@@ -314,6 +338,8 @@ class APMSqueeze(torch.optim.Optimizer):
                 ("warmup fraction", float(self._warmup_fraction)),
                 ("total_steps", float(self._total_steps)), ("guard", float(self.guard)),
                 ("max_update", float(self.max_update or 0.0)),
+                ("freeze_threshold", self.freeze_threshold),
+                ("freeze_window", float(self.freeze_window)),
                 ("mode", float(_MODES[self.mode])), ("codec", float(self._spec.codec)),
                 ("codec block", float(self._spec.blockSize))]
         for i, g in enumerate(self.param_groups):

@@ -79,6 +79,8 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   out->slowmoCompressed = c.slowmoCompressed != 0;
   out->guard = c.guard != 0;
   out->maxUpdate = c.maxUpdate;
+  out->freezeThreshold = c.freezeThreshold;
+  out->freezeWindow = c.freezeWindow;
   return Status::kOk;
 }
 

@@ -64,6 +64,9 @@ class Backend {
   // ---- Kernels of update_kernels.h, on this backend's memory.
   // Waits (on the device) so that the host can decide.
   virtual Status allFinite(const float* p, size_t n, bool* finite) = 0;
+  // update_kernels.h's varianceChange (the same bits on every backend); waits.
+  virtual Status varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                double* diff, double* total) = 0;
   virtual Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                           const AdamScalars& s) = 0;
   virtual Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,

@@ -55,6 +55,12 @@ Status HostBackend::allFinite(const float* p, size_t n, bool* finite) {
   return Status::kOk;
 }
 
+Status HostBackend::varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                   double* diff, double* total) {
+  optim::varianceChange(n, v, snap, a, b, diff, total);
+  return Status::kOk;
+}
+
 Status HostBackend::adamStep(size_t n, float* x, float* m, float* v, const float* g,
                              const AdamScalars& s) {
   optim::adamStep(n, x, m, v, g, s);

@@ -34,6 +34,8 @@ class HostBackend final : public Backend {
   Status restoreResiduals(Channel channel) override;
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
+  Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
+                        double* total) override;
   Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                   const AdamScalars& s) override;
   Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,

@@ -30,9 +30,16 @@ struct Config {
   float lr = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weightDecay = 0.0f;
-  int64_t warmupSteps = -1;  // < 0: round(warmupFraction * totalSteps)
+  // APMSqueeze warmup: at most warmupSteps (< 0: round(warmupFraction *
+  // totalSteps)) steps; with freezeThreshold > 0 it ends earlier, after the
+  // first step t (a multiple of freezeWindow, t >= 2 freezeWindow) where the
+  // bias-corrected variance moved by less than freezeThreshold since step
+  // t - freezeWindow: sum |v_hat_t - v_hat_{t-W}| / sum v_hat_t.
+  int64_t warmupSteps = -1;
   double warmupFraction = 0.15;
   int64_t totalSteps = 0;
+  double freezeThreshold = 0.0;  // 0: the fixed warmup
+  int64_t freezeWindow = 8;
   codec::Spec codec;
   int slowmoTau = 0;  // 0: SlowMo off
   float slowmoAlpha = 1.0f;
@@ -45,9 +52,10 @@ struct Config {
 struct Info {
   int64_t step = 0;
   Phase phase = Phase::kWarmup;
-  int64_t warmupSteps = 0;
+  int64_t warmupSteps = 0;  // the steps of the warmup once frozen, its upper bound before
   uint64_t bytesSent = 0;
   uint64_t skippedSteps = 0;
+  double varianceChange = -1.0;  // the last measured relative change (< 0: none yet)
 };
 
 // Checks a config (with messages naming the bad field) and resolves the
@@ -109,6 +117,9 @@ class Optimizer {
   Optimizer() = default;
   Status run(float* params, const float* grads, float lr, bool device, void* stream);
   bool nextStepCommunicates() const;
+  bool adaptiveWarmup() const {
+    return config_.mode == Mode::kApmSqueeze && config_.freezeThreshold > 0.0;
+  }
   Status openStep(Status check);
   Status adamStep(float* params, const float* grads, float lr, bool allReduce);
   Status compressedStep(float* params, const float* grads, float lr);
@@ -116,12 +127,16 @@ class Optimizer {
   Status compressedAverage(Channel channel, float* buffer, bool* finite);
   Status fullAverage(const float* in, float* out);
   Status switchToCompressed();
+  Status varianceSettled(bool* settled);
   Status sections(std::vector<SectionView>* out, std::vector<std::vector<float>>* staging) const;
 
   std::unique_ptr<Backend> backend_;
   size_t count_ = 0;
   Config config_;
-  int64_t warmupSteps_ = 0;       // resolved
+  int64_t warmupSteps_ = 0;       // resolved: the upper bound of the warmup
+  int64_t frozenAt_ = 0;          // the step after which the variance froze (0: not yet)
+  int64_t snapAdamSteps_ = 0;     // the Adam updates behind vSnap_ (0: no snapshot yet)
+  double varianceChange_ = -1.0;  // the last measured relative change
   bool momentumChannel_ = false;  // APMSqueeze: the momentum's residuals
   bool slowmoChannel_ = false;    // compressed SlowMo: the drift's residuals
 
@@ -139,6 +154,7 @@ class Optimizer {
   float* xPrev_ = nullptr;
   float* u_ = nullptr;
   float* xAvg_ = nullptr;
+  float* vSnap_ = nullptr;  // APMSqueeze with freezeThreshold > 0: v at the last window end
 };
 
 }  // namespace squall::optim

@@ -51,6 +51,8 @@ class DeviceBackend final : public Backend {
   Status restoreResiduals(Channel channel) override { return moveMarks(channel, false); }
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
+  Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
+                        double* total) override;
   Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                   const AdamScalars& s) override {
     return cuda::adamStep(n, x, m, v, g, s, stream_);
@@ -99,9 +101,10 @@ class DeviceBackend final : public Backend {
   int rank_;
   cudaStream_t stream_ = nullptr;  // of the last step: save and load wait for it
   std::vector<void*> buffers_;
-  int* flag_ = nullptr;    // kFlagInts ints
-  int* status_ = nullptr;  // one status word per rank (exchangeStatus)
-  int hostStatus_ = 0;     // the source of this rank's word, alive until it is copied
+  int* flag_ = nullptr;      // kFlagInts ints
+  int* status_ = nullptr;    // one status word per rank (exchangeStatus)
+  double* lanes_ = nullptr;  // varianceChange's partial sums, allocated at first use
+  int hostStatus_ = 0;       // the source of this rank's word, alive until it is copied
   std::unique_ptr<coll::device::DeviceCompressedState> states_[2];
   size_t counts_[2] = {0, 0};
 };
@@ -213,6 +216,23 @@ Status DeviceBackend::allFinite(const float* p, size_t n, bool* finite) {
   // step's bias correction uses) is taken on the host.
   SQUALL_CUDA_TRY(cudaStreamSynchronize(stream_));
   *finite = host == 0;
+  return Status::kOk;
+}
+
+Status DeviceBackend::varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                     double* diff, double* total) {
+  const size_t bytes = 2 * kVarianceLanes * sizeof(double);
+  if (lanes_ == nullptr) {
+    void* p = nullptr;
+    SQUALL_TRY(alloc(bytes, &p));
+    lanes_ = static_cast<double*>(p);
+  }
+  SQUALL_TRY(varianceLanes(n, v, snap, a, b, lanes_, stream_));
+  std::vector<double> host(2 * kVarianceLanes);
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(host.data(), lanes_, bytes, cudaMemcpyDeviceToHost, stream_));
+  // A host wait, like allFinite's: the freeze decision is taken on the host.
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream_));
+  sumVarianceLanes(host.data(), diff, total);
   return Status::kOk;
 }
 
