@@ -30,6 +30,13 @@ typedef enum {
   squallPhaseCompressed = 1 /* APMSqueeze: frozen variance, compressed momentum */
 } squallOptimPhase_t;
 
+typedef enum {
+  squallOptimAlgoBytes = 0,     /* fewer bytes: two-phase from 3 ranks on */
+  squallOptimAlgoTwoPhase = 1,  /* reduce-scatter + all-gather, 2 (n-1)/n E per rank */
+  squallOptimAlgoAllGather = 2, /* one round, (n-1) E per rank */
+  squallOptimAlgoTime = 3       /* the communicator's alpha-beta time model */
+} squallOptimAlgo_t;
+
 typedef struct {
   size_t size; /* sizeof(squallOptimConfig_t) */
   squallOptimMode_t mode;
@@ -63,6 +70,12 @@ typedef struct {
    * freezeThreshold = 0: the fixed warmup. */
   double freezeThreshold;
   int64_t freezeWindow;
+  /* The algorithm of the host compressed allreduces (momentum, compressed SlowMo;
+   * docs/optim.md, "Choosing the algorithm and the block size"): squallOptimAlgoBytes
+   * (default) the one that sends fewer bytes, squallOptimAlgoTime the communicator's
+   * latency/bandwidth model, or a fixed one. A fixed SQUALL_COMPRESSED_ALGO overrides the
+   * two automatic choices. The device path always runs the two-phase algorithm. */
+  int compressedAlgo;
 } squallOptimConfig_t;
 
 /* The adaptive warmup's defaults (docs/convergence.md measures them). */
@@ -73,7 +86,7 @@ typedef struct {
   {                                                                                                \
     sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
         0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f, SQUALL_OPTIM_FREEZE_THRESHOLD,     \
-        SQUALL_OPTIM_FREEZE_WINDOW                                                                 \
+        SQUALL_OPTIM_FREEZE_WINDOW, squallOptimAlgoBytes                                           \
   }
 
 typedef struct squallOptimizer* squallOptimizer_t;

@@ -151,13 +151,18 @@ class APMSqueeze(torch.optim.Optimizer):
     than freeze_threshold (relative, L1) over the last window, and at the
     latest after `warmup`, which becomes an upper bound; freeze_threshold=0 is
     the fixed warmup. See docs/optim.md, "When the warmup ends".
+
+    compressed_algo: "bytes" (default: the compressed allreduce that sends
+    fewer bytes, two-phase from 3 ranks on), "time" (the communicator's
+    latency/bandwidth model), "twophase" or "allgather".
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, warmup=0.15, total_steps=None,
                  codec="onebit", comm=None, mode="apmsqueeze", guard=True, max_update=None,
-                 broadcast_initial=True, freeze_threshold=None, freeze_window=None):
+                 broadcast_initial=True, freeze_threshold=None, freeze_window=None,
+                 compressed_algo="bytes"):
         _lib.require_optim()
         for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
                             ("capturable", capturable), ("differentiable", differentiable),
@@ -201,6 +206,11 @@ class APMSqueeze(torch.optim.Optimizer):
                 f"squall.optim.APMSqueeze: freeze_window is a number of steps >= 1, not "
                 f"{freeze_window!r}")
         self.freeze_threshold, self.freeze_window = float(freeze_threshold), freeze_window
+        if compressed_algo not in _lib.OPTIM_ALGOS:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: compressed_algo is one of "
+                f"{', '.join(_lib.OPTIM_ALGOS)}, not {compressed_algo!r}")
+        self.compressed_algo = compressed_algo
         self.mode = mode
         self.codec = codec
         self._spec = parse_codec(codec)
@@ -304,6 +314,7 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.maxUpdate = float(self.max_update or 0.0)
         cfg.freezeThreshold = self.freeze_threshold
         cfg.freezeWindow = self.freeze_window
+        cfg.compressedAlgo = _lib.OPTIM_ALGOS[self.compressed_algo]
         h = ctypes.c_void_p()
         with _cuda.device_guard(self.comm.device):  # from NCCL: the state lives on its GPU
             check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
@@ -340,6 +351,7 @@ class APMSqueeze(torch.optim.Optimizer):
                 ("max_update", float(self.max_update or 0.0)),
                 ("freeze_threshold", self.freeze_threshold),
                 ("freeze_window", float(self.freeze_window)),
+                ("compressed_algo", float(_lib.OPTIM_ALGOS[self.compressed_algo])),
                 ("mode", float(_MODES[self.mode])), ("codec", float(self._spec.codec)),
                 ("codec block", float(self._spec.blockSize))]
         for i, g in enumerate(self.param_groups):

@@ -81,6 +81,23 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   out->maxUpdate = c.maxUpdate;
   out->freezeThreshold = c.freezeThreshold;
   out->freezeWindow = c.freezeWindow;
+  switch (c.compressedAlgo) {
+    case squallOptimAlgoBytes:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kAutoBytes;
+      break;
+    case squallOptimAlgoTwoPhase:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kTwoPhase;
+      break;
+    case squallOptimAlgoAllGather:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kAllGather;
+      break;
+    case squallOptimAlgoTime: out->compressedAlgo = squall::coll::CompressedAlgo::kAuto; break;
+    default:
+      return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                         "compressedAlgo is %d; use squallOptimAlgoBytes, TwoPhase, AllGather or "
+                         "Time",
+                         c.compressedAlgo);
+  }
   return Status::kOk;
 }
 

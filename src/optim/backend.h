@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/codec/wire.h"
+#include "src/coll/context.h"
 #include "src/common/status.h"
 #include "src/optim/update_kernels.h"
 
@@ -36,8 +37,10 @@ class Backend {
   // ---- Setup (at create; may wait).
   // A zeroed buffer of `count` floats, freed with the backend.
   virtual Status allocate(size_t count, float** out) = 0;
-  // The residuals of `channel` for compressed allreduces of `count` floats.
-  virtual Status createChannel(Channel channel, size_t count, const codec::Spec& spec) = 0;
+  // The residuals of `channel` for compressed allreduces of `count` floats,
+  // run with the algorithm choice `algo` (where the backend has a choice).
+  virtual Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                               coll::CompressedAlgo algo) = 0;
 
   // The stream the operations of the step that follows go on: a
   // cudaStream_t on the device; ignored on the host.

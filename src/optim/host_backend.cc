@@ -11,10 +11,13 @@ Status HostBackend::allocate(size_t count, float** out) {
   return Status::kOk;
 }
 
-Status HostBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec) {
+Status HostBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                                  coll::CompressedAlgo algo) {
   Slot& s = slot(channel);
   s.count = count;
-  return coll::CompressedState::create(comm_->size(), count, spec, &s.state);
+  SQUALL_TRY(coll::CompressedState::create(comm_->size(), count, spec, &s.state));
+  s.state->setAlgorithm(algo);
+  return Status::kOk;
 }
 
 Status HostBackend::exchangeStatus(Status check) {

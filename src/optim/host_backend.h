@@ -24,7 +24,8 @@ class HostBackend final : public Backend {
   int rank() const override { return comm_->rank(); }
   bool onDevice() const override { return false; }
   Status allocate(size_t count, float** out) override;
-  Status createChannel(Channel channel, size_t count, const codec::Spec& spec) override;
+  Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                       coll::CompressedAlgo algo) override;
   void setStream(void*) override {}
 
   Status exchangeStatus(Status check) override;

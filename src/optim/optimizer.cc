@@ -162,14 +162,16 @@ Status Optimizer::createOn(std::unique_ptr<Backend> backend, size_t count, const
   SQUALL_TRY(b.allocate(count, &o->v_));
   SQUALL_TRY(b.allocate(count, &o->scratch_));
   o->momentumChannel_ = c.mode == Mode::kApmSqueeze;
-  if (o->momentumChannel_) SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec));
+  if (o->momentumChannel_)
+    SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec, c.compressedAlgo));
   if (o->adaptiveWarmup()) SQUALL_TRY(b.allocate(count, &o->vSnap_));
   if (c.slowmoTau > 0) {
     SQUALL_TRY(b.allocate(count, &o->xPrev_));
     SQUALL_TRY(b.allocate(count, &o->u_));
     SQUALL_TRY(b.allocate(count, &o->xAvg_));
     o->slowmoChannel_ = c.slowmoCompressed;
-    if (o->slowmoChannel_) SQUALL_TRY(b.createChannel(Channel::kSlowmo, count, c.codec));
+    if (o->slowmoChannel_)
+      SQUALL_TRY(b.createChannel(Channel::kSlowmo, count, c.codec, c.compressedAlgo));
   }
   SQUALL_INFO(Subsys::kOptim,
               "optimizer (%s): mode %d, %zu parameters, warmup %lld, SlowMo tau %d, rank %d/%d",

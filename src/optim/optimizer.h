@@ -14,6 +14,7 @@
 #include "src/codec/wire.h"
 #include "src/coll/communicator.h"
 #include "src/coll/compressed_state.h"
+#include "src/coll/context.h"
 #include "src/common/status.h"
 #include "src/optim/backend.h"
 #include "src/optim/state_blob.h"
@@ -45,6 +46,9 @@ struct Config {
   float slowmoAlpha = 1.0f;
   float slowmoBeta = 0.5f;
   bool slowmoCompressed = false;
+  // The compressed allreduces' algorithm on the host: kAutoBytes (the one
+  // sending fewer bytes), kAuto (the communicator's time model), or fixed.
+  coll::CompressedAlgo compressedAlgo = coll::CompressedAlgo::kAutoBytes;
   bool guard = true;       // APMSqueeze compressed stage: mask v_hat == 0, clip the ratio
   float maxUpdate = 0.0f;  // the clip; 0: adamRatioBound(beta1, beta2)
 };

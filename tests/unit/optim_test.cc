@@ -375,6 +375,23 @@ TEST(AdaptiveWarmup, ResumeAfterTheFreezeKeepsItsStep) {
   EXPECT_LT(i.warmupSteps, 25);
 }
 
+// The optimizer's compressed allreduces choose by bytes (two-phase at 4
+// ranks even for a small buffer, where the time model picks the all-gather),
+// unless told otherwise.
+TEST(ApmSqueeze, CompressedAlgorithmFollowsTheConfig) {
+  for (auto [algo, name] : {std::pair{coll::CompressedAlgo::kAutoBytes, "twophase"},
+                            std::pair{coll::CompressedAlgo::kAuto, "allgather"},
+                            std::pair{coll::CompressedAlgo::kAllGather, "allgather"}}) {
+    Config c = apmConfig(1);
+    c.compressedAlgo = algo;
+    Group group(4);
+    auto opts = createAll(group, 3000, c);
+    std::vector<std::vector<float>> params(4, initialParams(3000));
+    runSteps(group, opts, params, 0, 3);
+    EXPECT_STREQ(opts[0]->momentumState()->lastStats().algorithm, name);
+  }
+}
+
 TEST(AdaptiveWarmup, BadSettingsAreRejected) {
   int64_t w = 0;
   Config c = adaptiveConfig(10, -0.5, 4);

@@ -41,7 +41,9 @@ class DeviceBackend final : public Backend {
   int rank() const override { return rank_; }
   bool onDevice() const override { return true; }
   Status allocate(size_t count, float** out) override;
-  Status createChannel(Channel channel, size_t count, const codec::Spec& spec) override;
+  // The device compressed allreduce has one algorithm (two-phase).
+  Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                       coll::CompressedAlgo) override;
   void setStream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
 
   Status exchangeStatus(Status check) override;
@@ -138,7 +140,8 @@ Status DeviceBackend::allocate(size_t count, float** out) {
   return Status::kOk;
 }
 
-Status DeviceBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec) {
+Status DeviceBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                                    coll::CompressedAlgo) {
   const int c = static_cast<int>(channel);
   counts_[c] = count;
   return coll::device::DeviceCompressedState::create(nranks_, rank_, count, spec, &states_[c]);
