@@ -76,17 +76,27 @@ typedef struct {
    * latency/bandwidth model, or a fixed one. A fixed SQUALL_COMPRESSED_ALGO overrides the
    * two automatic choices. The device path always runs the two-phase algorithm. */
   int compressedAlgo;
+  /* The APMSqueeze warmup's gradient average (docs/optim.md, "A cheaper warmup"):
+   * squallCodecNone (fp32), squallCodecFp16 or squallCodecBf16 (each rank's gradient
+   * rounded, summed in fp32, rounded again; stateless). */
+  int warmupCodec;
 } squallOptimConfig_t;
 
-/* The adaptive warmup's defaults (docs/convergence.md measures them). */
-#define SQUALL_OPTIM_FREEZE_THRESHOLD 0.0
+/* The optimizers' defaults (docs/convergence.md measures them, docs/optim.md explains
+ * them): the adaptive warmup (threshold 0.2 over 8-step windows, the 15% fraction as the
+ * upper bound), a bf16 warmup, and onebit momentum in 64-element blocks. */
+#define SQUALL_OPTIM_FREEZE_THRESHOLD 0.2
 #define SQUALL_OPTIM_FREEZE_WINDOW 8
+#define SQUALL_OPTIM_WARMUP_CODEC squallCodecBf16
+#define SQUALL_OPTIM_BLOCK_SIZE 64
+#define SQUALL_OPTIM_CODEC_SPEC \
+  { squallCodecOnebit, squallScaleMeanAbs, SQUALL_OPTIM_BLOCK_SIZE }
 
 #define SQUALL_OPTIM_CONFIG_INIT                                                                   \
   {                                                                                                \
     sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
-        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f, SQUALL_OPTIM_FREEZE_THRESHOLD,     \
-        SQUALL_OPTIM_FREEZE_WINDOW, squallOptimAlgoBytes                                           \
+        0, SQUALL_OPTIM_CODEC_SPEC, 0, 1.0f, 0.5f, 0, 1, 0.0f, SQUALL_OPTIM_FREEZE_THRESHOLD,      \
+        SQUALL_OPTIM_FREEZE_WINDOW, squallOptimAlgoBytes, SQUALL_OPTIM_WARMUP_CODEC                \
   }
 
 typedef struct squallOptimizer* squallOptimizer_t;

@@ -155,14 +155,19 @@ class APMSqueeze(torch.optim.Optimizer):
     compressed_algo: "bytes" (default: the compressed allreduce that sends
     fewer bytes, two-phase from 3 ranks on), "time" (the communicator's
     latency/bandwidth model), "twophase" or "allgather".
+
+    warmup_codec (None: the library's default): the warmup's gradient
+    average in fp32 ("none"), "fp16" or "bf16" (half the bytes; stateless
+    rounding, the sum in fp32). See docs/optim.md, "A cheaper warmup".
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, warmup=0.15, total_steps=None,
-                 codec="onebit", comm=None, mode="apmsqueeze", guard=True, max_update=None,
+                 codec="onebit:block=64", comm=None, mode="apmsqueeze", guard=True,
+                 max_update=None,
                  broadcast_initial=True, freeze_threshold=None, freeze_window=None,
-                 compressed_algo="bytes"):
+                 compressed_algo="bytes", warmup_codec=None):
         _lib.require_optim()
         for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
                             ("capturable", capturable), ("differentiable", differentiable),
@@ -211,6 +216,13 @@ class APMSqueeze(torch.optim.Optimizer):
                 f"squall.optim.APMSqueeze: compressed_algo is one of "
                 f"{', '.join(_lib.OPTIM_ALGOS)}, not {compressed_algo!r}")
         self.compressed_algo = compressed_algo
+        if warmup_codec is None:
+            warmup_codec = _lib.WARMUP_CODEC
+        if warmup_codec not in _lib.WARMUP_CODECS:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: warmup_codec is one of "
+                f"{', '.join(_lib.WARMUP_CODECS)}, not {warmup_codec!r}")
+        self.warmup_codec = warmup_codec
         self.mode = mode
         self.codec = codec
         self._spec = parse_codec(codec)
@@ -315,6 +327,7 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.freezeThreshold = self.freeze_threshold
         cfg.freezeWindow = self.freeze_window
         cfg.compressedAlgo = _lib.OPTIM_ALGOS[self.compressed_algo]
+        cfg.warmupCodec = _lib.WARMUP_CODECS[self.warmup_codec]
         h = ctypes.c_void_p()
         with _cuda.device_guard(self.comm.device):  # from NCCL: the state lives on its GPU
             check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
@@ -352,6 +365,7 @@ class APMSqueeze(torch.optim.Optimizer):
                 ("freeze_threshold", self.freeze_threshold),
                 ("freeze_window", float(self.freeze_window)),
                 ("compressed_algo", float(_lib.OPTIM_ALGOS[self.compressed_algo])),
+                ("warmup_codec", float(_lib.WARMUP_CODECS[self.warmup_codec])),
                 ("mode", float(_MODES[self.mode])), ("codec", float(self._spec.codec)),
                 ("codec block", float(self._spec.blockSize))]
         for i, g in enumerate(self.param_groups):
@@ -557,9 +571,10 @@ class SlowMo(torch.optim.Optimizer):
         x      = x_prev
 
     alpha=1, beta=0 is exactly periodic averaging (Local SGD / local Adam).
-    mode 'full' averages in full precision; 'compressed' through an
-    error-compensated compressed allreduce with `codec` (its residuals are
-    not checkpointed). The base optimizer's own state (e.g. Adam moments)
+    mode 'full' averages in full precision; 'compressed' averages the drift
+    x - x_prev through an error-compensated compressed allreduce with `codec`
+    (x_avg = x_prev + avg(x - x_prev), as the C optimizer does; the residuals
+    are not checkpointed). The base optimizer's own state (e.g. Adam moments)
     stays local. With broadcast_initial (default), rank 0's parameters are
     broadcast at construction so all ranks start equal. With lr == 0 a sync
     sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
@@ -666,12 +681,17 @@ class SlowMo(torch.optim.Optimizer):
         for i, group in enumerate(self.param_groups):
             params = group["params"]
             x = _flatten_into(torch.empty_like(self._x_prev[i]), params)
+            xp, u = self._x_prev[i], self._u[i]
             if self._compressors[i] is not None:
+                # The drift since the last sync, not the parameters: it is small
+                # and zero-mean-ish, what a 1-bit code with error feedback carries
+                # well; x_prev is the same on every rank, so x_avg is too.
+                x.sub_(xp)
                 self._compressors[i].allreduce(x, "avg")
+                x.add_(xp)
             else:
                 self.comm.allreduce(x, "avg")
             lr = float(group["lr"])
-            xp, u = self._x_prev[i], self._u[i]
             if lr > 0:
                 u.mul_(self.beta).add_((xp - x) / lr)
                 if self.alpha == 1.0 and self.beta == 0.0:

@@ -81,6 +81,12 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   out->maxUpdate = c.maxUpdate;
   out->freezeThreshold = c.freezeThreshold;
   out->freezeWindow = c.freezeWindow;
+  SQUALL_REQUIRE(c.warmupCodec == squallCodecNone || c.warmupCodec == squallCodecFp16 ||
+                     c.warmupCodec == squallCodecBf16,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "warmupCodec is %d; use squallCodecNone, squallCodecFp16 or squallCodecBf16",
+                 c.warmupCodec);
+  out->warmupCodec = static_cast<squall::codec::CodecId>(c.warmupCodec);
   switch (c.compressedAlgo) {
     case squallOptimAlgoBytes:
       out->compressedAlgo = squall::coll::CompressedAlgo::kAutoBytes;

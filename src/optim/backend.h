@@ -24,7 +24,10 @@
 namespace squall::optim {
 
 // The compressed allreduces an optimizer keeps residuals for.
-enum class Channel : int { kMomentum = 0, kSlowmo = 1 };
+// kWarmup: the APMSqueeze warmup's gradient average through a stateless
+// fp16/bf16 codec (its residuals are zeroed after every call).
+enum class Channel : int { kMomentum = 0, kSlowmo = 1, kWarmup = 2 };
+constexpr int kChannels = 3;
 
 class Backend {
  public:
@@ -63,6 +66,8 @@ class Backend {
   // not used (a commit writes only the buffer that is not current).
   virtual Status markResiduals(Channel channel) = 0;
   virtual Status restoreResiduals(Channel channel) = 0;
+  // Zeroes the residuals of `channel` (stream-ordered on the device).
+  virtual Status resetResiduals(Channel channel) = 0;
 
   // ---- Kernels of update_kernels.h, on this backend's memory.
   // Waits (on the device) so that the host can decide.

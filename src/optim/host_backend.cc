@@ -53,6 +53,11 @@ Status HostBackend::restoreResiduals(Channel channel) {
   return Status::kOk;
 }
 
+Status HostBackend::resetResiduals(Channel channel) {
+  slot(channel).state->reset();
+  return Status::kOk;
+}
+
 Status HostBackend::allFinite(const float* p, size_t n, bool* finite) {
   *finite = optim::allFinite(p, n);
   return Status::kOk;

@@ -33,6 +33,7 @@ class HostBackend final : public Backend {
   Status compressedAverage(Channel channel, float* buffer, uint64_t* bytes) override;
   Status markResiduals(Channel channel) override;
   Status restoreResiduals(Channel channel) override;
+  Status resetResiduals(Channel channel) override;
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
   Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
@@ -70,7 +71,7 @@ class HostBackend final : public Backend {
 
   coll::Communicator* comm_;
   std::vector<std::unique_ptr<float[]>> buffers_;
-  Slot slots_[2];
+  Slot slots_[kChannels];
 };
 
 }  // namespace squall::optim

@@ -126,6 +126,14 @@ Status validateConfig(const Config& c, int64_t* warmupOut) {
                    "of >= 1 steps",
                    static_cast<long long>(c.freezeWindow));
   }
+  if (c.mode == Mode::kApmSqueeze) {
+    const auto wc = c.warmupCodec;
+    SQUALL_REQUIRE(
+        wc == codec::CodecId::kNone || wc == codec::CodecId::kFp16 || wc == codec::CodecId::kBf16,
+        Status::kInvalidArgument, Subsys::kOptim,
+        "warmupCodec is %d; the warmup averages gradients in fp32 (none), fp16 or bf16",
+        static_cast<int>(wc));
+  }
   const bool needCodec = c.mode == Mode::kApmSqueeze || (c.slowmoTau > 0 && c.slowmoCompressed);
   if (needCodec) SQUALL_TRY(codec::validateSpec(c.codec));
 
@@ -165,6 +173,12 @@ Status Optimizer::createOn(std::unique_ptr<Backend> backend, size_t count, const
   if (o->momentumChannel_)
     SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec, c.compressedAlgo));
   if (o->adaptiveWarmup()) SQUALL_TRY(b.allocate(count, &o->vSnap_));
+  o->warmupChannel_ = c.mode == Mode::kApmSqueeze && c.warmupCodec != codec::CodecId::kNone;
+  if (o->warmupChannel_) {
+    codec::Spec spec;
+    spec.codec = c.warmupCodec;
+    SQUALL_TRY(b.createChannel(Channel::kWarmup, count, spec, c.compressedAlgo));
+  }
   if (c.slowmoTau > 0) {
     SQUALL_TRY(b.allocate(count, &o->xPrev_));
     SQUALL_TRY(b.allocate(count, &o->u_));
@@ -215,6 +229,18 @@ Status Optimizer::fullAverage(const float* in, float* out) {
   return Status::kOk;
 }
 
+// The warmup's average through fp16 / bf16. Stateless: the residuals are
+// zeroed after the call, so nothing of it enters the state blob and a step
+// skipped for a non-finite gradient leaves nothing behind.
+Status Optimizer::warmupAverage(const float* in, float* out) {
+  if (!warmupChannel_ || backend_->nranks() == 1) return fullAverage(in, out);
+  SQUALL_TRY(backend_->copy(out, in, count_));
+  uint64_t bytes = 0;
+  SQUALL_TRY(backend_->compressedAverage(Channel::kWarmup, out, &bytes));
+  bytesSent_ += bytes;
+  return backend_->resetResiduals(Channel::kWarmup);
+}
+
 Status Optimizer::compressedAverage(Channel channel, float* buffer, bool* finite) {
   SQUALL_TRY(backend_->markResiduals(channel));
   uint64_t bytes = 0;
@@ -228,7 +254,7 @@ Status Optimizer::compressedAverage(Channel channel, float* buffer, bool* finite
 Status Optimizer::adamStep(float* params, const float* grads, float lr, bool allReduce) {
   const float* g = grads;
   if (allReduce) {
-    SQUALL_TRY(fullAverage(grads, scratch_));
+    SQUALL_TRY(warmupChannel_ ? warmupAverage(grads, scratch_) : fullAverage(grads, scratch_));
     g = scratch_;
   }
   bool finite = true;

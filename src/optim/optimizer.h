@@ -26,6 +26,9 @@ namespace squall::optim {
 enum class Mode : int32_t { kApmSqueeze = 0, kSync = 1, kLocal = 2 };
 enum class Phase : int32_t { kWarmup = 0, kCompressed = 1 };
 
+// The neutral defaults of the schedule (fixed fp32 warmup, the codec's
+// default block); the library's defaults for users are
+// SQUALL_OPTIM_CONFIG_INIT's (include/squall/optim.h) and squall.optim's.
 struct Config {
   Mode mode = Mode::kApmSqueeze;
   float lr = 1e-3f;
@@ -40,6 +43,10 @@ struct Config {
   double warmupFraction = 0.15;
   int64_t totalSteps = 0;
   double freezeThreshold = 0.0;  // 0: the fixed warmup
+  // The APMSqueeze warmup's gradient average: kNone (fp32), or kFp16 / kBf16
+  // (stateless: each rank's gradient rounded, summed in fp32, the sum
+  // rounded again; no residual carries the rounding to the next step).
+  codec::CodecId warmupCodec = codec::CodecId::kNone;
   int64_t freezeWindow = 8;
   codec::Spec codec;
   int slowmoTau = 0;  // 0: SlowMo off
@@ -130,6 +137,7 @@ class Optimizer {
   Status slowmoSync(float* params, float lr);
   Status compressedAverage(Channel channel, float* buffer, bool* finite);
   Status fullAverage(const float* in, float* out);
+  Status warmupAverage(const float* in, float* out);
   Status switchToCompressed();
   Status varianceSettled(bool* settled);
   Status sections(std::vector<SectionView>* out, std::vector<std::vector<float>>* staging) const;
@@ -143,6 +151,7 @@ class Optimizer {
   double varianceChange_ = -1.0;  // the last measured relative change
   bool momentumChannel_ = false;  // APMSqueeze: the momentum's residuals
   bool slowmoChannel_ = false;    // compressed SlowMo: the drift's residuals
+  bool warmupChannel_ = false;    // APMSqueeze warmup through fp16 / bf16
 
   int64_t step_ = 0;       // step() calls that completed (applied or skipped)
   int64_t adamSteps_ = 0;  // Adam updates applied (the t of the bias correction)

@@ -239,6 +239,12 @@ TEST(DeviceOptimizerEmu, AdaptiveWarmupStillWarmingUp) {
   expectSame(2, c, 5);
 }
 
+TEST(DeviceOptimizerEmu, Bf16WarmupMatchesTheHost) {
+  Config c = apm(4);
+  c.warmupCodec = codec::CodecId::kBf16;
+  expectSame(3, c, 7);
+}
+
 TEST(DeviceOptimizerEmu, Sync4Ranks) {
   Config c = apm(0);
   c.mode = Mode::kSync;

@@ -392,6 +392,42 @@ TEST(ApmSqueeze, CompressedAlgorithmFollowsTheConfig) {
   }
 }
 
+// The bf16 / fp16 warmup: every rank's replica stays bit-identical, the
+// warmup sends about half the bytes of the fp32 ring, the parameters stay
+// close to the fp32 warmup's, and (stateless) a resume in the middle of the
+// warmup is bit-identical.
+TEST(ApmSqueeze, HalfPrecisionWarmupHalvesItsBytes) {
+  const size_t count = 4000;
+  auto run = [&](codec::CodecId wc, std::vector<std::vector<float>>* params) {
+    Config c = apmConfig(6);
+    c.warmupCodec = wc;
+    Group group(4);
+    auto opts = createAll(group, count, c);
+    params->assign(4, initialParams(count));
+    runSteps(group, opts, *params, 0, 6);
+    for (int r = 1; r < 4; ++r) EXPECT_TRUE(sameBits((*params)[0], (*params)[r]));
+    return opts[0]->info().bytesSent;
+  };
+  std::vector<std::vector<float>> full, half;
+  const uint64_t fullBytes = run(codec::CodecId::kNone, &full);
+  for (codec::CodecId wc : {codec::CodecId::kBf16, codec::CodecId::kFp16}) {
+    const uint64_t halfBytes = run(wc, &half);
+    EXPECT_LT(halfBytes, fullBytes * 55 / 100);
+    EXPECT_GT(halfBytes, fullBytes * 45 / 100);
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(half[0][i] - full[0][i])));
+    EXPECT_GT(worst, 0.0);   // the rounding is there ...
+    EXPECT_LT(worst, 1e-3);  // ... and small: 6 steps of lr 1e-3 move x by 6e-3 at most
+  }
+  Config c = apmConfig(8);
+  c.warmupCodec = codec::CodecId::kBf16;
+  checkResume(c, 3, 3, 8);
+  c.warmupCodec = codec::CodecId::kInt8;
+  int64_t w = 0;
+  EXPECT_EQ(optim::validateConfig(c, &w), Status::kInvalidArgument);
+}
+
 TEST(AdaptiveWarmup, BadSettingsAreRejected) {
   int64_t w = 0;
   Config c = adaptiveConfig(10, -0.5, 4);

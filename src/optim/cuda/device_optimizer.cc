@@ -25,7 +25,7 @@ namespace {
 // markResiduals saves (worker, server for each channel).
 constexpr int kNonFinite = 0;
 constexpr int kMarks = 1;
-constexpr int kFlagInts = kMarks + 4;
+constexpr int kFlagInts = kMarks + 2 * kChannels;
 
 class DeviceBackend final : public Backend {
  public:
@@ -51,6 +51,9 @@ class DeviceBackend final : public Backend {
   Status compressedAverage(Channel channel, float* buffer, uint64_t* bytes) override;
   Status markResiduals(Channel channel) override { return moveMarks(channel, true); }
   Status restoreResiduals(Channel channel) override { return moveMarks(channel, false); }
+  Status resetResiduals(Channel channel) override {
+    return states_[static_cast<int>(channel)]->reset(stream_);
+  }
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
   Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
@@ -107,8 +110,8 @@ class DeviceBackend final : public Backend {
   int* status_ = nullptr;    // one status word per rank (exchangeStatus)
   double* lanes_ = nullptr;  // varianceChange's partial sums, allocated at first use
   int hostStatus_ = 0;       // the source of this rank's word, alive until it is copied
-  std::unique_ptr<coll::device::DeviceCompressedState> states_[2];
-  size_t counts_[2] = {0, 0};
+  std::unique_ptr<coll::device::DeviceCompressedState> states_[kChannels];
+  size_t counts_[kChannels] = {};
 };
 
 DeviceBackend::~DeviceBackend() {
