@@ -13,6 +13,8 @@ SQUALL_PACKAGES=(
   # the LD_PRELOAD interposer's tests: mpi4py, and what Horovod 0.28.1 builds
   # against (tests/plugin/preload/horovod_test.py pip-installs Horovod itself)
   python3-mpi4py libtorch-dev pybind11-dev python3-cloudpickle cmake
+  # the convergence study (perf/convergence): its data sets and plots
+  python3-sklearn python3-matplotlib
 )
 
 missing=()

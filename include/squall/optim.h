@@ -30,6 +30,13 @@ typedef enum {
   squallPhaseCompressed = 1 /* APMSqueeze: frozen variance, compressed momentum */
 } squallOptimPhase_t;
 
+typedef enum {
+  squallOptimAlgoBytes = 0,     /* fewer bytes: two-phase from 3 ranks on */
+  squallOptimAlgoTwoPhase = 1,  /* reduce-scatter + all-gather, 2 (n-1)/n E per rank */
+  squallOptimAlgoAllGather = 2, /* one round, (n-1) E per rank */
+  squallOptimAlgoTime = 3       /* the communicator's alpha-beta time model */
+} squallOptimAlgo_t;
+
 typedef struct {
   size_t size; /* sizeof(squallOptimConfig_t) */
   squallOptimMode_t mode;
@@ -55,12 +62,41 @@ typedef struct {
    * reach with these betas, (1 - beta1) / sqrt((1 - beta2) (1 - beta1^2 / beta2)) = 7.27 for
    * (0.9, 0.999), and no clip when beta1^2 >= beta2; > 0: that bound. */
   float maxUpdate;
+  /* APMSqueeze adaptive warmup (docs/optim.md, "When the warmup ends"). freezeThreshold > 0:
+   * the warmup ends after the first step t, a multiple of freezeWindow and >= 2 freezeWindow,
+   * where sum |v_hat_t - v_hat_(t - freezeWindow)| / sum v_hat_t < freezeThreshold (v_hat: the
+   * bias-corrected second moment, the same on every rank, so every rank decides alike), and
+   * at the latest after the fixed warmup (warmupSteps / warmupFraction), now an upper bound.
+   * freezeThreshold = 0: the fixed warmup. */
+  double freezeThreshold;
+  int64_t freezeWindow;
+  /* The algorithm of the host compressed allreduces (momentum, compressed SlowMo;
+   * docs/optim.md, "Choosing the algorithm and the block size"): squallOptimAlgoBytes
+   * (default) the one that sends fewer bytes, squallOptimAlgoTime the communicator's
+   * latency/bandwidth model, or a fixed one. A fixed SQUALL_COMPRESSED_ALGO overrides the
+   * two automatic choices. The device path always runs the two-phase algorithm. */
+  int compressedAlgo;
+  /* The APMSqueeze warmup's gradient average (docs/optim.md, "A cheaper warmup"):
+   * squallCodecNone (fp32), squallCodecFp16 or squallCodecBf16 (each rank's gradient
+   * rounded, summed in fp32, rounded again; stateless). */
+  int warmupCodec;
 } squallOptimConfig_t;
+
+/* The optimizers' defaults (docs/convergence.md measures them, docs/optim.md explains
+ * them): the adaptive warmup (threshold 0.2 over 8-step windows, the 15% fraction as the
+ * upper bound), a bf16 warmup, and onebit momentum in 64-element blocks. */
+#define SQUALL_OPTIM_FREEZE_THRESHOLD 0.2
+#define SQUALL_OPTIM_FREEZE_WINDOW 8
+#define SQUALL_OPTIM_WARMUP_CODEC squallCodecBf16
+#define SQUALL_OPTIM_BLOCK_SIZE 64
+#define SQUALL_OPTIM_CODEC_SPEC \
+  { squallCodecOnebit, squallScaleMeanAbs, SQUALL_OPTIM_BLOCK_SIZE }
 
 #define SQUALL_OPTIM_CONFIG_INIT                                                                   \
   {                                                                                                \
     sizeof(squallOptimConfig_t), squallModeApmSqueeze, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, -1, 0.15, \
-        0, SQUALL_CODEC_SPEC_ONEBIT, 0, 1.0f, 0.5f, 0, 1, 0.0f                                     \
+        0, SQUALL_OPTIM_CODEC_SPEC, 0, 1.0f, 0.5f, 0, 1, 0.0f, SQUALL_OPTIM_FREEZE_THRESHOLD,      \
+        SQUALL_OPTIM_FREEZE_WINDOW, squallOptimAlgoBytes, SQUALL_OPTIM_WARMUP_CODEC                \
   }
 
 typedef struct squallOptimizer* squallOptimizer_t;
@@ -68,7 +104,7 @@ typedef struct squallOptimizer* squallOptimizer_t;
 typedef struct {
   int64_t step;             /* steps taken */
   squallOptimPhase_t phase; /* APMSqueeze phase */
-  int64_t warmupSteps;      /* resolved warmup length */
+  int64_t warmupSteps;      /* the warmup's length once frozen; before, its upper bound */
   uint64_t bytesSent;       /* by this rank over all steps, headers included */
   uint64_t skippedSteps;    /* compressed steps whose residuals were kept (non-finite input) */
 } squallOptimInfo_t;

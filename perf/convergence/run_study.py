@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Convergence study: Adam vs APMSqueeze vs naive 1-bit vs SlowMo vs Local SGD.
+"""Convergence study: Adam vs APMSqueeze (new and old defaults) vs naive 1-bit vs SlowMo.
 
 Spawns `--world` CPU ranks (torch.multiprocessing, gloo on 127.0.0.1, one
 torch thread each) that join one Squall communicator and run, for every task
-and seed, the five methods in turn on the same model init, data order and LR
+and seed, the methods in turn on the same model init, data order and LR
 schedule. Each rank trains on a disjoint shard of every global batch.
 
 Writes perf/convergence/results/results.json (all curves and finals) and
 PNG plots (loss vs step, loss vs bytes sent per rank) per task.
 
     SQUALL_LIBRARY=$PWD/build/src/core/libsquall.so PYTHONPATH=$PWD/python \\
-        python3 perf/convergence/run_study.py            # full study
+        python3 perf/convergence/run_study.py --doc      # the study + docs/convergence.md
     ... run_study.py --quick                               # smoke test (minutes)
-    ... run_study.py --plots-only                          # replot results.json
+    ... run_study.py --plots-only --doc                    # re-make tables, plots, doc
 """
 
 import argparse
@@ -28,14 +28,21 @@ import torch
 import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-METHODS = ["adam", "apmsqueeze", "naive_onebit", "slowmo_adam", "local_sgd"]
+METHODS = ["adam", "apmsqueeze", "apmsqueeze_old", "naive_onebit", "periodic_adam",
+           "slowmo_adam", "slowmo_adam_1bit", "local_sgd", "slowmo_sgd"]
 LABELS = {
     "adam": "Adam (full precision)",
-    "apmsqueeze": "APMSqueeze (1-bit, 15% warmup)",
+    "apmsqueeze": "APMSqueeze (library defaults)",
+    "apmsqueeze_old": "APMSqueeze (old defaults: fixed 15% warmup, time-model algorithm)",
     "naive_onebit": "naive 1-bit EF grads + Adam",
-    "slowmo_adam": "SlowMo over local Adam (tau=12)",
-    "local_sgd": "Local SGD (tau=12)",
+    "periodic_adam": "periodic averaging of local Adam (SlowMo beta=0)",
+    "slowmo_adam": "SlowMo over local Adam",
+    "slowmo_adam_1bit": "SlowMo over local Adam, 1-bit syncs",
+    "local_sgd": "Local SGD (periodic averaging of SGD)",
+    "slowmo_sgd": "SlowMo over local SGD",
 }
+DEFAULT_METHODS = ("adam,apmsqueeze,apmsqueeze_old,naive_onebit,periodic_adam,slowmo_adam,"
+                   "slowmo_adam_1bit")
 ENV = {
     "SQUALL_SOCKET_IFNAME": "lo",
     "SQUALL_TRANSPORT": "tcp",
@@ -98,6 +105,18 @@ class DigitsTask:
                 "test_acc": float((out.argmax(1) == self.yte).float().mean()) * 100.0}
 
 
+class DigitsCNNTask(DigitsTask):
+    """The digits data (same split) with a small CNN: a different model family."""
+    name = "digits_cnn"
+
+    def model(self):
+        return torch.nn.Sequential(
+            torch.nn.Unflatten(1, (1, 8, 8)),
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 2 * 2, 10))
+
+
 class CharLMTask:
     """Character-level LM on the (deduplicated) texts of /usr/share/common-licenses:
     last 10% of the concatenation is validation. 1-layer GRU, embedding 32, hidden 128."""
@@ -122,6 +141,7 @@ class CharLMTask:
         self.train, self.val = data[:cut], data[cut:]
         self.files, self.nchars = sorted(seen), len(data)
         self.seq = args.lm_seq
+        self.hidden = args.lm_hidden
         self.batch = args.lm_batch
         self.lr = {"adam": args.lm_lr, "sgd": args.lm_sgd_lr}
         # fixed validation windows: non-overlapping, up to lm_val_windows of them
@@ -132,7 +152,7 @@ class CharLMTask:
         self.vy = torch.stack([self.val[s + 1:s + 1 + L] for s in starts])
 
     def model(self):
-        return CharGRU(self.vocab)
+        return CharGRU(self.vocab, hidden=self.hidden)
 
     def batch_for(self, seed, step, rank, world):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
@@ -166,11 +186,6 @@ class CharGRU(torch.nn.Module):
 
 # ------------------------------------------------------------- training ----
 
-def ring_bytes(n_elems, world):
-    """Bytes one rank sends in a full-precision fp32 ring allreduce: 2(n-1)/n * 4N."""
-    return 2.0 * (world - 1) / world * 4.0 * n_elems
-
-
 def flat_grad(params):
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                       for p in params])
@@ -192,54 +207,72 @@ def train_one(task, method, seed, steps, rank, world, args):
     model = task.model()
     params = [p for p in model.parameters()]
     nparam = sum(p.numel() for p in params)
-    lr = task.lr["sgd" if method == "local_sgd" else "adam"]
+    sgd = method in ("local_sgd", "slowmo_sgd")
+    lr = task.lr["sgd" if sgd else "adam"]
     comp = None
     if method in ("adam", "naive_onebit"):
         opt = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
         if method == "naive_onebit":
             comp = squall.Compressor(None, nparam, "onebit")
     elif method == "apmsqueeze":
+        # the library's defaults, except what the command line sets explicitly
+        kw = {k: v for k, v in (("warmup", args.warmup), ("codec", args.apm_codec),
+                                 ("warmup_codec", args.apm_warmup_codec),
+                                 ("max_update", args.apm_max_update),
+                                 ("freeze_threshold", args.apm_freeze_threshold),
+                                 ("freeze_window", args.apm_freeze_window),
+                                 ("compressed_algo", args.apm_algo)) if v is not None}
         opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
-                                      warmup=args.warmup, total_steps=steps,
-                                      codec=args.apm_codec, guard=bool(args.apm_guard),
-                                      max_update=args.apm_max_update)
-    elif method == "slowmo_adam":
+                                      total_steps=steps, guard=bool(args.apm_guard), **kw)
+    elif method == "apmsqueeze_old":
+        opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
+                                      warmup=0.15, total_steps=steps, codec="onebit:block=2048",
+                                      freeze_threshold=0, compressed_algo="time",
+                                      warmup_codec="none")
+    elif method in ("slowmo_adam", "periodic_adam", "slowmo_adam_1bit"):
         base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
-        opt = squall.optim.SlowMo(base,
-                                  tau=args.tau, alpha=1.0, beta=0.5)
-    elif method == "local_sgd":
-        opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9),
-                                  tau=args.tau, alpha=1.0, beta=0.0)
+        beta = 0.0 if method == "periodic_adam" else args.slowmo_beta
+        opt = squall.optim.SlowMo(base, tau=args.tau, alpha=1.0, beta=beta,
+                                  mode="compressed" if method == "slowmo_adam_1bit" else "full")
+    elif sgd:
+        opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9), tau=args.tau,
+                                  alpha=1.0, beta=0.0 if method == "local_sgd" else
+                                  args.slowmo_sgd_beta)
     else:
         raise ValueError(method)
+    comm = squall.get_default()
     # the same schedule for every method: cosine from lr to lr/10 over the run
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 10)
 
-    losses, bytes_cum, evals = [], [], []
-    sent = 0.0
+    losses, bytes_cum, evals, vchange = [], [], [], []
+    sent = 0.0  # counted by the library where it hands messages to the transport
+    v_snap = None
     t0 = time.time()
     for step in range(steps):
         batch = task.batch_for(seed, step, rank, world)
         opt.zero_grad(set_to_none=True)
         loss = task.loss(model, batch)
         loss.backward()
+        before = comm.stats["bytes_sent"]
         if method == "adam":
             g = flat_grad(params)
             squall.allreduce(g)  # full precision average
             unflat_grad(params, g)
-            sent += ring_bytes(nparam, world)
         elif method == "naive_onebit":
             g = flat_grad(params)
             squall.allreduce(g, compressor=comp)
             unflat_grad(params, g)
         opt.step()
+        sent += comm.stats["bytes_sent"] - before
         sched.step()
-        if method == "naive_onebit":
-            sent += float(comp.stats["last_bytes_sent"])
-        elif method == "apmsqueeze":
-            sent = float(opt.info()["bytes_sent"])
-        elif method in ("slowmo_adam", "local_sgd") and (step + 1) % args.tau == 0:
-            sent += ring_bytes(nparam, world)
+        if method == "adam" and (step + 1) % args.vchange_window == 0:
+            # the adaptive warmup's signal, on full-precision Adam's own v (for
+            # choosing the threshold): relative L1 change of v_hat over the window
+            v = torch.cat([opt.state[p]["exp_avg_sq"].reshape(-1) for p in params]).double()
+            v = v / (1 - 0.999 ** (step + 1))
+            if v_snap is not None and float(v.sum()) > 0:
+                vchange.append((step + 1, float((v - v_snap).abs().sum() / v.sum())))
+            v_snap = v
         losses.append(float(loss))
         bytes_cum.append(sent)
         # evaluate at multiples of eval_every (multiples of tau: SlowMo ranks are synced)
@@ -248,8 +281,8 @@ def train_one(task, method, seed, steps, rank, world, args):
             e["step"] = step + 1
             evals.append(e)
     elapsed = time.time() - t0
-    extra = {}
-    if method == "apmsqueeze":
+    extra = {"vchange": vchange} if vchange else {}
+    if method.startswith("apmsqueeze"):
         inf = opt.info()
         extra = {"warmup_steps": inf["warmup_steps"], "skipped_steps": inf["skipped_steps"]}
         opt.close()
@@ -322,7 +355,8 @@ def worker(rank, world, port, args, plan, out_path):
         if progress is not None:
             progress.start(task_name, method, seed, steps)
         if task_name not in tasks:
-            tasks[task_name] = DigitsTask(args) if task_name == "digits" else CharLMTask(args)
+            tasks[task_name] = {"digits": DigitsTask, "digits_cnn": DigitsCNNTask,
+                                "charlm": CharLMTask}[task_name](args)
         task = tasks[task_name]
         r = train_one(task, method, seed, steps, rank, world, args)
         # gather per-rank losses and bytes (measurement only; not counted)
@@ -340,8 +374,8 @@ def worker(rank, world, port, args, plan, out_path):
                        x["method"] == method and x["seed"] == seed)] + [rec]
             meta.update({"args": vars(args), "world": world,
                          "compressed_algo": os.environ.get("SQUALL_COMPRESSED_ALGO", "auto")})
-            if task_name == "digits":
-                meta["digits"] = {"dropped_pixels": task.dropped, "inputs": task.nin}
+            if task_name.startswith("digits"):
+                meta[task_name] = {"dropped_pixels": task.dropped, "inputs": task.nin}
             if task_name == "charlm":
                 meta["charlm"] = {"files": task.files, "chars": task.nchars,
                                   "vocab": task.vocab}
@@ -430,7 +464,8 @@ def plot(runs, outdir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = dict(zip(METHODS, ["k", "tab:red", "tab:orange", "tab:blue", "tab:green"]))
+    colors = dict(zip(METHODS, ["k", "tab:red", "tab:pink", "tab:orange", "tab:cyan",
+                                "tab:blue", "tab:purple", "tab:green", "tab:olive"]))
     paths = []
     for task in sorted({r["task"] for r in runs}):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
@@ -465,7 +500,87 @@ def plot(runs, outdir):
     return paths
 
 
-def report(out_path, outdir):
+QUALITY = {"digits": ("test_acc", "points"), "digits_cnn": ("test_acc", "points"),
+           "charlm": ("val_loss", "%")}
+TASK_NAMES = {"digits": "digits (MLP)", "digits_cnn": "digits (CNN)", "charlm": "charlm (GRU)"}
+
+
+def _paired(runs, task, method, key, unit):
+    """Mean over seeds of (method - Adam) on the same seed: points, or % of Adam's loss."""
+    adam = {r["seed"]: r["evals"][-1][key] for r in runs
+            if r["task"] == task and r["method"] == "adam"}
+    d = [(r["evals"][-1][key] - adam[r["seed"]]) * (1.0 if unit == "points" else
+                                                   100.0 / adam[r["seed"]])
+         for r in runs if r["task"] == task and r["method"] == method and r["seed"] in adam]
+    return (_mean(d), d) if d else (None, [])
+
+
+def goal_tables(runs):
+    """The goal table of docs/convergence.md: per task, every method against
+    Adam of the same run (paired over seeds), bytes at the transport."""
+    summary = summarize(runs)
+    out = []
+    for task in [t for t in ("digits", "digits_cnn", "charlm") if t in summary]:
+        rows = summary[task]
+        key, unit = QUALITY[task]
+        seeds = max(r["n_seeds"] for r in rows.values())
+        steps = next(r["steps"] for r in runs if r["task"] == task)
+        nparam = next(r["nparam"] for r in runs if r["task"] == task)
+        out.append(f"**{TASK_NAMES[task]}**: {nparam:,} parameters, {steps} steps, "
+                   f"{seeds} seeds, {runs[0]['world']} ranks.\n")
+        qname = "test accuracy (%)" if unit == "points" else "validation loss (nats/char)"
+        delta = "vs Adam (points)" if unit == "points" else "vs Adam (% loss)"
+        out.append(f"| method | {qname} | {delta} | MB sent / rank | Adam bytes / method bytes "
+                   "| warmup steps | goal |")
+        out.append("|---|---|---|---|---|---|---|")
+        periodic = _paired(runs, task, "periodic_adam", key, unit)[0]
+        for m, row in rows.items():
+            mu, sd = row["metrics"][key]
+            d, per = _paired(runs, task, m, key, unit)
+            ratio = row["bytes_vs_adam"]
+            ws = [r.get("warmup_steps") for r in runs if r["task"] == task and r["method"] == m
+                  and r.get("warmup_steps") is not None]
+            wtxt = (f"{min(ws)}–{max(ws)}" if min(ws) != max(ws) else f"{ws[0]}") if ws else "–"
+            goal = ""
+            if m == "apmsqueeze":
+                okq = d >= -0.5 if unit == "points" else d <= 2.0
+                okb = ratio >= 8.0
+                goal = ("met" if okq and okb else "**missed**: " + ", ".join(
+                    x for x, ok in (("quality", okq), ("bytes", okb)) if not ok))
+            elif m == "slowmo_adam" and periodic is not None:
+                better = d >= periodic if unit == "points" else d <= periodic
+                goal = "met (>= periodic)" if better else "**missed** (< periodic)"
+            dtxt = "–" if m == "adam" else (f"{d:+.2f}" if unit == "points" else f"{d:+.1f}%")
+            qtxt = f"{mu:.2f} ± {sd:.2f}" if unit == "points" else f"{mu:.3f} ± {sd:.3f}"
+            out.append(f"| {LABELS[m]} | {qtxt} | {dtxt} | {row['bytes_per_rank'] / 1e6:.2f} | "
+                       f"{ratio:.1f}x | {wtxt} | {goal} |")
+        out.append("")
+        per = {m: _paired(runs, task, m, key, unit)[1] for m in rows if m != "adam"}
+        fmt = (lambda x: f"{x:+.2f}") if unit == "points" else (lambda x: f"{x:+.1f}%")
+        out.append("Per seed vs Adam: " + "; ".join(
+            f"{LABELS[m].split(' (')[0] if m != 'apmsqueeze_old' else 'old defaults'} "
+            + ", ".join(fmt(x) for x in v) for m, v in per.items() if m in
+            ("apmsqueeze", "apmsqueeze_old", "slowmo_adam", "periodic_adam")) + ".\n")
+    return "\n".join(out)
+
+
+DOC = os.path.join(HERE, "..", "..", "docs", "convergence.md")
+BEGIN, END = "<!-- study:begin (run_study.py --doc writes this) -->", "<!-- study:end -->"
+
+
+def write_doc(res):
+    with open(DOC) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{DOC} lacks the markers {BEGIN} ... {END}")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(DOC, "w") as f:
+        f.write(head + BEGIN + "\n\n" + goal_tables(res["runs"]) + "\n" + END + tail)
+    print("wrote", DOC)
+
+
+def report(out_path, outdir, doc=False):
     with open(out_path) as f:
         res = json.load(f)
     summary = summarize(res["runs"])
@@ -477,32 +592,47 @@ def report(out_path, outdir):
     print(table)
     for p in plot(res["runs"], outdir):
         print("wrote", p, os.path.getsize(p), "bytes")
+    if doc:
+        write_doc(res)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--tasks", default="digits,charlm")
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--digits-seeds", type=int, default=3)
-    ap.add_argument("--lm-seeds", type=int, default=2)
-    ap.add_argument("--digits-steps", type=int, default=300)
-    ap.add_argument("--lm-steps", type=int, default=240)
+    ap.add_argument("--tasks", default="digits,digits_cnn,charlm")
+    ap.add_argument("--methods", default=DEFAULT_METHODS,
+                    help="comma-separated, from: " + ",".join(METHODS))
+    ap.add_argument("--seeds", type=int, default=None, help="seeds of every task")
+    ap.add_argument("--digits-seeds", type=int, default=5, help="digits and digits_cnn")
+    ap.add_argument("--lm-seeds", type=int, default=5)
+    ap.add_argument("--digits-steps", type=int, default=300, help="digits and digits_cnn")
+    ap.add_argument("--lm-steps", type=int, default=160)
     ap.add_argument("--digits-batch", type=int, default=64, help="global batch")
     ap.add_argument("--digits-drop-constant", type=int, default=0,
                     help="drop input pixels constant (0) over the training set (1/0)")
     ap.add_argument("--digits-lr", type=float, default=3e-3)
     ap.add_argument("--digits-sgd-lr", type=float, default=0.1)
     ap.add_argument("--lm-batch", type=int, default=16, help="global batch (sequences)")
-    ap.add_argument("--lm-seq", type=int, default=48)
+    ap.add_argument("--lm-seq", type=int, default=32)
+    ap.add_argument("--lm-hidden", type=int, default=96, help="GRU width")
     ap.add_argument("--lm-lr", type=float, default=3e-3)
     ap.add_argument("--lm-sgd-lr", type=float, default=0.5)
     ap.add_argument("--lm-val-seq", type=int, default=128)
     ap.add_argument("--lm-val-windows", type=int, default=48)
-    ap.add_argument("--warmup", type=float, default=0.15, help="APMSqueeze warmup fraction")
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="APMSqueeze warmup fraction (default: the library's)")
+    ap.add_argument("--apm-freeze-threshold", type=float, default=None,
+                    help="APMSqueeze adaptive warmup threshold (0: fixed warmup)")
+    ap.add_argument("--apm-freeze-window", type=int, default=None)
+    ap.add_argument("--apm-algo", default=None, help="bytes, time, twophase, allgather")
+    ap.add_argument("--apm-warmup-codec", default=None, help="none, fp16, bf16")
+    ap.add_argument("--slowmo-beta", type=float, default=0.5, help="SlowMo over Adam")
+    ap.add_argument("--slowmo-sgd-beta", type=float, default=0.5, help="SlowMo over SGD")
+    ap.add_argument("--vchange-window", type=int, default=8,
+                    help="window of the variance-change log of the Adam runs")
     ap.add_argument("--eps", type=float, default=1e-8, help="Adam eps (every Adam method)")
-    ap.add_argument("--apm-codec", default="onebit", help="APMSqueeze's codec")
+    ap.add_argument("--apm-codec", default=None, help="APMSqueeze's codec (default: the library's)")
     ap.add_argument("--apm-guard", type=int, default=1,
                     help="APMSqueeze's guard (1, default) or the plain update (0)")
     ap.add_argument("--apm-max-update", type=float, default=None,
@@ -517,7 +647,11 @@ def main():
                     help="re-make table.md, summary.json and the plots of every results.json "
                          "under --out (the study and all its variants), then exit")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--doc", action="store_true",
+                    help="also rewrite the goal tables of docs/convergence.md from results.json")
     args = ap.parse_args()
+    if args.seeds is not None:
+        args.digits_seeds = args.lm_seeds = args.seeds
     if args.quick:
         args.digits_seeds = args.lm_seeds = 1
         args.digits_steps = args.lm_steps = 48
@@ -533,8 +667,8 @@ def main():
     if not args.plots_only:
         plan = []
         for t in args.tasks.split(","):
-            nseeds = args.digits_seeds if t == "digits" else args.lm_seeds
-            steps = args.digits_steps if t == "digits" else args.lm_steps
+            nseeds = args.digits_seeds if t.startswith("digits") else args.lm_seeds
+            steps = args.digits_steps if t.startswith("digits") else args.lm_steps
             for seed in range(nseeds):
                 for m in args.methods.split(","):
                     plan.append((t, m, seed, steps))
@@ -545,7 +679,7 @@ def main():
         mp.start_processes(worker, args=(args.world, port, args, plan, out_path),
                            nprocs=args.world, join=True, start_method="spawn")
         print(f"study took {time.time() - t0:.0f} s", flush=True)
-    report(out_path, args.out)
+    report(out_path, args.out, doc=args.doc)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,17 @@ class CompressorStats(ctypes.Structure):
                 ("bytesSent", ctypes.c_uint64), ("bytesReceived", ctypes.c_uint64)]
 
 
+# SQUALL_OPTIM_FREEZE_THRESHOLD / _WINDOW of include/squall/optim.h.
+FREEZE_THRESHOLD = 0.2
+FREEZE_WINDOW = 8
+# squallOptimAlgo_t
+OPTIM_ALGOS = {"bytes": 0, "twophase": 1, "allgather": 2, "time": 3}
+# the warmup's codec (squallCodec_t) and SQUALL_OPTIM_WARMUP_CODEC
+WARMUP_CODECS = {"none": 0, "fp16": 2, "bf16": 3}
+WARMUP_CODEC = "bf16"
+OPTIM_BLOCK_SIZE = 64  # SQUALL_OPTIM_BLOCK_SIZE
+
+
 class OptimConfig(ctypes.Structure):
     """squallOptimConfig_t; a fresh instance holds SQUALL_OPTIM_CONFIG_INIT."""
 
@@ -150,13 +161,18 @@ class OptimConfig(ctypes.Structure):
         ("slowmoCompressed", ctypes.c_int),
         ("guard", ctypes.c_int),
         ("maxUpdate", ctypes.c_float),
+        ("freezeThreshold", ctypes.c_double),
+        ("freezeWindow", ctypes.c_int64),
+        ("compressedAlgo", ctypes.c_int),
+        ("warmupCodec", ctypes.c_int),
     ]
 
     def __init__(self):
         super().__init__(ctypes.sizeof(OptimConfig), MODE_APMSQUEEZE, 1e-3, 0.9, 0.999, 1e-8, 0.0,
                          -1, 0.15, 0, CodecSpec(CODEC_ONEBIT, SCALE_MEAN_ABS,
-                                                SQUALL_DEFAULT_BLOCK_SIZE), 0, 1.0, 0.5, 0,
-                         1, 0.0)
+                                                OPTIM_BLOCK_SIZE), 0, 1.0, 0.5, 0,
+                         1, 0.0, FREEZE_THRESHOLD, FREEZE_WINDOW, OPTIM_ALGOS["bytes"],
+                         WARMUP_CODECS[WARMUP_CODEC])
 
 
 class OptimInfo(ctypes.Structure):

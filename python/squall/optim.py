@@ -144,13 +144,30 @@ class APMSqueeze(torch.optim.Optimizer):
     these betas, 7.27 lr for (0.9, 0.999)). guard=False is the plain update of
     the paper, which can blow up where the frozen variance is (near) zero.
     See docs/optim.md, "The guard".
+
+    freeze_threshold, freeze_window (None: the library's defaults): the
+    adaptive warmup. The warmup ends at the first multiple t of freeze_window
+    (t >= 2 freeze_window) where the bias-corrected variance changed by less
+    than freeze_threshold (relative, L1) over the last window, and at the
+    latest after `warmup`, which becomes an upper bound; freeze_threshold=0 is
+    the fixed warmup. See docs/optim.md, "When the warmup ends".
+
+    compressed_algo: "bytes" (default: the compressed allreduce that sends
+    fewer bytes, two-phase from 3 ranks on), "time" (the communicator's
+    latency/bandwidth model), "twophase" or "allgather".
+
+    warmup_codec (None: the library's default): the warmup's gradient
+    average in fp32 ("none"), "fp16" or "bf16" (half the bytes; stateless
+    rounding, the sum in fp32). See docs/optim.md, "A cheaper warmup".
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, warmup=0.15, total_steps=None,
-                 codec="onebit", comm=None, mode="apmsqueeze", guard=True, max_update=None,
-                 broadcast_initial=True):
+                 codec="onebit:block=64", comm=None, mode="apmsqueeze", guard=True,
+                 max_update=None,
+                 broadcast_initial=True, freeze_threshold=None, freeze_window=None,
+                 compressed_algo="bytes", warmup_codec=None):
         _lib.require_optim()
         for name, value in (("amsgrad", amsgrad), ("maximize", maximize),
                             ("capturable", capturable), ("differentiable", differentiable),
@@ -179,6 +196,33 @@ class APMSqueeze(torch.optim.Optimizer):
                 "squall.optim.APMSqueeze: max_update is None (the bound of full-precision Adam "
                 f"for these betas) or a finite number > 0, not {max_update!r}")
         self.guard, self.max_update = guard, max_update
+        if freeze_threshold is None:
+            freeze_threshold = _lib.FREEZE_THRESHOLD
+        if freeze_window is None:
+            freeze_window = _lib.FREEZE_WINDOW
+        if isinstance(freeze_threshold, bool) or not (
+                isinstance(freeze_threshold, (int, float)) and 0 <= freeze_threshold < math.inf):
+            raise SquallInvalidArgument(
+                "squall.optim.APMSqueeze: freeze_threshold is 0 (the fixed warmup) or a finite "
+                f"relative change > 0, not {freeze_threshold!r}")
+        if isinstance(freeze_window, bool) or not isinstance(freeze_window, int) \
+                or freeze_window < 1:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: freeze_window is a number of steps >= 1, not "
+                f"{freeze_window!r}")
+        self.freeze_threshold, self.freeze_window = float(freeze_threshold), freeze_window
+        if compressed_algo not in _lib.OPTIM_ALGOS:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: compressed_algo is one of "
+                f"{', '.join(_lib.OPTIM_ALGOS)}, not {compressed_algo!r}")
+        self.compressed_algo = compressed_algo
+        if warmup_codec is None:
+            warmup_codec = _lib.WARMUP_CODEC
+        if warmup_codec not in _lib.WARMUP_CODECS:
+            raise SquallInvalidArgument(
+                f"squall.optim.APMSqueeze: warmup_codec is one of "
+                f"{', '.join(_lib.WARMUP_CODECS)}, not {warmup_codec!r}")
+        self.warmup_codec = warmup_codec
         self.mode = mode
         self.codec = codec
         self._spec = parse_codec(codec)
@@ -280,6 +324,10 @@ class APMSqueeze(torch.optim.Optimizer):
         cfg.codec = self._spec
         cfg.guard = 1 if self.guard else 0
         cfg.maxUpdate = float(self.max_update or 0.0)
+        cfg.freezeThreshold = self.freeze_threshold
+        cfg.freezeWindow = self.freeze_window
+        cfg.compressedAlgo = _lib.OPTIM_ALGOS[self.compressed_algo]
+        cfg.warmupCodec = _lib.WARMUP_CODECS[self.warmup_codec]
         h = ctypes.c_void_p()
         with _cuda.device_guard(self.comm.device):  # from NCCL: the state lives on its GPU
             check(lib.squallOptimizerCreate(self.comm.handle, numel, ctypes.byref(cfg),
@@ -314,6 +362,10 @@ class APMSqueeze(torch.optim.Optimizer):
                 ("warmup fraction", float(self._warmup_fraction)),
                 ("total_steps", float(self._total_steps)), ("guard", float(self.guard)),
                 ("max_update", float(self.max_update or 0.0)),
+                ("freeze_threshold", self.freeze_threshold),
+                ("freeze_window", float(self.freeze_window)),
+                ("compressed_algo", float(_lib.OPTIM_ALGOS[self.compressed_algo])),
+                ("warmup_codec", float(_lib.WARMUP_CODECS[self.warmup_codec])),
                 ("mode", float(_MODES[self.mode])), ("codec", float(self._spec.codec)),
                 ("codec block", float(self._spec.blockSize))]
         for i, g in enumerate(self.param_groups):
@@ -519,9 +571,10 @@ class SlowMo(torch.optim.Optimizer):
         x      = x_prev
 
     alpha=1, beta=0 is exactly periodic averaging (Local SGD / local Adam).
-    mode 'full' averages in full precision; 'compressed' through an
-    error-compensated compressed allreduce with `codec` (its residuals are
-    not checkpointed). The base optimizer's own state (e.g. Adam moments)
+    mode 'full' averages in full precision; 'compressed' averages the drift
+    x - x_prev through an error-compensated compressed allreduce with `codec`
+    (x_avg = x_prev + avg(x - x_prev), as the C optimizer does; the residuals
+    are not checkpointed). The base optimizer's own state (e.g. Adam moments)
     stays local. With broadcast_initial (default), rank 0's parameters are
     broadcast at construction so all ranks start equal. With lr == 0 a sync
     sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
@@ -628,12 +681,17 @@ class SlowMo(torch.optim.Optimizer):
         for i, group in enumerate(self.param_groups):
             params = group["params"]
             x = _flatten_into(torch.empty_like(self._x_prev[i]), params)
+            xp, u = self._x_prev[i], self._u[i]
             if self._compressors[i] is not None:
+                # The drift since the last sync, not the parameters: it is small
+                # and zero-mean-ish, what a 1-bit code with error feedback carries
+                # well; x_prev is the same on every rank, so x_avg is too.
+                x.sub_(xp)
                 self._compressors[i].allreduce(x, "avg")
+                x.add_(xp)
             else:
                 self.comm.allreduce(x, "avg")
             lr = float(group["lr"])
-            xp, u = self._x_prev[i], self._u[i]
             if lr > 0:
                 u.mul_(self.beta).add_((xp - x) / lr)
                 if self.alpha == 1.0 and self.beta == 0.0:

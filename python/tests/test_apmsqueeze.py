@@ -53,13 +53,13 @@ def _schedule(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
 
 
-def _apm_worker(rank, world, warmup, compressed_steps):
+def _apm_worker(rank, world, warmup, compressed_steps, warmup_codec="none"):
     from squall.optim import APMSqueeze
 
     squall.init()
     ps = _params()
     initial = [p.detach().clone() for p in ps]
-    opt = APMSqueeze(_groups(ps), warmup=warmup, **HYPER)
+    opt = APMSqueeze(_groups(ps), warmup=warmup, warmup_codec=warmup_codec, **HYPER)
     sched = _schedule(opt)
     ref_ps = _params()
     ref = torch.optim.AdamW(_groups(ref_ps), **HYPER)
@@ -93,11 +93,19 @@ def _apm_worker(rank, world, warmup, compressed_steps):
     return out
 
 
-def test_apmsqueeze_warmup_equals_adamw_then_identical_ranks():
+@pytest.mark.parametrize("warmup_codec", ["none", None])
+def test_apmsqueeze_warmup_equals_adamw_then_identical_ranks(warmup_codec):
+    """fp32 warmup: AdamW to 1e-6; the default (bf16) warmup: within one step (lr) of it.
+    Not closer: where the ranks' gradients nearly cancel, the rounded average differs
+    in relative terms, and Adam's early steps are about lr * sign(g) there."""
     warmup, compressed = 6, 50
-    res = _dist.run(_apm_worker, world=WORLD, args=(warmup, compressed), timeout=120)
+    res = _dist.run(_apm_worker, world=WORLD, args=(warmup, compressed, warmup_codec),
+                    timeout=120)
     for r in res:
-        assert max(r["warmup_diff"]) < 1e-6, r["warmup_diff"]
+        if warmup_codec == "none":
+            assert max(r["warmup_diff"]) < 1e-6, r["warmup_diff"]
+        else:
+            assert 0 < max(r["warmup_diff"]) < HYPER["lr"], r["warmup_diff"]
         assert r["info_after_warmup"]["phase"] == "compressed"
         assert r["info_after_warmup"]["warmup_steps"] == warmup
         assert not r["in_warmup_after"]

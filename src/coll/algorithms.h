@@ -34,5 +34,11 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
 // The auto choice between the two (see compressed_allgather.cc).
 CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
                                     double latencyBytes);
+// The one that sends fewer bytes per rank, headers included (the
+// all-gather on a tie: one round instead of two).
+CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec);
+// What a call on `state` runs, given the communicator's option.
+CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
+                                     CompressedAlgo option, double latencyBytes);
 
 }  // namespace squall::coll

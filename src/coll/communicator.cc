@@ -416,9 +416,8 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
       state->recordStats(CompressedStats{});
       return Status::kOk;
     }
-    CompressedAlgo algo = ctx.options->compressedAlgo;
-    if (algo == CompressedAlgo::kAuto)
-      algo = chooseCompressedAlgo(ctx.size(), count, state->spec(), ctx.options->latencyBytes());
+    const CompressedAlgo algo = resolveCompressedAlgo(
+        ctx.size(), *state, ctx.options->compressedAlgo, ctx.options->latencyBytes());
     return algo == CompressedAlgo::kAllGather
                ? allGatherCompressedAllReduce(ctx, in, out, dtype, op, state)
                : twoPhaseCompressedAllReduce(ctx, in, out, dtype, op, state);

@@ -27,6 +27,7 @@
 // (default 50 us and 10 Gbit/s: alpha/beta = 62500 bytes, so at 4 ranks the
 // all-gather up to about 1M elements of onebit; at 1 Gbit/s up to about
 // 100k); n = 2 always uses the all-gather.
+#include <algorithm>
 #include <vector>
 
 #include "src/coll/algorithms.h"
@@ -41,6 +42,34 @@ CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec&
   const double n = nranks;
   return static_cast<double>(encoded) * (n - 2) / n <= latencyBytes ? CompressedAlgo::kAllGather
                                                                     : CompressedAlgo::kTwoPhase;
+}
+
+CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec) {
+  // Rank r's share of the two-phase: its chunk of the padded buffer (the
+  // layout of compressed_state.h), encoded in each of the two rounds to the
+  // n - 1 others; the last chunks may be shorter, or empty, below N.
+  const auto n = static_cast<size_t>(nranks);
+  const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
+  const size_t chunk = (count + n * unit - 1) / (n * unit) * unit;
+  size_t whole = 0, mine = 0;
+  if (codec::encodedSize(spec, count, &whole) != Status::kOk ||
+      codec::encodedSize(spec, std::min(chunk, count), &mine) != Status::kOk)
+    return CompressedAlgo::kTwoPhase;
+  const double twoPhase = 2.0 * static_cast<double>(n - 1) * static_cast<double>(mine);
+  const double allGather = static_cast<double>(n - 1) * static_cast<double>(whole);
+  return twoPhase < allGather ? CompressedAlgo::kTwoPhase : CompressedAlgo::kAllGather;
+}
+
+CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
+                                     CompressedAlgo option, double latencyBytes) {
+  // A fixed choice of the state's owner first, then the variable's, then
+  // the owner's kind of auto.
+  CompressedAlgo algo = state.algorithm();
+  if (algo == CompressedAlgo::kTwoPhase || algo == CompressedAlgo::kAllGather) return algo;
+  if (option == CompressedAlgo::kTwoPhase || option == CompressedAlgo::kAllGather) return option;
+  if (algo == CompressedAlgo::kAutoBytes)
+    return chooseCompressedAlgoByBytes(nranks, state.count(), state.spec());
+  return chooseCompressedAlgo(nranks, state.count(), state.spec(), latencyBytes);
 }
 
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,

@@ -47,6 +47,12 @@ class CompressedState {
   // Zeroes both residuals.
   void reset();
 
+  // How the calls on this state choose their algorithm when
+  // SQUALL_COMPRESSED_ALGO is auto: kAuto (default: the time model),
+  // kAutoBytes, or a fixed one; a fixed one here wins over the variable.
+  void setAlgorithm(CompressedAlgo algo) { algo_ = algo; }
+  CompressedAlgo algorithm() const { return algo_; }
+
   // Called by the algorithms at the end of a successful call.
   void recordStats(const CompressedStats& stats) { stats_ = stats; }
 
@@ -67,6 +73,7 @@ class CompressedState {
   size_t chunk_ = 0;
   size_t unit_ = 1;
   codec::Spec spec_;
+  CompressedAlgo algo_{};  // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;
 };
 

@@ -18,7 +18,12 @@
 namespace squall::coll {
 
 enum class AllReduceAlgo : uint8_t { kAuto, kRing, kDirect, kHalvingDoubling };
-enum class CompressedAlgo : uint8_t { kAuto, kTwoPhase, kAllGather };
+// kAuto: the alpha-beta time model (compressed_allgather.cc); kAutoBytes:
+// the algorithm that sends fewer bytes (for callers whose traffic dominates,
+// such as an optimizer; chooseCompressedAlgoByBytes). Only a state asks for
+// kAutoBytes (CompressedState::setAlgorithm); SQUALL_COMPRESSED_ALGO is one
+// of the other three.
+enum class CompressedAlgo : uint8_t { kAuto, kTwoPhase, kAllGather, kAutoBytes };
 
 struct Options {
   std::chrono::milliseconds timeout{300000};              // SQUALL_TIMEOUT_S

@@ -79,6 +79,31 @@ Status readConfig(const squallOptimConfig_t* config, optim::Config* out) {
   out->slowmoCompressed = c.slowmoCompressed != 0;
   out->guard = c.guard != 0;
   out->maxUpdate = c.maxUpdate;
+  out->freezeThreshold = c.freezeThreshold;
+  out->freezeWindow = c.freezeWindow;
+  SQUALL_REQUIRE(c.warmupCodec == squallCodecNone || c.warmupCodec == squallCodecFp16 ||
+                     c.warmupCodec == squallCodecBf16,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "warmupCodec is %d; use squallCodecNone, squallCodecFp16 or squallCodecBf16",
+                 c.warmupCodec);
+  out->warmupCodec = static_cast<squall::codec::CodecId>(c.warmupCodec);
+  switch (c.compressedAlgo) {
+    case squallOptimAlgoBytes:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kAutoBytes;
+      break;
+    case squallOptimAlgoTwoPhase:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kTwoPhase;
+      break;
+    case squallOptimAlgoAllGather:
+      out->compressedAlgo = squall::coll::CompressedAlgo::kAllGather;
+      break;
+    case squallOptimAlgoTime: out->compressedAlgo = squall::coll::CompressedAlgo::kAuto; break;
+    default:
+      return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                         "compressedAlgo is %d; use squallOptimAlgoBytes, TwoPhase, AllGather or "
+                         "Time",
+                         c.compressedAlgo);
+  }
   return Status::kOk;
 }
 

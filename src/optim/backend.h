@@ -17,13 +17,17 @@
 #include <vector>
 
 #include "src/codec/wire.h"
+#include "src/coll/context.h"
 #include "src/common/status.h"
 #include "src/optim/update_kernels.h"
 
 namespace squall::optim {
 
 // The compressed allreduces an optimizer keeps residuals for.
-enum class Channel : int { kMomentum = 0, kSlowmo = 1 };
+// kWarmup: the APMSqueeze warmup's gradient average through a stateless
+// fp16/bf16 codec (its residuals are zeroed after every call).
+enum class Channel : int { kMomentum = 0, kSlowmo = 1, kWarmup = 2 };
+constexpr int kChannels = 3;
 
 class Backend {
  public:
@@ -36,8 +40,10 @@ class Backend {
   // ---- Setup (at create; may wait).
   // A zeroed buffer of `count` floats, freed with the backend.
   virtual Status allocate(size_t count, float** out) = 0;
-  // The residuals of `channel` for compressed allreduces of `count` floats.
-  virtual Status createChannel(Channel channel, size_t count, const codec::Spec& spec) = 0;
+  // The residuals of `channel` for compressed allreduces of `count` floats,
+  // run with the algorithm choice `algo` (where the backend has a choice).
+  virtual Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                               coll::CompressedAlgo algo) = 0;
 
   // The stream the operations of the step that follows go on: a
   // cudaStream_t on the device; ignored on the host.
@@ -60,10 +66,15 @@ class Backend {
   // not used (a commit writes only the buffer that is not current).
   virtual Status markResiduals(Channel channel) = 0;
   virtual Status restoreResiduals(Channel channel) = 0;
+  // Zeroes the residuals of `channel` (stream-ordered on the device).
+  virtual Status resetResiduals(Channel channel) = 0;
 
   // ---- Kernels of update_kernels.h, on this backend's memory.
   // Waits (on the device) so that the host can decide.
   virtual Status allFinite(const float* p, size_t n, bool* finite) = 0;
+  // update_kernels.h's varianceChange (the same bits on every backend); waits.
+  virtual Status varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                double* diff, double* total) = 0;
   virtual Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                           const AdamScalars& s) = 0;
   virtual Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,

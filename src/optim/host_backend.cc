@@ -11,10 +11,13 @@ Status HostBackend::allocate(size_t count, float** out) {
   return Status::kOk;
 }
 
-Status HostBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec) {
+Status HostBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                                  coll::CompressedAlgo algo) {
   Slot& s = slot(channel);
   s.count = count;
-  return coll::CompressedState::create(comm_->size(), count, spec, &s.state);
+  SQUALL_TRY(coll::CompressedState::create(comm_->size(), count, spec, &s.state));
+  s.state->setAlgorithm(algo);
+  return Status::kOk;
 }
 
 Status HostBackend::exchangeStatus(Status check) {
@@ -50,8 +53,19 @@ Status HostBackend::restoreResiduals(Channel channel) {
   return Status::kOk;
 }
 
+Status HostBackend::resetResiduals(Channel channel) {
+  slot(channel).state->reset();
+  return Status::kOk;
+}
+
 Status HostBackend::allFinite(const float* p, size_t n, bool* finite) {
   *finite = optim::allFinite(p, n);
+  return Status::kOk;
+}
+
+Status HostBackend::varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                   double* diff, double* total) {
+  optim::varianceChange(n, v, snap, a, b, diff, total);
   return Status::kOk;
 }
 

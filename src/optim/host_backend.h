@@ -24,7 +24,8 @@ class HostBackend final : public Backend {
   int rank() const override { return comm_->rank(); }
   bool onDevice() const override { return false; }
   Status allocate(size_t count, float** out) override;
-  Status createChannel(Channel channel, size_t count, const codec::Spec& spec) override;
+  Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                       coll::CompressedAlgo algo) override;
   void setStream(void*) override {}
 
   Status exchangeStatus(Status check) override;
@@ -32,8 +33,11 @@ class HostBackend final : public Backend {
   Status compressedAverage(Channel channel, float* buffer, uint64_t* bytes) override;
   Status markResiduals(Channel channel) override;
   Status restoreResiduals(Channel channel) override;
+  Status resetResiduals(Channel channel) override;
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
+  Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
+                        double* total) override;
   Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                   const AdamScalars& s) override;
   Status momentumStep(size_t n, float* out, const float* m, const float* g, float beta1,
@@ -67,7 +71,7 @@ class HostBackend final : public Backend {
 
   coll::Communicator* comm_;
   std::vector<std::unique_ptr<float[]>> buffers_;
-  Slot slots_[2];
+  Slot slots_[kChannels];
 };
 
 }  // namespace squall::optim

@@ -115,6 +115,24 @@ Status validateConfig(const Config& c, int64_t* warmupOut) {
                    "APMSqueeze needs at least one warmup step to estimate the variance (the "
                    "resolved warmup is %lld steps)",
                    static_cast<long long>(warmup));
+    SQUALL_REQUIRE(std::isfinite(c.freezeThreshold) && c.freezeThreshold >= 0.0,
+                   Status::kInvalidArgument, Subsys::kOptim,
+                   "freezeThreshold is %g; use 0 (the fixed warmup) or a relative change > 0 of "
+                   "the variance below which the warmup ends",
+                   c.freezeThreshold);
+    SQUALL_REQUIRE(c.freezeThreshold == 0.0 || c.freezeWindow >= 1, Status::kInvalidArgument,
+                   Subsys::kOptim,
+                   "freezeWindow is %lld; the adaptive warmup compares the variance over a window "
+                   "of >= 1 steps",
+                   static_cast<long long>(c.freezeWindow));
+  }
+  if (c.mode == Mode::kApmSqueeze) {
+    const auto wc = c.warmupCodec;
+    SQUALL_REQUIRE(
+        wc == codec::CodecId::kNone || wc == codec::CodecId::kFp16 || wc == codec::CodecId::kBf16,
+        Status::kInvalidArgument, Subsys::kOptim,
+        "warmupCodec is %d; the warmup averages gradients in fp32 (none), fp16 or bf16",
+        static_cast<int>(wc));
   }
   const bool needCodec = c.mode == Mode::kApmSqueeze || (c.slowmoTau > 0 && c.slowmoCompressed);
   if (needCodec) SQUALL_TRY(codec::validateSpec(c.codec));
@@ -152,13 +170,22 @@ Status Optimizer::createOn(std::unique_ptr<Backend> backend, size_t count, const
   SQUALL_TRY(b.allocate(count, &o->v_));
   SQUALL_TRY(b.allocate(count, &o->scratch_));
   o->momentumChannel_ = c.mode == Mode::kApmSqueeze;
-  if (o->momentumChannel_) SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec));
+  if (o->momentumChannel_)
+    SQUALL_TRY(b.createChannel(Channel::kMomentum, count, c.codec, c.compressedAlgo));
+  if (o->adaptiveWarmup()) SQUALL_TRY(b.allocate(count, &o->vSnap_));
+  o->warmupChannel_ = c.mode == Mode::kApmSqueeze && c.warmupCodec != codec::CodecId::kNone;
+  if (o->warmupChannel_) {
+    codec::Spec spec;
+    spec.codec = c.warmupCodec;
+    SQUALL_TRY(b.createChannel(Channel::kWarmup, count, spec, c.compressedAlgo));
+  }
   if (c.slowmoTau > 0) {
     SQUALL_TRY(b.allocate(count, &o->xPrev_));
     SQUALL_TRY(b.allocate(count, &o->u_));
     SQUALL_TRY(b.allocate(count, &o->xAvg_));
     o->slowmoChannel_ = c.slowmoCompressed;
-    if (o->slowmoChannel_) SQUALL_TRY(b.createChannel(Channel::kSlowmo, count, c.codec));
+    if (o->slowmoChannel_)
+      SQUALL_TRY(b.createChannel(Channel::kSlowmo, count, c.codec, c.compressedAlgo));
   }
   SQUALL_INFO(Subsys::kOptim,
               "optimizer (%s): mode %d, %zu parameters, warmup %lld, SlowMo tau %d, rank %d/%d",
@@ -186,9 +213,10 @@ Info Optimizer::info() const {
   Info i;
   i.step = step_;
   i.phase = phase_;
-  i.warmupSteps = warmupSteps_;
+  i.warmupSteps = frozenAt_ > 0 ? frozenAt_ : warmupSteps_;
   i.bytesSent = bytesSent_;
   i.skippedSteps = skipped_;
+  i.varianceChange = varianceChange_;
   return i;
 }
 
@@ -199,6 +227,18 @@ Status Optimizer::fullAverage(const float* in, float* out) {
   bytesSent_ +=
       2 * static_cast<uint64_t>(n - 1) * sizeof(float) * count_ / static_cast<uint64_t>(n);
   return Status::kOk;
+}
+
+// The warmup's average through fp16 / bf16. Stateless: the residuals are
+// zeroed after the call, so nothing of it enters the state blob and a step
+// skipped for a non-finite gradient leaves nothing behind.
+Status Optimizer::warmupAverage(const float* in, float* out) {
+  if (!warmupChannel_ || backend_->nranks() == 1) return fullAverage(in, out);
+  SQUALL_TRY(backend_->copy(out, in, count_));
+  uint64_t bytes = 0;
+  SQUALL_TRY(backend_->compressedAverage(Channel::kWarmup, out, &bytes));
+  bytesSent_ += bytes;
+  return backend_->resetResiduals(Channel::kWarmup);
 }
 
 Status Optimizer::compressedAverage(Channel channel, float* buffer, bool* finite) {
@@ -214,7 +254,7 @@ Status Optimizer::compressedAverage(Channel channel, float* buffer, bool* finite
 Status Optimizer::adamStep(float* params, const float* grads, float lr, bool allReduce) {
   const float* g = grads;
   if (allReduce) {
-    SQUALL_TRY(fullAverage(grads, scratch_));
+    SQUALL_TRY(warmupChannel_ ? warmupAverage(grads, scratch_) : fullAverage(grads, scratch_));
     g = scratch_;
   }
   bool finite = true;
@@ -240,8 +280,33 @@ Status Optimizer::switchToCompressed() {
     SQUALL_WARN(Subsys::kOptim, "every warmup step was skipped; the frozen variance is zero");
   }
   phase_ = Phase::kCompressed;
-  SQUALL_INFO(Subsys::kOptim, "APMSqueeze: variance frozen after step %lld",
-              static_cast<long long>(step_ + 1));
+  frozenAt_ = step_ + 1;
+  SQUALL_INFO(Subsys::kOptim,
+              "APMSqueeze: variance frozen after step %lld (bound %lld, last relative change %g)",
+              static_cast<long long>(frozenAt_), static_cast<long long>(warmupSteps_),
+              varianceChange_);
+  return Status::kOk;
+}
+
+// The adaptive warmup's test at the end of a window. v is the same on every
+// rank (Adam on the averaged gradient, the same Adam update count), and the
+// sums run in a fixed order (update_kernels.h), so every rank computes the
+// same change and takes the same decision without communicating.
+Status Optimizer::varianceSettled(bool* settled) {
+  *settled = false;
+  if (adamSteps_ == 0) return Status::kOk;  // nothing measured yet: no snapshot either
+  const double b2 = config_.beta2;
+  const double now = 1.0 / (1.0 - std::pow(b2, static_cast<double>(adamSteps_)));
+  const double then =
+      snapAdamSteps_ > 0 ? 1.0 / (1.0 - std::pow(b2, static_cast<double>(snapAdamSteps_))) : 0.0;
+  double diff = 0.0, total = 0.0;
+  SQUALL_TRY(backend_->varianceChange(count_, v_, vSnap_, now, then, &diff, &total));
+  const bool compared = snapAdamSteps_ > 0 && snapAdamSteps_ < adamSteps_;
+  snapAdamSteps_ = adamSteps_;
+  // A zero variance (every gradient zero so far) says nothing: keep warming up.
+  if (!compared || !(total > 0.0)) return Status::kOk;
+  varianceChange_ = diff / total;
+  *settled = varianceChange_ < config_.freezeThreshold;
   return Status::kOk;
 }
 
@@ -354,7 +419,10 @@ Status Optimizer::run(float* params, const float* grads, float lr, bool device, 
     case Mode::kApmSqueeze:
       if (phase_ == Phase::kWarmup) {
         SQUALL_TRY(adamStep(params, grads, rate, true));
-        if (step_ + 1 >= warmupSteps_) SQUALL_TRY(switchToCompressed());
+        bool freeze = step_ + 1 >= warmupSteps_;
+        if (!freeze && adaptiveWarmup() && (step_ + 1) % config_.freezeWindow == 0)
+          SQUALL_TRY(varianceSettled(&freeze));
+        if (freeze) SQUALL_TRY(switchToCompressed());
       } else {
         SQUALL_TRY(compressedStep(params, grads, rate));
       }
@@ -370,7 +438,8 @@ Status Optimizer::run(float* params, const float* grads, float lr, bool device, 
 // Sections: "m", "v" (v_hat once compressed), and with APMSqueeze "worker"
 // (the worker residual's first count values: the padding beyond them is never
 // encoded and stays zero) and "server" (this rank's chunk); with SlowMo
-// "x_prev" and "u", and when compressed "sm_worker" and "sm_server". The
+// "x_prev" and "u", and when compressed "sm_worker" and "sm_server"; with
+// the adaptive warmup "v_snap" (v at the end of the last window). The
 // device backend stages its buffers through host memory into the same blob.
 
 namespace {
@@ -408,6 +477,8 @@ BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank,
   h.codec = static_cast<uint32_t>(config.codec.codec);
   h.scale = static_cast<uint32_t>(config.codec.scale);
   h.block = config.codec.block;
+  h.freezeWindow = config.freezeWindow;
+  h.freezeThreshold = config.freezeThreshold;
   return h;
 }
 
@@ -446,6 +517,7 @@ Status Optimizer::sections(std::vector<SectionView>* out,
   };
   SQUALL_TRY(buffer("m", m_));
   SQUALL_TRY(buffer("v", v_));
+  if (vSnap_ != nullptr) SQUALL_TRY(buffer("v_snap", vSnap_));
   SQUALL_TRY(residuals(momentumChannel_, kMomentumNames));
   if (config_.slowmoTau > 0) {
     SQUALL_TRY(buffer("x_prev", xPrev_));
@@ -464,9 +536,13 @@ Status Optimizer::saveState(void* buffer, size_t capacity, size_t* written) cons
   std::vector<SectionView> views;
   std::vector<std::vector<float>> staging;
   SQUALL_TRY(sections(&views, &staging));
-  return writeBlob(
-      stateHeader(config_, count_, backend_->nranks(), backend_->rank(), info(), adamSteps_), views,
-      buffer, capacity, written);
+  BlobHeader h =
+      stateHeader(config_, count_, backend_->nranks(), backend_->rank(), info(), adamSteps_);
+  h.warmupSteps = warmupSteps_;  // the bound (info() gives the actual length once frozen)
+  h.frozenAt = frozenAt_;
+  h.snapAdamSteps = snapAdamSteps_;
+  h.varianceChange = varianceChange_;
+  return writeBlob(h, views, buffer, capacity, written);
 }
 
 namespace {
@@ -540,6 +616,13 @@ Status checkStateHeader(const BlobHeader& h, const Config& config, size_t count,
                  static_cast<long long>(h.step), static_cast<long long>(h.adamSteps),
                  static_cast<long long>(h.warmupSteps),
                  static_cast<unsigned long long>(h.skippedSteps));
+  SQUALL_REQUIRE(h.frozenAt >= 0 && h.frozenAt <= h.step && (h.phase == 1 || h.frozenAt == 0) &&
+                     h.snapAdamSteps >= 0 && h.snapAdamSteps <= h.adamSteps,
+                 Status::kCorruptData, Subsys::kOptim,
+                 "the optimizer state's warmup fields are inconsistent (frozen after step %lld, "
+                 "snapshot after %lld Adam updates, step %lld)",
+                 static_cast<long long>(h.frozenAt), static_cast<long long>(h.snapAdamSteps),
+                 static_cast<long long>(h.step));
   return Status::kOk;
 }
 
@@ -553,10 +636,14 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
   SQUALL_TRY(checkStateHeader(h, config_, count_, usesCodec));
   const int nranks = backend_->nranks(), rank = backend_->rank();
   const bool sameChunk = h.nranks == nranks && h.rank == rank;
-  const Section *m = nullptr, *v = nullptr, *xPrev = nullptr, *u = nullptr;
+  const Section *m = nullptr, *v = nullptr, *xPrev = nullptr, *u = nullptr, *snap = nullptr;
   const Section *w = nullptr, *s = nullptr, *smw = nullptr, *sms = nullptr;
   SQUALL_TRY(requireSection(blob, "m", count_, &m));
   SQUALL_TRY(requireSection(blob, "v", count_, &v));
+  // A state saved without the adaptive warmup (or by version 1) has no
+  // snapshot: the measurement restarts at the next window end.
+  if (vSnap_ != nullptr && blob.find("v_snap") != nullptr)
+    SQUALL_TRY(requireSection(blob, "v_snap", count_, &snap));
   SQUALL_TRY(checkResiduals(blob, *backend_, momentumChannel_, kMomentumNames, sameChunk, &w, &s));
   if (config_.slowmoTau > 0) {
     SQUALL_TRY(requireSection(blob, "x_prev", count_, &xPrev));
@@ -581,6 +668,13 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
                 "the optimizer state was saved with other hyper-parameters (lr %g, betas %g %g, "
                 "eps %g, weight decay %g); continuing with this optimizer's",
                 h.lr, h.beta1, h.beta2, h.eps, h.weightDecay);
+  if (config_.mode == Mode::kApmSqueeze && h.version >= 2 &&
+      (h.freezeThreshold != config_.freezeThreshold || h.freezeWindow != config_.freezeWindow))
+    SQUALL_WARN(Subsys::kOptim,
+                "the optimizer state was saved with the adaptive warmup at threshold %g, window "
+                "%lld; continuing with this optimizer's (%g, %lld)",
+                h.freezeThreshold, static_cast<long long>(h.freezeWindow), config_.freezeThreshold,
+                static_cast<long long>(config_.freezeWindow));
   if (config_.mode == Mode::kApmSqueeze && h.warmupSteps != warmupSteps_)
     SQUALL_WARN(Subsys::kOptim,
                 "the optimizer state was saved with %lld warmup steps; this optimizer resolved "
@@ -589,6 +683,8 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
 
   SQUALL_TRY(backend_->upload(m_, m->data.data(), count_));
   SQUALL_TRY(backend_->upload(v_, v->data.data(), count_));
+  if (vSnap_ != nullptr && snap != nullptr)
+    SQUALL_TRY(backend_->upload(vSnap_, snap->data.data(), count_));
   if (momentumChannel_)
     SQUALL_TRY(backend_->loadResiduals(Channel::kMomentum, w->data.data(),
                                        s != nullptr ? s->data.data() : nullptr));
@@ -601,6 +697,10 @@ Status Optimizer::loadState(const void* buffer, size_t bytes) {
                                        sms != nullptr ? sms->data.data() : nullptr));
   if (config_.mode == Mode::kApmSqueeze) warmupSteps_ = h.warmupSteps;
   phase_ = static_cast<Phase>(h.phase);
+  // Version 1 froze at the bound, always.
+  frozenAt_ = phase_ == Phase::kCompressed ? (h.frozenAt > 0 ? h.frozenAt : h.warmupSteps) : 0;
+  snapAdamSteps_ = snap != nullptr ? h.snapAdamSteps : 0;
+  varianceChange_ = h.varianceChange;
   step_ = h.step;
   adamSteps_ = h.adamSteps;
   skipped_ = h.skippedSteps;

@@ -14,6 +14,7 @@
 #include "src/codec/wire.h"
 #include "src/coll/communicator.h"
 #include "src/coll/compressed_state.h"
+#include "src/coll/context.h"
 #include "src/common/status.h"
 #include "src/optim/backend.h"
 #include "src/optim/state_blob.h"
@@ -25,19 +26,36 @@ namespace squall::optim {
 enum class Mode : int32_t { kApmSqueeze = 0, kSync = 1, kLocal = 2 };
 enum class Phase : int32_t { kWarmup = 0, kCompressed = 1 };
 
+// The neutral defaults of the schedule (fixed fp32 warmup, the codec's
+// default block); the library's defaults for users are
+// SQUALL_OPTIM_CONFIG_INIT's (include/squall/optim.h) and squall.optim's.
 struct Config {
   Mode mode = Mode::kApmSqueeze;
   float lr = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float weightDecay = 0.0f;
-  int64_t warmupSteps = -1;  // < 0: round(warmupFraction * totalSteps)
+  // APMSqueeze warmup: at most warmupSteps (< 0: round(warmupFraction *
+  // totalSteps)) steps; with freezeThreshold > 0 it ends earlier, after the
+  // first step t (a multiple of freezeWindow, t >= 2 freezeWindow) where the
+  // bias-corrected variance moved by less than freezeThreshold since step
+  // t - freezeWindow: sum |v_hat_t - v_hat_{t-W}| / sum v_hat_t.
+  int64_t warmupSteps = -1;
   double warmupFraction = 0.15;
   int64_t totalSteps = 0;
+  double freezeThreshold = 0.0;  // 0: the fixed warmup
+  // The APMSqueeze warmup's gradient average: kNone (fp32), or kFp16 / kBf16
+  // (stateless: each rank's gradient rounded, summed in fp32, the sum
+  // rounded again; no residual carries the rounding to the next step).
+  codec::CodecId warmupCodec = codec::CodecId::kNone;
+  int64_t freezeWindow = 8;
   codec::Spec codec;
   int slowmoTau = 0;  // 0: SlowMo off
   float slowmoAlpha = 1.0f;
   float slowmoBeta = 0.5f;
   bool slowmoCompressed = false;
+  // The compressed allreduces' algorithm on the host: kAutoBytes (the one
+  // sending fewer bytes), kAuto (the communicator's time model), or fixed.
+  coll::CompressedAlgo compressedAlgo = coll::CompressedAlgo::kAutoBytes;
   bool guard = true;       // APMSqueeze compressed stage: mask v_hat == 0, clip the ratio
   float maxUpdate = 0.0f;  // the clip; 0: adamRatioBound(beta1, beta2)
 };
@@ -45,9 +63,10 @@ struct Config {
 struct Info {
   int64_t step = 0;
   Phase phase = Phase::kWarmup;
-  int64_t warmupSteps = 0;
+  int64_t warmupSteps = 0;  // the steps of the warmup once frozen, its upper bound before
   uint64_t bytesSent = 0;
   uint64_t skippedSteps = 0;
+  double varianceChange = -1.0;  // the last measured relative change (< 0: none yet)
 };
 
 // Checks a config (with messages naming the bad field) and resolves the
@@ -109,21 +128,30 @@ class Optimizer {
   Optimizer() = default;
   Status run(float* params, const float* grads, float lr, bool device, void* stream);
   bool nextStepCommunicates() const;
+  bool adaptiveWarmup() const {
+    return config_.mode == Mode::kApmSqueeze && config_.freezeThreshold > 0.0;
+  }
   Status openStep(Status check);
   Status adamStep(float* params, const float* grads, float lr, bool allReduce);
   Status compressedStep(float* params, const float* grads, float lr);
   Status slowmoSync(float* params, float lr);
   Status compressedAverage(Channel channel, float* buffer, bool* finite);
   Status fullAverage(const float* in, float* out);
+  Status warmupAverage(const float* in, float* out);
   Status switchToCompressed();
+  Status varianceSettled(bool* settled);
   Status sections(std::vector<SectionView>* out, std::vector<std::vector<float>>* staging) const;
 
   std::unique_ptr<Backend> backend_;
   size_t count_ = 0;
   Config config_;
-  int64_t warmupSteps_ = 0;       // resolved
+  int64_t warmupSteps_ = 0;       // resolved: the upper bound of the warmup
+  int64_t frozenAt_ = 0;          // the step after which the variance froze (0: not yet)
+  int64_t snapAdamSteps_ = 0;     // the Adam updates behind vSnap_ (0: no snapshot yet)
+  double varianceChange_ = -1.0;  // the last measured relative change
   bool momentumChannel_ = false;  // APMSqueeze: the momentum's residuals
   bool slowmoChannel_ = false;    // compressed SlowMo: the drift's residuals
+  bool warmupChannel_ = false;    // APMSqueeze warmup through fp16 / bf16
 
   int64_t step_ = 0;       // step() calls that completed (applied or skipped)
   int64_t adamSteps_ = 0;  // Adam updates applied (the t of the bias correction)
@@ -139,6 +167,7 @@ class Optimizer {
   float* xPrev_ = nullptr;
   float* u_ = nullptr;
   float* xAvg_ = nullptr;
+  float* vSnap_ = nullptr;  // APMSqueeze with freezeThreshold > 0: v at the last window end
 };
 
 }  // namespace squall::optim

@@ -15,7 +15,8 @@ namespace {
 constexpr char kMagic[8] = {'S', 'Q', 'O', 'P', 'T', 'S', 'T', '1'};
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kPrefixBytes = 8 + 4 + 4 + 8;
-constexpr size_t kHeaderBytes = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
+constexpr size_t kHeaderBytesV1 = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
+constexpr size_t kHeaderBytes = kHeaderBytesV1 + 8 * 5;
 constexpr size_t kSectionHeadBytes = kSectionNameBytes + 8;
 constexpr size_t kChecksumBytes = 8;
 
@@ -97,6 +98,15 @@ void fields(BlobHeader& h, Visit&& visit) {
   visit(h.block);
 }
 
+template <typename Visit>
+void fieldsV2(BlobHeader& h, Visit&& visit) {
+  visit(h.frozenAt);
+  visit(h.snapAdamSteps);
+  visit(h.freezeWindow);
+  visit(h.freezeThreshold);
+  visit(h.varianceChange);
+}
+
 #define CORRUPT(...) SQUALL_FAIL(Status::kCorruptData, Subsys::kOptim, __VA_ARGS__)
 
 }  // namespace
@@ -131,6 +141,7 @@ Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& secti
   w.put(static_cast<uint64_t>(total));
   BlobHeader h = header;
   fields(h, [&](auto& v) { w.put(v); });
+  fieldsV2(h, [&](auto& v) { w.put(v); });
   w.put(static_cast<uint32_t>(sections.size()));
   for (const SectionView& s : sections) {
     char name[kSectionNameBytes] = {};
@@ -148,11 +159,11 @@ Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
   SQUALL_REQUIRE(data != nullptr, Status::kInvalidArgument, Subsys::kOptim,
                  "the state buffer is NULL");
   const auto* p = static_cast<const uint8_t*>(data);
-  if (bytes < kPrefixBytes + kHeaderBytes + 4 + kChecksumBytes)
+  if (bytes < kPrefixBytes + kHeaderBytesV1 + 4 + kChecksumBytes)
     return CORRUPT(
         "the optimizer state is %zu bytes, shorter than any valid state (%zu); it "
         "is truncated or not an optimizer state",
-        bytes, kPrefixBytes + kHeaderBytes + 4 + kChecksumBytes);
+        bytes, kPrefixBytes + kHeaderBytesV1 + 4 + kChecksumBytes);
   if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
     return CORRUPT(
         "the buffer does not start with the optimizer state magic; it is not a "
@@ -165,8 +176,8 @@ Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
   r.get(&total);
   if (order != kByteOrder)
     return CORRUPT("the optimizer state was saved on a machine of the other byte order");
-  if (version != kBlobVersion)
-    return CORRUPT("the optimizer state has format version %u; this library reads version %u",
+  if (version < 1 || version > kBlobVersion)
+    return CORRUPT("the optimizer state has format version %u; this library reads versions 1 to %u",
                    version, kBlobVersion);
   if (total != bytes)
     return CORRUPT(
@@ -182,6 +193,8 @@ Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
   ParsedBlob blob;
   bool ok = true;
   fields(blob.header, [&](auto& v) { ok = body.get(&v) && ok; });
+  if (version >= 2) fieldsV2(blob.header, [&](auto& v) { ok = body.get(&v) && ok; });
+  blob.header.version = version;
   uint32_t nsections = 0;
   ok = body.get(&nsections) && ok;
   if (!ok) return CORRUPT("the optimizer state header is truncated");

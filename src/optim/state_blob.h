@@ -27,7 +27,10 @@
 
 namespace squall::optim {
 
-constexpr uint32_t kBlobVersion = 1;
+// Version 2 added the adaptive warmup's fields (the last five of
+// BlobHeader) and its "v_snap" section; version 1 blobs still load, with
+// those fields zero (no snapshot: the next window starts the measurement).
+constexpr uint32_t kBlobVersion = 2;
 constexpr size_t kMaxSections = 16;
 constexpr size_t kSectionNameBytes = 16;
 
@@ -47,6 +50,13 @@ struct BlobHeader {
   float slowmoAlpha = 0, slowmoBeta = 0;
   int32_t slowmoCompressed = 0;
   uint32_t codec = 0, scale = 0, block = 0;
+  // Version 2.
+  int64_t frozenAt = 0;       // the step after which the variance froze (0: not yet)
+  int64_t snapAdamSteps = 0;  // the Adam updates behind "v_snap" (0: none)
+  int64_t freezeWindow = 0;
+  double freezeThreshold = 0;
+  double varianceChange = -1;
+  uint32_t version = kBlobVersion;  // parsed from the blob; not a header field
 };
 
 struct SectionView {

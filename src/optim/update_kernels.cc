@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace squall::optim {
 
@@ -135,6 +136,32 @@ bool allFinite(const float* __restrict p, size_t n) {
     bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
   }
   return bad == 0;
+}
+
+void sumVarianceLanes(const double* partials, double* diff, double* total) {
+  double d = 0.0, t = 0.0;
+  for (size_t j = 0; j < kVarianceLanes; ++j) {
+    d += partials[2 * j];
+    t += partials[2 * j + 1];
+  }
+  *diff = d;
+  *total = t;
+}
+
+void varianceChange(size_t n, const float* __restrict v, float* __restrict snap, double a, double b,
+                    double* diff, double* total) {
+  // Walked in index order (sequential memory) into the lanes: the same
+  // per-lane order as one device thread per lane with a grid-stride loop.
+  std::vector<double> lanes(2 * kVarianceLanes, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t j = i % kVarianceLanes;
+    const double now = a * static_cast<double>(v[i]);
+    const double then = b * static_cast<double>(snap[i]);
+    lanes[2 * j] += std::fabs(now - then);
+    lanes[2 * j + 1] += now;
+    snap[i] = v[i];
+  }
+  sumVarianceLanes(lanes.data(), diff, total);
 }
 
 }  // namespace squall::optim

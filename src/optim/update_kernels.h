@@ -90,4 +90,19 @@ void add(size_t n, float* out, const float* a, const float* b);
 // True when no element is NaN or infinite.
 bool allFinite(const float* p, size_t n);
 
+// The adaptive warmup's signal (docs/optim.md, "When the warmup ends"): with
+// vNow = a * v and vThen = b * snap (a, b: the bias corrections of the two
+// moments), diff = sum |vNow - vThen| and total = sum vNow, in double; then
+// snap = v. The sums run over kVarianceLanes lanes, lane j taking the
+// elements i = j (mod kVarianceLanes) in index order, and the lanes are then
+// added in lane order: a fixed order that the device kernel repeats (one
+// thread per lane), so the host and the device, and every rank, compute the
+// same bits and take the same decision.
+constexpr size_t kVarianceLanes = 16384;
+void varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
+                    double* total);
+// Adds per-lane partial sums (diff, total interleaved, 2 * kVarianceLanes
+// values) in lane order.
+void sumVarianceLanes(const double* partials, double* diff, double* total);
+
 }  // namespace squall::optim

@@ -196,6 +196,12 @@ void expectSame(int n, const Config& c, int steps, bool perRank = false, int nan
     }
     EXPECT_EQ(db.header.adamSteps, hb.header.adamSteps);
     EXPECT_EQ(db.header.phase, hb.header.phase);
+    EXPECT_EQ(dev.info[r].warmupSteps, host.info[r].warmupSteps);
+    EXPECT_EQ(db.header.frozenAt, hb.header.frozenAt);
+    EXPECT_EQ(db.header.snapAdamSteps, hb.header.snapAdamSteps);
+    // The same bits of the measured change: the freeze decision cannot differ.
+    EXPECT_EQ(std::bit_cast<uint64_t>(dev.info[r].varianceChange),
+              std::bit_cast<uint64_t>(host.info[r].varianceChange));
   }
 }
 
@@ -211,6 +217,33 @@ Config apm(int64_t warmup) {
 
 TEST(DeviceOptimizerEmu, ApmSqueezeCrossesTheSwitch2Ranks) { expectSame(2, apm(3), 8); }
 TEST(DeviceOptimizerEmu, ApmSqueezeCrossesTheSwitch4Ranks) { expectSame(4, apm(2), 6); }
+
+// The adaptive warmup: the device's variance sums take the host's order, so
+// both freeze after the same step (here the first possible one, 2 windows,
+// long before the bound of 50) and stay bit-identical after it.
+TEST(DeviceOptimizerEmu, AdaptiveWarmupFreezesWhereTheHostDoes) {
+  Config c = apm(50);
+  c.freezeThreshold = 10.0;  // any measured change is below it
+  c.freezeWindow = 2;
+  const auto host = runHost(3, c, 7, false, -1, 0);
+  EXPECT_EQ(host.info[0].phase, optim::Phase::kCompressed);
+  EXPECT_EQ(host.info[0].warmupSteps, 4);
+  EXPECT_GT(host.info[0].varianceChange, 0.0);
+  expectSame(3, c, 7);
+}
+
+TEST(DeviceOptimizerEmu, AdaptiveWarmupStillWarmingUp) {
+  Config c = apm(50);
+  c.freezeThreshold = 1e-9;  // never below it: the snapshot travels in the blob
+  c.freezeWindow = 2;
+  expectSame(2, c, 5);
+}
+
+TEST(DeviceOptimizerEmu, Bf16WarmupMatchesTheHost) {
+  Config c = apm(4);
+  c.warmupCodec = codec::CodecId::kBf16;
+  expectSame(3, c, 7);
+}
 
 TEST(DeviceOptimizerEmu, Sync4Ranks) {
   Config c = apm(0);

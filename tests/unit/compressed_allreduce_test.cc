@@ -438,6 +438,36 @@ TEST_P(CompressedAllReduce, AsyncFormMatchesBlocking) {
   for (int r = 0; r < kN; ++r) EXPECT_TRUE(sameBits(out[r].data(), expected.data(), kCount));
 }
 
+// The bytes-aware choice: from 3 ranks on the two-phase sends fewer bytes
+// (2 (n-1)/n E against (n-1) E) at any size; at 2 ranks the two are even but
+// for the chunk headers, and the all-gather's one round wins; so it does
+// below one codec block, where one server holds the whole buffer. A fixed choice
+// of the state wins over the variable, which wins over the state's auto.
+TEST_P(CompressedAllReduce, BytesAwareChoiceAndItsPrecedence) {
+  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
+  for (int n : {2, 4, 8})
+    EXPECT_EQ(coll::chooseCompressedAlgoByBytes(n, 100, spec), CompressedAlgo::kAllGather);
+  for (size_t count : {size_t{9610}, size_t{76054}, size_t{1} << 22}) {
+    EXPECT_EQ(coll::chooseCompressedAlgoByBytes(2, count, spec), CompressedAlgo::kAllGather);
+    for (int n : {3, 4, 8})
+      EXPECT_EQ(coll::chooseCompressedAlgoByBytes(n, count, spec), CompressedAlgo::kTwoPhase)
+          << n << " ranks, " << count;
+  }
+  std::unique_ptr<CompressedState> s;
+  ASSERT_EQ(CompressedState::create(4, 9610, spec, &s), Status::kOk);
+  const double lat = coll::Options().latencyBytes();
+  EXPECT_EQ(coll::resolveCompressedAlgo(4, *s, CompressedAlgo::kAuto, lat),
+            CompressedAlgo::kAllGather);  // the time model, for a small buffer
+  s->setAlgorithm(CompressedAlgo::kAutoBytes);
+  EXPECT_EQ(coll::resolveCompressedAlgo(4, *s, CompressedAlgo::kAuto, lat),
+            CompressedAlgo::kTwoPhase);
+  EXPECT_EQ(coll::resolveCompressedAlgo(4, *s, CompressedAlgo::kAllGather, lat),
+            CompressedAlgo::kAllGather);
+  s->setAlgorithm(CompressedAlgo::kAllGather);
+  EXPECT_EQ(coll::resolveCompressedAlgo(4, *s, CompressedAlgo::kTwoPhase, lat),
+            CompressedAlgo::kAllGather);
+}
+
 TEST_P(CompressedAllReduce, AutoChoosesAllGatherForSmallBuffers) {
   const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
   const double tenGbit = coll::Options().latencyBytes();  // 50 us at 10 Gbit/s

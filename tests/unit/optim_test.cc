@@ -241,7 +241,8 @@ TEST(SlowMo, CompressedSyncAgreesAcrossRanks) {
 
 // Saves every rank's state after `split` steps, runs on, then restores the
 // state into fresh optimizers and checks the rerun is bit-identical.
-void checkResume(const Config& c, int n, int split, int more) {
+// *last (optional): rank 0's info at the end.
+void checkResume(const Config& c, int n, int split, int more, optim::Info* last = nullptr) {
   const size_t count = 1200;
   Group group(n);
   auto opts = createAll(group, count, c);
@@ -266,6 +267,8 @@ void checkResume(const Config& c, int n, int split, int more) {
   for (int r = 0; r < n; ++r) EXPECT_TRUE(sameBits(params[r], again[r])) << "rank " << r;
   EXPECT_EQ(fresh[0]->info().phase, opts[0]->info().phase);
   EXPECT_EQ(fresh[0]->info().bytesSent, opts[0]->info().bytesSent);
+  EXPECT_EQ(fresh[0]->info().warmupSteps, opts[0]->info().warmupSteps);
+  if (last != nullptr) *last = opts[0]->info();
 }
 
 TEST(State, ResumeInCompressedPhaseIsBitIdentical) { checkResume(apmConfig(4), 3, 9, 8); }
@@ -284,6 +287,208 @@ TEST(State, ResumeLocalWithSlowMoIsBitIdentical) {
   c.mode = Mode::kLocal;
   c.slowmoTau = 3;
   checkResume(c, 2, 4, 7);
+}
+
+Config adaptiveConfig(int64_t bound, double threshold, int64_t window) {
+  Config c = apmConfig(bound);
+  c.freezeThreshold = threshold;
+  c.freezeWindow = window;
+  return c;
+}
+
+// Runs n ranks until the step after which every rank froze (or `steps`),
+// the ranks' gradients differing; returns each rank's frozen warmup length
+// (0: still warming up) and checks the replicas stay bit-identical.
+std::vector<int64_t> freezeSteps(const Config& c, int n, size_t count, int steps,
+                                 float (*scaleOf)(int step), std::vector<double>* changes) {
+  Group group(n);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(n, initialParams(count));
+  std::vector<int64_t> frozen(n, 0);
+  changes->assign(n, -1.0);
+  group.run([&](coll::Communicator&, int r) {
+    for (int s = 0; s < steps; ++s) {
+      const std::vector<float> g = gradient(r, s, count, scaleOf(s));
+      ASSERT_EQ(opts[r]->step(params[r].data(), g.data(), 0.0f), Status::kOk) << lastError();
+      const optim::Info i = opts[r]->info();
+      if (i.phase == Phase::kCompressed && frozen[r] == 0) {
+        frozen[r] = i.warmupSteps;
+        EXPECT_EQ(i.warmupSteps, s + 1);
+        (*changes)[r] = i.varianceChange;
+      }
+    }
+  });
+  for (int r = 1; r < n; ++r) EXPECT_TRUE(sameBits(params[0], params[r])) << "rank " << r;
+  return frozen;
+}
+
+float steady(int) { return 1.0f; }
+float growing(int step) { return std::pow(1.5f, static_cast<float>(step)); }
+
+// Stationary gradients: the variance settles, and every rank (each with its
+// own gradient) freezes after the same step, a multiple of the window, before
+// the bound, with the measured change below the threshold. The count spans
+// more than one round of the reduction's lanes.
+TEST(AdaptiveWarmup, EveryRankFreezesAfterTheSameStepBeforeTheBound) {
+  const Config c = adaptiveConfig(200, 0.1, 4);
+  std::vector<double> changes;
+  const std::vector<int64_t> frozen =
+      freezeSteps(c, 4, optim::kVarianceLanes + 3000, 60, steady, &changes);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(frozen[r], frozen[0]) << "rank " << r;
+    EXPECT_EQ(std::bit_cast<uint64_t>(changes[r]), std::bit_cast<uint64_t>(changes[0]));
+  }
+  EXPECT_GE(frozen[0], 8);  // two windows at least
+  EXPECT_LT(frozen[0], 60);
+  EXPECT_EQ(frozen[0] % 4, 0);
+  EXPECT_GT(changes[0], 0.0);
+  EXPECT_LT(changes[0], 0.1);
+}
+
+// The first decision comes after two windows; the fixed warmup bounds it;
+// gradients whose scale keeps growing never settle, so they run to the
+// bound; threshold 0 is the fixed warmup.
+TEST(AdaptiveWarmup, FirstDecisionAfterTwoWindowsAndTheBoundHolds) {
+  std::vector<double> changes;
+  EXPECT_EQ(freezeSteps(adaptiveConfig(30, 100.0, 5), 2, 900, 20, steady, &changes)[0], 10);
+  EXPECT_EQ(freezeSteps(adaptiveConfig(13, 1e-12, 4), 2, 900, 20, steady, &changes)[0], 13);
+  EXPECT_GT(changes[0], 1e-12);  // measured, never small enough: the bound ended it
+  EXPECT_EQ(freezeSteps(adaptiveConfig(24, 0.1, 4), 2, 900, 30, growing, &changes)[0], 24);
+  EXPECT_GT(changes[0], 0.1);
+  EXPECT_EQ(freezeSteps(adaptiveConfig(7, 0.0, 1), 2, 900, 10, steady, &changes)[0], 7);
+}
+
+// The snapshot and its step count are in the state: a resume in the middle of
+// a window, before the freeze, freezes after the same step and stays
+// bit-identical (without the snapshot the next decision would come later).
+TEST(AdaptiveWarmup, ResumeMidWindowIsBitIdentical) {
+  optim::Info i;
+  checkResume(adaptiveConfig(40, 0.25, 3), 3, 7, 20, &i);
+  EXPECT_EQ(i.phase, Phase::kCompressed);
+  EXPECT_GT(i.warmupSteps, 7);
+  EXPECT_LT(i.warmupSteps, 40);
+}
+
+TEST(AdaptiveWarmup, ResumeAfterTheFreezeKeepsItsStep) {
+  optim::Info i;
+  checkResume(adaptiveConfig(40, 0.25, 3), 2, 25, 6, &i);
+  EXPECT_LT(i.warmupSteps, 25);
+}
+
+// The optimizer's compressed allreduces choose by bytes (two-phase at 4
+// ranks even for a small buffer, where the time model picks the all-gather),
+// unless told otherwise.
+TEST(ApmSqueeze, CompressedAlgorithmFollowsTheConfig) {
+  for (auto [algo, name] : {std::pair{coll::CompressedAlgo::kAutoBytes, "twophase"},
+                            std::pair{coll::CompressedAlgo::kAuto, "allgather"},
+                            std::pair{coll::CompressedAlgo::kAllGather, "allgather"}}) {
+    Config c = apmConfig(1);
+    c.compressedAlgo = algo;
+    Group group(4);
+    auto opts = createAll(group, 3000, c);
+    std::vector<std::vector<float>> params(4, initialParams(3000));
+    runSteps(group, opts, params, 0, 3);
+    EXPECT_STREQ(opts[0]->momentumState()->lastStats().algorithm, name);
+  }
+}
+
+// The bf16 / fp16 warmup: every rank's replica stays bit-identical, the
+// warmup sends about half the bytes of the fp32 ring, the parameters stay
+// close to the fp32 warmup's, and (stateless) a resume in the middle of the
+// warmup is bit-identical.
+TEST(ApmSqueeze, HalfPrecisionWarmupHalvesItsBytes) {
+  const size_t count = 4000;
+  auto run = [&](codec::CodecId wc, std::vector<std::vector<float>>* params) {
+    Config c = apmConfig(6);
+    c.warmupCodec = wc;
+    Group group(4);
+    auto opts = createAll(group, count, c);
+    params->assign(4, initialParams(count));
+    runSteps(group, opts, *params, 0, 6);
+    for (int r = 1; r < 4; ++r) EXPECT_TRUE(sameBits((*params)[0], (*params)[r]));
+    return opts[0]->info().bytesSent;
+  };
+  std::vector<std::vector<float>> full, half;
+  const uint64_t fullBytes = run(codec::CodecId::kNone, &full);
+  for (codec::CodecId wc : {codec::CodecId::kBf16, codec::CodecId::kFp16}) {
+    const uint64_t halfBytes = run(wc, &half);
+    EXPECT_LT(halfBytes, fullBytes * 55 / 100);
+    EXPECT_GT(halfBytes, fullBytes * 45 / 100);
+    double worst = 0.0;
+    for (size_t i = 0; i < count; ++i)
+      worst = std::max(worst, static_cast<double>(std::fabs(half[0][i] - full[0][i])));
+    EXPECT_GT(worst, 0.0);   // the rounding is there ...
+    EXPECT_LT(worst, 1e-3);  // ... and small: 6 steps of lr 1e-3 move x by 6e-3 at most
+  }
+  Config c = apmConfig(8);
+  c.warmupCodec = codec::CodecId::kBf16;
+  checkResume(c, 3, 3, 8);
+  c.warmupCodec = codec::CodecId::kInt8;
+  int64_t w = 0;
+  EXPECT_EQ(optim::validateConfig(c, &w), Status::kInvalidArgument);
+}
+
+// A version 1 blob (the v2 header without its last 40 bytes) still loads:
+// made here from a v2 blob of a fixed-warmup optimizer in the compressed
+// phase, it resumes bit-identically and reports the fixed warmup's length.
+std::vector<uint8_t> asVersion1(const std::vector<uint8_t>& v2) {
+  constexpr size_t kPrefix = 24, kHeaderV1 = 112, kV2Fields = 40;
+  std::vector<uint8_t> v1(v2.begin(), v2.begin() + kPrefix + kHeaderV1);
+  v1.insert(v1.end(), v2.begin() + kPrefix + kHeaderV1 + kV2Fields, v2.end() - 8);
+  const uint32_t version = 1;
+  std::memcpy(v1.data() + 8, &version, sizeof(version));
+  const uint64_t total = v1.size() + 8;
+  std::memcpy(v1.data() + 16, &total, sizeof(total));
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64, as state_blob.cc
+  for (uint8_t b : v1) {
+    h ^= b;
+    h *= 1099511628211ull;
+  }
+  v1.resize(v1.size() + 8);
+  std::memcpy(v1.data() + v1.size() - 8, &h, sizeof(h));
+  return v1;
+}
+
+TEST(State, Version1BlobsStillLoad) {
+  const size_t count = 1200;
+  const Config c = apmConfig(4);
+  Group group(2);
+  auto opts = createAll(group, count, c);
+  std::vector<std::vector<float>> params(2, initialParams(count));
+  runSteps(group, opts, params, 0, 9);
+  std::vector<std::vector<uint8_t>> blobs(2);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<uint8_t> v2(opts[r]->stateSize());
+    size_t written = 0;
+    ASSERT_EQ(opts[r]->saveState(v2.data(), v2.size(), &written), Status::kOk);
+    blobs[r] = asVersion1(v2);
+  }
+  const auto saved = params;
+  runSteps(group, opts, params, 9, 5);
+  auto fresh = createAll(group, count, c);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_EQ(fresh[r]->loadState(blobs[r].data(), blobs[r].size()), Status::kOk) << lastError();
+  EXPECT_EQ(fresh[0]->info().phase, Phase::kCompressed);
+  EXPECT_EQ(fresh[0]->info().warmupSteps, 4);
+  auto again = saved;
+  runSteps(group, fresh, again, 9, 5);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(sameBits(params[r], again[r])) << "rank " << r;
+  // Version 3 does not exist yet: refused.
+  std::vector<uint8_t> bad = blobs[0];
+  const uint32_t three = 3;
+  std::memcpy(bad.data() + 8, &three, sizeof(three));
+  EXPECT_EQ(fresh[0]->loadState(bad.data(), bad.size()), Status::kCorruptData);
+}
+
+TEST(AdaptiveWarmup, BadSettingsAreRejected) {
+  int64_t w = 0;
+  Config c = adaptiveConfig(10, -0.5, 4);
+  EXPECT_EQ(optim::validateConfig(c, &w), Status::kInvalidArgument);
+  c = adaptiveConfig(10, std::numeric_limits<double>::quiet_NaN(), 4);
+  EXPECT_EQ(optim::validateConfig(c, &w), Status::kInvalidArgument);
+  c = adaptiveConfig(10, 0.1, 0);
+  EXPECT_EQ(optim::validateConfig(c, &w), Status::kInvalidArgument);
+  EXPECT_NE(std::string(lastError()).find("freezeWindow"), std::string::npos) << lastError();
 }
 
 TEST(State, OtherRankCountResetsTheServerResidualWithAWarning) {
@@ -411,9 +616,15 @@ TEST(ApmSqueeze, AlwaysZeroGradientsDoNotMoveTheirParameters) {
   for (size_t i = 768; i < 2000; ++i)
     if ((i - 800) % 7 != 0 || i < 800) others.push_back(i);
 
-  for (bool guard : {true, false}) {
-    SCOPED_TRACE(guard ? "guard on" : "guard off");
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool guard = variant != 1;
+    SCOPED_TRACE(variant == 0 ? "guard on" : variant == 1 ? "guard off" : "adaptive warmup");
     c.guard = guard;
+    if (variant == 2) {  // freezes after step 2 of the bound's 3: still nothing moves
+      c.warmupSteps = 12;
+      c.freezeThreshold = 100.0;
+      c.freezeWindow = 1;
+    }
     std::vector<std::vector<float>> p;
     std::vector<size_t> zeros = blocks;
     zeros.insert(zeros.end(), scattered.begin(), scattered.end());

@@ -25,7 +25,7 @@ namespace {
 // markResiduals saves (worker, server for each channel).
 constexpr int kNonFinite = 0;
 constexpr int kMarks = 1;
-constexpr int kFlagInts = kMarks + 4;
+constexpr int kFlagInts = kMarks + 2 * kChannels;
 
 class DeviceBackend final : public Backend {
  public:
@@ -41,7 +41,9 @@ class DeviceBackend final : public Backend {
   int rank() const override { return rank_; }
   bool onDevice() const override { return true; }
   Status allocate(size_t count, float** out) override;
-  Status createChannel(Channel channel, size_t count, const codec::Spec& spec) override;
+  // The device compressed allreduce has one algorithm (two-phase).
+  Status createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                       coll::CompressedAlgo) override;
   void setStream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
 
   Status exchangeStatus(Status check) override;
@@ -49,8 +51,13 @@ class DeviceBackend final : public Backend {
   Status compressedAverage(Channel channel, float* buffer, uint64_t* bytes) override;
   Status markResiduals(Channel channel) override { return moveMarks(channel, true); }
   Status restoreResiduals(Channel channel) override { return moveMarks(channel, false); }
+  Status resetResiduals(Channel channel) override {
+    return states_[static_cast<int>(channel)]->reset(stream_);
+  }
 
   Status allFinite(const float* p, size_t n, bool* finite) override;
+  Status varianceChange(size_t n, const float* v, float* snap, double a, double b, double* diff,
+                        double* total) override;
   Status adamStep(size_t n, float* x, float* m, float* v, const float* g,
                   const AdamScalars& s) override {
     return cuda::adamStep(n, x, m, v, g, s, stream_);
@@ -99,11 +106,12 @@ class DeviceBackend final : public Backend {
   int rank_;
   cudaStream_t stream_ = nullptr;  // of the last step: save and load wait for it
   std::vector<void*> buffers_;
-  int* flag_ = nullptr;    // kFlagInts ints
-  int* status_ = nullptr;  // one status word per rank (exchangeStatus)
-  int hostStatus_ = 0;     // the source of this rank's word, alive until it is copied
-  std::unique_ptr<coll::device::DeviceCompressedState> states_[2];
-  size_t counts_[2] = {0, 0};
+  int* flag_ = nullptr;      // kFlagInts ints
+  int* status_ = nullptr;    // one status word per rank (exchangeStatus)
+  double* lanes_ = nullptr;  // varianceChange's partial sums, allocated at first use
+  int hostStatus_ = 0;       // the source of this rank's word, alive until it is copied
+  std::unique_ptr<coll::device::DeviceCompressedState> states_[kChannels];
+  size_t counts_[kChannels] = {};
 };
 
 DeviceBackend::~DeviceBackend() {
@@ -135,7 +143,8 @@ Status DeviceBackend::allocate(size_t count, float** out) {
   return Status::kOk;
 }
 
-Status DeviceBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec) {
+Status DeviceBackend::createChannel(Channel channel, size_t count, const codec::Spec& spec,
+                                    coll::CompressedAlgo) {
   const int c = static_cast<int>(channel);
   counts_[c] = count;
   return coll::device::DeviceCompressedState::create(nranks_, rank_, count, spec, &states_[c]);
@@ -213,6 +222,23 @@ Status DeviceBackend::allFinite(const float* p, size_t n, bool* finite) {
   // step's bias correction uses) is taken on the host.
   SQUALL_CUDA_TRY(cudaStreamSynchronize(stream_));
   *finite = host == 0;
+  return Status::kOk;
+}
+
+Status DeviceBackend::varianceChange(size_t n, const float* v, float* snap, double a, double b,
+                                     double* diff, double* total) {
+  const size_t bytes = 2 * kVarianceLanes * sizeof(double);
+  if (lanes_ == nullptr) {
+    void* p = nullptr;
+    SQUALL_TRY(alloc(bytes, &p));
+    lanes_ = static_cast<double*>(p);
+  }
+  SQUALL_TRY(varianceLanes(n, v, snap, a, b, lanes_, stream_));
+  std::vector<double> host(2 * kVarianceLanes);
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(host.data(), lanes_, bytes, cudaMemcpyDeviceToHost, stream_));
+  // A host wait, like allFinite's: the freeze decision is taken on the host.
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream_));
+  sumVarianceLanes(host.data(), diff, total);
   return Status::kOk;
 }
 

@@ -98,6 +98,23 @@ __global__ void nonFiniteKernel(size_t n, const float* p, int* flag) {
   }
 }
 
+__global__ void varianceKernel(size_t n, const float* v, float* snap, double a, double b,
+                               double* lanes) {
+  // One thread per lane (the grid is exactly kVarianceLanes threads), each
+  // walking its elements in index order: update_kernels.cc's order.
+  const size_t j = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  double d = 0.0, t = 0.0;
+  for (size_t i = j; i < n; i += kVarianceLanes) {
+    const double now = __dmul_rn(a, static_cast<double>(v[i]));
+    const double then = __dmul_rn(b, static_cast<double>(snap[i]));
+    d = __dadd_rn(d, fabs(__dadd_rn(now, -then)));
+    t = __dadd_rn(t, now);
+    snap[i] = v[i];
+  }
+  lanes[2 * j] = d;
+  lanes[2 * j + 1] = t;
+}
+
 #undef SQUALL_GRID_LOOP
 
 unsigned gridFor(size_t items) {
@@ -156,6 +173,19 @@ Status add(size_t n, float* out, const float* a, const float* b, cudaStream_t st
 
 Status divide(size_t n, float* x, float divisor, cudaStream_t stream) {
   return launch("divide", divideKernel, n, stream, x, divisor);
+}
+
+Status varianceLanes(size_t n, const float* v, float* snap, double a, double b, double* lanes,
+                     cudaStream_t stream) {
+  static_assert(kVarianceLanes % kThreads == 0, "whole blocks of lanes");
+  // Always launched, even for n = 0: every lane writes its (zero) sums.
+  launchKernel(varianceKernel, static_cast<unsigned>(kVarianceLanes / kThreads), kThreads, stream,
+               n, v, snap, a, b, lanes);
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return Status::kOk;
+  return SQUALL_FAIL(Status::kSystemError, Subsys::kCuda,
+                     "the variance-change kernel failed to launch: %s (%s)", cudaGetErrorName(err),
+                     cudaGetErrorString(err));
 }
 
 Status flagNonFinite(size_t n, const float* p, int* flag, cudaStream_t stream) {

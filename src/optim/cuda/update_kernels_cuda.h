@@ -36,6 +36,11 @@ Status subtract(size_t n, float* out, const float* a, const float* b, cudaStream
 Status add(size_t n, float* out, const float* a, const float* b, cudaStream_t stream);
 // x = x / divisor (the avg of an NCCL sum).
 Status divide(size_t n, float* x, float divisor, cudaStream_t stream);
+// The per-lane sums of update_kernels.h's varianceChange into `lanes`
+// (2 * kVarianceLanes doubles, device memory; add them with
+// sumVarianceLanes), and snap = v.
+Status varianceLanes(size_t n, const float* v, float* snap, double a, double b, double* lanes,
+                     cudaStream_t stream);
 // *flag |= 1 when an element of p is NaN or infinite (the flag is not cleared
 // first: clear it with cudaMemsetAsync). Finite data writes nothing.
 Status flagNonFinite(size_t n, const float* p, int* flag, cudaStream_t stream);

@@ -58,6 +58,8 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __ull2float_rn(unsigned long long v) { return static_cast<float>(v); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
 
 // ---- warps and blocks ----------------------------------------------------------
 
