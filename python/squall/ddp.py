@@ -189,7 +189,7 @@ class _Bucket:
         n = self.layout.comp_numel
         self.compressor = Compressor(comm, n, state.codec) if n else None
         whole = self.layout.full_numel == 0
-        self.comp_buf = None if (whole and state.momentum == 0) else torch.empty(
+        self.comp_buf = None if (whole and state.momentum_of() == 0) else torch.empty(
             n, dtype=buf.dtype, device=buf.device)
         self.full_buf = None if (whole or n == 0) else torch.empty(
             self.layout.full_numel, dtype=buf.dtype, device=buf.device)
@@ -207,14 +207,19 @@ class OnebitState:
     bucket goes through Squall's error-compensated compressed allreduce with
     `codec` ("onebit", "onebit:block=256", "int8", ...).
 
-    momentum: the momentum of the torch.optim.SGD that consumes the averaged
-    gradients (dampening 0; nesterov and weight decay are fine), or 0. With a
-    momentum the hook compresses the momentum instead of the gradient: each
-    rank forms m_i = momentum * m + g_i from the shared momentum m, the
-    compressed allreduce (with error feedback on m_i) gives the new m, and the
-    hook returns m_new - momentum * m_old, so that SGD's own momentum buffer
-    becomes exactly the compressed average m. It must equal the optimizer's
-    momentum, else training diverges from what either would do.
+    optimizer: the torch.optim.SGD (or any optimizer whose param_groups hold
+    'momentum' and 'dampening') that consumes the averaged gradients; the
+    hook reads its momentum at every call (set state.optimizer later if the
+    optimizer is built after the state, but before the first backward).
+    momentum: the same number given directly, when there is no optimizer
+    object (0 and no optimizer: compress the gradient, with error feedback on
+    the gradient; it warns once). With a momentum the hook compresses the
+    momentum instead: each rank forms m_i = momentum * m + g_i from the
+    shared momentum m, the compressed allreduce (with error feedback on m_i)
+    gives the new m, and the hook returns m_new - momentum * m_old, so that
+    SGD's own momentum buffer becomes exactly the compressed average m. The
+    momentum must be the optimizer's (dampening 0; nesterov and weight decay
+    are fine), which `optimizer` guarantees.
 
     min_compress_numel: buckets with fewer elements are averaged in full
     precision. keep_1d_full: 1-dimensional parameters (biases, norm scales)
@@ -234,7 +239,7 @@ class OnebitState:
 
     def __init__(self, comm=None, warmup_steps=DEFAULT_WARMUP_STEPS, codec=DEFAULT_CODEC,
                  momentum=0.0, min_compress_numel=DEFAULT_MIN_COMPRESS_NUMEL,
-                 keep_1d_full=False, warmup_backend=None, process_group=None):
+                 keep_1d_full=False, warmup_backend=None, process_group=None, optimizer=None):
         if int(warmup_steps) != warmup_steps or warmup_steps < 0:
             raise ValueError(
                 f"squall.ddp.OnebitState: warmup_steps must be an int >= 0, not {warmup_steps!r}")
@@ -255,6 +260,8 @@ class OnebitState:
         self.warmup_steps = int(warmup_steps)
         self.codec = codec
         self.momentum = float(momentum)
+        self.optimizer = optimizer
+        self._said_momentum = False
         self.min_compress_numel = int(min_compress_numel)
         self.keep_1d_full = bool(keep_1d_full)
         self.warmup_backend = warmup_backend
@@ -270,6 +277,32 @@ class OnebitState:
 
     def _comm(self):
         return self.comm if self.comm is not None else get_default()
+
+    def momentum_of(self):
+        """The momentum the hook compresses with: the optimizer's, else `momentum`."""
+        opt = self.optimizer
+        if opt is None:
+            if not self.momentum and not self._said_momentum:
+                self._said_momentum = True
+                warnings.warn(
+                    "squall.ddp.OnebitState: no optimizer= or momentum= given, so the hook "
+                    "compresses gradients; with momentum SGD pass optimizer=opt (compressed "
+                    "momentum keeps fp32's loss, gradient compression trails it: see "
+                    "docs/benchmarks.md)", stacklevel=3)
+            return self.momentum
+        values = {(g.get("momentum", 0.0), g.get("dampening", 0.0)) for g in opt.param_groups}
+        if len(values) != 1:
+            raise ValueError(
+                "squall.ddp.OnebitState: the optimizer's parameter groups have different "
+                f"momentum or dampening ({sorted(values)}); the hook needs one momentum")
+        beta, damp = values.pop()
+        if damp:
+            raise ValueError(
+                f"squall.ddp.OnebitState: the optimizer has dampening={damp}; compressed "
+                "momentum needs dampening 0")
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"squall.ddp.OnebitState: optimizer momentum {beta} not in [0, 1)")
+        return float(beta)
 
     def _use_torch(self):
         if self.warmup_backend == "squall":
@@ -350,6 +383,8 @@ def _full_average(state, comm, buf, keep_momentum=None):
             keep_momentum(buf)
         return buf
 
+    if comm._nccl is not None:  # the GPU stream orders the work: complete when returned
+        return _done(finish())
     state._completer.submit(comm, fut, finish)
     return fut
 
@@ -364,26 +399,16 @@ def onebit_hook(state, bucket):
     small = buf.numel() < state.min_compress_numel
     if _is_last(bucket):
         state.step += 1  # the futures of this iteration are waited for before the next
-    if comm._nccl is not None:  # the GPU stream orders the work: complete when returned
-        if warm or small:
-            comm.allreduce(buf, "avg")
-        else:
-            state.bucket(bucket.index(), buf, None).compressor.allreduce(buf, "avg")
-        with state._lock:
-            if warm or small:
-                state.full_buckets += 1
-            else:
-                state.compressed_buckets += 1
-        return _done(buf)
+    beta = state.momentum_of()
     b = None
-    if state.momentum and not small:
+    if beta and not small:
         b = state.bucket(bucket.index(), buf, _bucket_params(bucket))
     if warm or small:
         with state._lock:
             state.full_buckets += 1
         track = None
         if b is not None:
-            track = _momentum_tracker(state, b)
+            track = _momentum_tracker(b, beta)
         if warm and state._use_torch():
             fut = _torch_average(state, buf)
             if track is not None:
@@ -398,13 +423,13 @@ def onebit_hook(state, bucket):
         state.compressed_buckets += 1
     if b is None:
         b = state.bucket(bucket.index(), buf, _bucket_params(bucket))
-    return _compressed_average(state, comm, b, buf)
+    return _compressed_average(state, comm, b, buf, beta)
 
 
-def _momentum_tracker(state, b):
+def _momentum_tracker(b, beta):
     """During full-precision steps: the shared momentum follows SGD's buffer
     (m = momentum * m + averaged gradient) so the compressed steps start from it."""
-    lay, beta = b.layout, state.momentum
+    lay = b.layout
 
     def track(avg):
         if b.mbar is None:
@@ -420,8 +445,10 @@ def _ranges_copy(buf, ranges, out):
     return out
 
 
-def _compressed_average(state, comm, b, buf):
-    lay, beta = b.layout, state.momentum
+def _compressed_average(state, comm, b, buf, beta):
+    lay = b.layout
+    if beta and b.comp_buf is None:  # momentum switched on after the bucket was made
+        b.comp_buf = torch.empty(lay.comp_numel, dtype=buf.dtype, device=buf.device)
     fut = torch.futures.Future()
     reqs = []
     if lay.full_numel:
@@ -460,6 +487,8 @@ def _compressed_average(state, comm, b, buf):
                     buf.copy_(src)
         return buf
 
+    if comm._nccl is not None:  # the GPU stream orders the work: complete when returned
+        return _done(finish())
     state._completer.submit(comm, fut, finish)
     return fut
 

@@ -47,14 +47,17 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
     model = _model()
     local = copy.deepcopy(model)
     ddp = DDP(model)
-    if hook_name == "onebit":
-        state = squall.ddp.OnebitState(warmup_steps=warmup, codec="onebit")
+    if hook_name.startswith("onebit"):
+        state = squall.ddp.OnebitState(warmup_steps=warmup, codec="onebit",
+                                       keep_1d_full=hook_name == "onebit_mom")
         ddp.register_comm_hook(state, squall.ddp.onebit_hook)
     else:
         stub = _Stub(warmup)
         state = squall.ddp.APMSqueezeState(stub)
         ddp.register_comm_hook(state, squall.ddp.apmsqueeze_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if hook_name == "onebit_mom":
+        state.optimizer = opt  # built after the state: set before the first backward
     out = []
     for s in range(steps):
         local.load_state_dict(model.state_dict())
@@ -68,13 +71,15 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
         out.append({"synced": synced, "mean": sum(everyone) / world,
                     "local": torch.cat([g.reshape(-1) for g in mine])})
         opt.step()
-        if hook_name != "onebit":
+        if not hook_name.startswith("onebit"):
             stub.steps += 1
-    counters = {k: v for k, v in vars(state).items() if isinstance(v, int)}
-    return out, counters, [p.detach().clone() for p in model.parameters()]
+    counters = state.counters()
+    bufs = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    state.close()
+    return out, counters, [p.detach().clone() for p in model.parameters()] + bufs
 
 
-@pytest.mark.parametrize("hook", ["onebit", "apmsqueeze"])
+@pytest.mark.parametrize("hook", ["onebit", "onebit_mom", "apmsqueeze"])
 def test_ddp_hook(hook):
     warmup, steps = 2, 6
     (r0, c0, p0), (r1, c1, p1) = _dist.run(_ddp_worker, world=2, args=(hook, warmup, steps))
@@ -83,18 +88,23 @@ def test_ddp_hook(hook):
         if s < warmup:  # full precision: the true average, equal on both ranks
             assert torch.allclose(a["synced"], a["mean"], rtol=1e-5, atol=1e-6)
             assert torch.allclose(b["synced"], b["mean"], rtol=1e-5, atol=1e-6)
-        elif hook == "onebit":  # compressed: bit-identical across ranks, not the mean
+        elif hook.startswith("onebit"):  # compressed: bit-identical across ranks, not the mean
             assert torch.equal(a["synced"], b["synced"])
             assert not torch.allclose(a["synced"], a["mean"])
         else:  # no communication: each rank keeps its local gradient
             assert torch.allclose(a["synced"], a["local"], rtol=1e-6, atol=1e-7)
             assert torch.allclose(b["synced"], b["local"], rtol=1e-6, atol=1e-7)
             assert not torch.allclose(a["synced"], b["synced"])
-    if hook == "onebit":
-        assert c0["step"] == steps and c0["compressed_buckets"] > 0 and c0["full_buckets"] > 0
-        assert all(torch.equal(x, y) for x, y in zip(p0, p1))  # same updates everywhere
+    if hook.startswith("onebit"):
+        assert c0["steps"] == steps and c0["warmup_steps"] == warmup
+        assert c0["compressed_calls"] > 0 and c0["full_calls"] > 0
+        assert c0["calls"] == c0["compressed_calls"] + c0["full_calls"]
+        assert c0["bytes_sent"] > 0 and c0["torch_bytes"] > 0  # warmup on torch's allreduce
+        # same parameters and SGD momentum buffers everywhere
+        assert all(torch.equal(x, y) for x, y in zip(p0, p1))
     else:
-        assert c0["allreduced_buckets"] > 0 and c0["skipped_buckets"] > 0
+        assert c0["allreduced_calls"] > 0 and c0["skipped_calls"] > 0
+        assert c0["calls"] == c0["allreduced_calls"] + c0["skipped_calls"]
 
 
 class _FakeBucket:
