@@ -145,14 +145,49 @@ def _port():
         return s.getsockname()[1]
 
 
+def summarize(rows, families, variants):
+    """Markdown: per family, the median over seeds of the loss at the last step
+    and of its gap to fp32 of the same seed (range over seeds), and the same
+    for the mean of the last three evaluations (80%, 90%, 100% of the run),
+    which averages out some of the step-to-step noise."""
+    out = ["| variant | " + " | ".join(f"{f} loss | {f} gap [range] | {f} gap, last 3 evals"
+                                       for f in families) + " |",
+           "|---|" + "---|---|---|" * len(families)]
+    base = {(r["family"], r["seed"]): r for r in rows if r["variant"] == "fp32"}
+    for name in variants:
+        line = f"| {name} |"
+        for family in families:
+            sel = [r for r in rows if r["variant"] == name and r["family"] == family]
+            if not sel:
+                line += " – | – | – |"
+                continue
+            gaps = [100 * r["gap"] for r in sel]
+            tail = [100 * (statistics.mean(v for _, v in r["curve"][-3:]) /
+                           statistics.mean(v for _, v in base[(family, r["seed"])]["curve"][-3:])
+                           - 1) for r in sel]
+            line += (f" {statistics.median(r['loss'] for r in sel):.4f} |"
+                     f" {statistics.median(gaps):+.2f}% [{min(gaps):+.2f}, {max(gaps):+.2f}] |"
+                     f" {statistics.median(tail):+.2f}% [{min(tail):+.2f}, {max(tail):+.2f}] |")
+        out.append(line)
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summarize", metavar="JSON", help="print the table of an earlier --out")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--out", default=None, help="JSON file for every result")
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize) as f:
+            rows = json.load(f)["rows"]
+        fams = [f for f in args.families if any(r["family"] == f for r in rows)]
+        names = [v for v in args.variants if any(r["variant"] == v for r in rows)]
+        print(summarize(rows, fams, names))
+        return 0
     if "fp32" not in args.variants:
         args.variants.insert(0, "fp32")
     rows = []
@@ -171,16 +206,7 @@ def main():
                              "gap": r["loss"] / base - 1})
             print(f"[{time.monotonic() - t0:6.0f} s] {family} seed {seed}: " + ", ".join(
                 f"{n} {r['loss']:.4f}" for n, r in res.items()), flush=True)
-    print(f"\n{'variant':16s}" + "".join(f" | {f} loss (median gap, range)" for f in args.families))
-    for name in args.variants:
-        line = f"{name:16s}"
-        for family in args.families:
-            sel = [r for r in rows if r["variant"] == name and r["family"] == family]
-            gaps = [r["gap"] * 100 for r in sel]
-            loss = statistics.median(r["loss"] for r in sel)
-            line += (f" | {loss:.4f} ({statistics.median(gaps):+.2f}%, "
-                     f"{min(gaps):+.2f}..{max(gaps):+.2f})")
-        print(line)
+    print("\n" + summarize(rows, args.families, args.variants))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"steps": args.steps, "seeds": args.seeds, "lr": LR, "momentum": MOMENTUM,
