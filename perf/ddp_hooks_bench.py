@@ -87,6 +87,7 @@ def _worker(args):
             layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers[:-1])
 
+    torch.manual_seed(7)  # the same teacher on every rank and in every launch
     teacher = torch.nn.Linear(sizes[0], sizes[-1])
     torch.nn.init.normal_(teacher.weight, std=3 / sizes[0] ** 0.5)
 
@@ -212,12 +213,14 @@ def main():
     table = {}
     for rate, rep, res in runs:
         for name, r in res.items():
-            table.setdefault((name, rate), []).append(_cell(r, args.warmup))
+            c = _cell(r, args.warmup)
+            c["loss_gap"] = (r["loss"] / res["ddp"]["loss"] - 1) if "ddp" in res else float("nan")
+            table.setdefault((name, rate), []).append(c)
     lines = [f"{args.repeats} repeats, {args.steps} steps, warmup {args.warmup}, batch "
              f"{args.batch}/rank; step ms median [range]; warmup-step ms median",
              "", "| hook | " + " | ".join(f"{r} step | {r} warmup step" for r in args.rates)
-             + " | bytes/step | loss |",
-             "|---|" + "---|---|" * len(args.rates) + "---|---|"]
+             + " | bytes/step | loss | loss vs DDP, same launch |",
+             "|---|" + "---|---|" * len(args.rates) + "---|---|---|"]
     for name in args.hooks:
         row = f"| {LABELS[name]} |"
         cells_all = []
@@ -229,7 +232,9 @@ def main():
             row += (f" {_median(st):.0f} [{min(st):.0f}–{max(st):.0f}] | {_median(wm):.0f} |"
                     if cells else " – | – |")
         row += (f" {_fmt_bytes(_median([c['tx_bytes'] for c in cells_all]))} |"
-                f" {_median([c['loss'] for c in cells_all]):.3f} |") if cells_all else " – | – |"
+                f" {_median([c['loss'] for c in cells_all]):.3f} |"
+                f" {100 * _median([c['loss_gap'] for c in cells_all]):+.1f}% |"
+                ) if cells_all else " – | – | – |"
         lines.append(row)
     text = "\n".join(lines) + "\n"
     print(text)
