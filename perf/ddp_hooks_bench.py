@@ -181,9 +181,21 @@ def main():
     ap.add_argument("--psgd-raw", action="store_true",
                     help="register torch's PowerSGD hook unwrapped (see _serialised)")
     ap.add_argument("--out", default="perf-results/ddp-hooks-" + time.strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--summarize", action="store_true",
+                    help="only rebuild DIR/summary.md from the <rate>_<repeat>.json in --out")
     args = ap.parse_args()
     if args.worker:
         _worker(args)
+        return 0
+    if args.summarize:
+        runs = []
+        for rate in args.rates:
+            for rep in range(args.repeats):
+                path = os.path.join(args.out, f"{rate}_{rep}.json")
+                if os.path.exists(path):
+                    with open(path) as f:
+                        runs.append((rate, rep, json.load(f)))
+        _summary(args, runs)
         return 0
     os.makedirs(args.out, exist_ok=True)
     here = os.path.dirname(os.path.abspath(__file__))
@@ -210,6 +222,11 @@ def main():
                 continue
             with open(path) as f:
                 runs.append((rate, rep, json.load(f)))
+    _summary(args, runs)
+    return 0
+
+
+def _summary(args, runs):
     table = {}
     for rate, rep, res in runs:
         for name, r in res.items():
@@ -240,7 +257,6 @@ def main():
     print(text)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
-    return 0
 
 
 if __name__ == "__main__":
