@@ -82,9 +82,9 @@ class _Completer:
         self._base = None
         self._comm = None
 
-    def submit(self, comm, fut, finish):
-        """`finish()` waits for the operation(s) and returns the future's value;
-        called on the completion thread, in submit order."""
+    def begin(self, comm):
+        """Before starting a bucket's operations: opens a busy period if none is
+        open (reads the counters before the first operation moves a byte)."""
         with self._lock:
             if self._in_flight == 0:
                 self._comm, self._base = comm, comm._bytes()
@@ -93,6 +93,11 @@ class _Completer:
                 self._thread = threading.Thread(target=self._run, name="squall-ddp-hook",
                                                 daemon=True)
                 self._thread.start()
+
+    def submit(self, fut, finish):
+        """After begin() and starting the operations: `finish()` waits for them
+        and returns the future's value; called on the completion thread, in
+        submit order. A start that raised must still submit (finish re-raises)."""
         self._queue.put((fut, finish))
 
     def busy_bytes(self):
@@ -375,7 +380,12 @@ def _torch_average(state, buf):
 
 def _full_average(state, comm, buf, keep_momentum=None):
     fut = torch.futures.Future()
-    req = comm.allreduce(buf, "avg", async_op=True)
+    if comm._nccl is None:
+        state._completer.begin(comm)
+    try:
+        req = comm.allreduce(buf, "avg", async_op=True)
+    except BaseException as e:  # noqa: BLE001 - through the future, after the busy period
+        return _failed(state, comm, fut, e)
 
     def finish():
         req.wait()
@@ -385,7 +395,18 @@ def _full_average(state, comm, buf, keep_momentum=None):
 
     if comm._nccl is not None:  # the GPU stream orders the work: complete when returned
         return _done(finish())
-    state._completer.submit(comm, fut, finish)
+    state._completer.submit(fut, finish)
+    return fut
+
+
+def _failed(state, comm, fut, error):
+    if comm._nccl is not None:
+        raise error
+
+    def finish():
+        raise error
+
+    state._completer.submit(fut, finish)
     return fut
 
 
@@ -451,9 +472,6 @@ def _compressed_average(state, comm, b, buf, beta):
         b.comp_buf = torch.empty(lay.comp_numel, dtype=buf.dtype, device=buf.device)
     fut = torch.futures.Future()
     reqs = []
-    if lay.full_numel:
-        _gather(buf, lay.full, b.full_buf)
-        reqs.append(comm.allreduce(b.full_buf, "avg", async_op=True))
     if lay.comp_numel:
         src = buf if b.comp_buf is None else b.comp_buf
         if lay.full_numel:
@@ -464,7 +482,27 @@ def _compressed_average(state, comm, b, buf, beta):
             if b.mbar is None:  # no warmup: start from zero momentum
                 b.mbar = torch.zeros_like(src)
             src.add_(b.mbar, alpha=beta)  # m_i = beta * m + g_i
-        reqs.append(b.compressor.allreduce(src, "avg", async_op=True))
+    if lay.full_numel:
+        _gather(buf, lay.full, b.full_buf)
+    if comm._nccl is None:
+        state._completer.begin(comm)
+    try:
+        if lay.full_numel:
+            reqs.append(comm.allreduce(b.full_buf, "avg", async_op=True))
+        if lay.comp_numel:
+            reqs.append(b.compressor.allreduce(src, "avg", async_op=True))
+    except BaseException as e:  # noqa: BLE001 - wait for what started, then report
+        started = list(reqs)
+
+        def finish_failed():
+            for r in started:
+                r.wait()
+            raise e
+
+        if comm._nccl is not None:
+            raise
+        state._completer.submit(fut, finish_failed)
+        return fut
 
     def finish():
         for r in reqs:
@@ -489,7 +527,7 @@ def _compressed_average(state, comm, b, buf, beta):
 
     if comm._nccl is not None:  # the GPU stream orders the work: complete when returned
         return _done(finish())
-    state._completer.submit(comm, fut, finish)
+    state._completer.submit(fut, finish)
     return fut
 
 

@@ -43,7 +43,8 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
     import squall
     import squall.ddp
 
-    squall.init()
+    comm = squall.init()
+    before = comm.stats
     model = _model()
     local = copy.deepcopy(model)
     ddp = DDP(model)
@@ -74,6 +75,7 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
         if not hook_name.startswith("onebit"):
             stub.steps += 1
     counters = state.counters()
+    counters["comm_sent"] = comm.stats["bytes_sent"] - before["bytes_sent"]
     bufs = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
     state.close()
     return out, counters, [p.detach().clone() for p in model.parameters()] + bufs
@@ -100,6 +102,7 @@ def test_ddp_hook(hook):
         assert c0["compressed_calls"] > 0 and c0["full_calls"] > 0
         assert c0["calls"] == c0["compressed_calls"] + c0["full_calls"]
         assert c0["bytes_sent"] > 0 and c0["torch_bytes"] > 0  # warmup on torch's allreduce
+        assert c0["bytes_sent"] == c0["comm_sent"], c0  # exact: the hook alone used comm
         # same parameters and SGD momentum buffers everywhere
         assert all(torch.equal(x, y) for x, y in zip(p0, p1))
     else:
@@ -134,8 +137,9 @@ def _async_worker(rank, world, warmup):
     import squall
     import squall.ddp
 
-    squall.init()
+    comm = squall.init()
     state = squall.ddp.OnebitState(warmup_steps=warmup, warmup_backend="squall")
+    before = comm.stats
     out = []
     for step in range(2):
         buf = torch.full((1 << 12,), float(rank + 1 + step))
@@ -149,6 +153,9 @@ def _async_worker(rank, world, warmup):
         out.append({"returned_s": returned_s, "done_at_return": done_at_return,
                     "waited_s": time.monotonic() - t0, "value": value.clone()})
     counters = state.counters()
+    after = comm.stats
+    counters["comm_sent"] = after["bytes_sent"] - before["bytes_sent"]
+    counters["comm_received"] = after["bytes_received"] - before["bytes_received"]
     state.close()
     return out, counters
 
@@ -174,6 +181,8 @@ def test_hook_future_completes_after_return(warmup):
         assert c["warmup_steps"] == warmup and c["full_calls"] == warmup
         assert c["compressed_calls"] == 2 - warmup
         assert c["bytes_sent"] > 0 and c["bytes_received"] > 0 and c["torch_bytes"] == 0
+        # the hook alone used the communicator: its counts are the communicator's
+        assert (c["bytes_sent"], c["bytes_received"]) == (c["comm_sent"], c["comm_received"]), c
 
 
 def _momentum_worker(rank, world, keep_1d_full):
