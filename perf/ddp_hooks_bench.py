@@ -178,6 +178,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="number the repeats from here (to add repeats to an earlier --out)")
     ap.add_argument("--psgd-raw", action="store_true",
                     help="register torch's PowerSGD hook unwrapped (see _serialised)")
     ap.add_argument("--out", default="perf-results/ddp-hooks-" + time.strftime("%Y%m%d-%H%M%S"))
@@ -190,7 +192,7 @@ def main():
     if args.summarize:
         runs = []
         for rate in args.rates:
-            for rep in range(args.repeats):
+            for rep in range(args.first_repeat + args.repeats):
                 path = os.path.join(args.out, f"{rate}_{rep}.json")
                 if os.path.exists(path):
                     with open(path) as f:
@@ -203,7 +205,7 @@ def main():
     with open(os.path.join(args.out, "machine.txt"), "w") as f:
         f.write(subprocess.run(["sh", "-c", "date; uptime; nproc"], capture_output=True,
                                text=True).stdout)
-    for rep in range(args.repeats):
+    for rep in range(args.first_repeat, args.first_repeat + args.repeats):
         k = rep % len(args.hooks)
         order = args.hooks[k:] + args.hooks[:k]
         rates = args.rates if rep % 2 == 0 else args.rates[::-1]
