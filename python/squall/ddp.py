@@ -1,11 +1,11 @@
 """DDP communication hooks over Squall.
 
-1-bit averaging for momentum SGD (the optimizer's momentum must be given to
-the state, see OnebitState)::
+1-bit averaging of the momentum of momentum SGD (the state reads the
+optimizer's momentum; see OnebitState)::
 
-    state = squall.ddp.OnebitState(momentum=0.9)
-    ddp_model.register_comm_hook(state, squall.ddp.onebit_hook)
     opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1, momentum=0.9)
+    state = squall.ddp.OnebitState(optimizer=opt)
+    ddp_model.register_comm_hook(state, squall.ddp.onebit_hook)
 
 APMSqueeze (the optimizer communicates; DDP only averages during warmup)::
 
