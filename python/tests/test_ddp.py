@@ -145,7 +145,7 @@ def _async_worker(rank, world, warmup):
         buf = torch.full((1 << 12,), float(rank + 1 + step))
         dist.barrier()
         if rank == 1:
-            time.sleep(1.0)  # rank 0's hook must return before this rank contributes
+            time.sleep(2.0)  # rank 0's hook must return before this rank contributes
         t0 = time.monotonic()
         fut = squall.ddp.onebit_hook(state, _FakeBucket(buf))
         returned_s, done_at_return = time.monotonic() - t0, fut.done()
@@ -162,14 +162,14 @@ def _async_worker(rank, world, warmup):
 
 @pytest.mark.parametrize("warmup", [1, 0])
 def test_hook_future_completes_after_return(warmup):
-    """Rank 1 joins each allreduce a second late: rank 0's hook has returned an
+    """Rank 1 joins each allreduce 2 s late: rank 0's hook has returned an
     unfinished future by then, which completes once rank 1 has contributed."""
     (o0, c0), (o1, c1) = _dist.run(_async_worker, world=2, args=(warmup,),
                                    env={"PYTHONWARNINGS": "ignore"})
     for step in range(2):
         a, b = o0[step], o1[step]
-        assert a["returned_s"] < 0.5 and not a["done_at_return"], a
-        assert a["waited_s"] > 0.8, a
+        assert a["returned_s"] < 1.0 and not a["done_at_return"], a
+        assert a["waited_s"] > 1.5, a
         assert torch.equal(a["value"], b["value"])  # bit-identical on both ranks
         mean = 1.5 + step
         if step < warmup:
