@@ -235,7 +235,8 @@ def _summary(args, runs):
             c = _cell(r, args.warmup)
             c["loss_gap"] = (r["loss"] / res["ddp"]["loss"] - 1) if "ddp" in res else float("nan")
             table.setdefault((name, rate), []).append(c)
-    lines = [f"{args.repeats} repeats, {args.steps} steps, warmup {args.warmup}, batch "
+    counts = ", ".join(f"{rate} x{sum(1 for r, _, _ in runs if r == rate)}" for rate in args.rates)
+    lines = [f"runs per rate: {counts}; {args.steps} steps, warmup {args.warmup}, batch "
              f"{args.batch}/rank; step ms median [range]; warmup-step ms median",
              "", "| hook | " + " | ".join(f"{r} step | {r} warmup step" for r in args.rates)
              + " | bytes/step | loss | loss vs DDP, same launch |",
