@@ -3,6 +3,7 @@
 
 import json
 import os
+import weakref
 
 _installed = False
 
@@ -67,6 +68,32 @@ def _apm_hook(state, bucket):
     return squall.ddp.apmsqueeze_hook(real, bucket)
 
 
+class _LazyOptimizer:
+    """onebit_hook's `optimizer` for a DDP model whose optimizer is built later:
+    the param_groups of the first optimizer over the model's parameters, found
+    at the first bucket; none found: no momentum (gradients are compressed)."""
+
+    _NONE = [{"momentum": 0.0, "dampening": 0.0}]
+
+    def __init__(self, module):
+        self._module, self._opt = module, None
+
+    @property
+    def param_groups(self):
+        if self._opt is None:
+            ids = {id(p) for p in self._module.parameters()}
+            for ref in _all_optimizers:
+                opt = ref()
+                if opt is not None and any(id(p) in ids for g in opt.param_groups
+                                           for p in g["params"]):
+                    self._opt = opt
+                    break
+            else:
+                return self._NONE
+        return self._opt.param_groups
+
+
+_all_optimizers = []  # weak references to every torch optimizer (--hook onebit)
 _optimizers = []  # the APMSqueeze optimizers made by the patched Adam/AdamW
 _states = []  # the hook states registered on DDP models
 
@@ -77,7 +104,8 @@ def _report(directory):
     report = {"ddp_hooks": len(_states), "optimizers": len(_optimizers),
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
-                                if hasattr(s, "traffic"))}
+                                if hasattr(s, "traffic")),
+              "hook_momentum": [s.momentum_of() for s in _states if hasattr(s, "momentum_of")]}
     with open(os.path.join(directory, f"squallrun-rank{rank}.json"), "w") as f:
         json.dump(report, f)
 
@@ -105,7 +133,8 @@ def install():
         original_ddp_init(self, *args, **kwargs)
         if config.get("hook") == "onebit":
             state = squall.ddp.OnebitState(comm=_comm(), warmup_steps=config["warmup"],
-                                           codec=config["codec"])
+                                           codec=config["codec"],
+                                           optimizer=_LazyOptimizer(self.module))
             _states.append(state)
             self.register_comm_hook(state, squall.ddp.onebit_hook)
         elif config.get("optimizer") == "apmsqueeze":
@@ -116,6 +145,15 @@ def install():
             self.register_comm_hook(None, _local_hook)
 
     ddp_type.__init__ = ddp_init
+
+    if config.get("hook") == "onebit":
+        original_opt_init = torch.optim.Optimizer.__init__
+
+        def opt_init(self, *args, **kwargs):
+            original_opt_init(self, *args, **kwargs)
+            _all_optimizers.append(weakref.ref(self))
+
+        torch.optim.Optimizer.__init__ = opt_init
 
     if config.get("optimizer") == "apmsqueeze":
         def replacement(name, coupled_decay):

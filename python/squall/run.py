@@ -8,7 +8,8 @@ The command after ``--`` runs with a ``sitecustomize`` on ``PYTHONPATH``
 mpirun set a rank), patches torch before the script starts:
 
 * ``--hook onebit``: every DistributedDataParallel the script builds gets
-  ``squall.ddp.onebit_hook`` (full-precision warmup, then 1-bit gradients);
+  ``squall.ddp.onebit_hook`` (full-precision warmup, then 1-bit momentum when
+  the model's optimizer has a momentum, else 1-bit gradients);
 * ``--optimizer apmsqueeze``: ``torch.optim.Adam`` / ``AdamW`` build
   ``squall.optim.APMSqueeze`` with the same hyper-parameters, and every DDP
   model gets ``squall.ddp.apmsqueeze_hook`` (so gradients are not averaged

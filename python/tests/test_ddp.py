@@ -43,18 +43,22 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
     import squall
     import squall.ddp
 
-    squall.init()
+    comm = squall.init()
+    before = comm.stats
     model = _model()
     local = copy.deepcopy(model)
     ddp = DDP(model)
-    if hook_name == "onebit":
-        state = squall.ddp.OnebitState(warmup_steps=warmup, codec="onebit")
+    if hook_name.startswith("onebit"):
+        state = squall.ddp.OnebitState(warmup_steps=warmup, codec="onebit",
+                                       keep_1d_full=hook_name == "onebit_mom")
         ddp.register_comm_hook(state, squall.ddp.onebit_hook)
     else:
         stub = _Stub(warmup)
         state = squall.ddp.APMSqueezeState(stub)
         ddp.register_comm_hook(state, squall.ddp.apmsqueeze_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    if hook_name == "onebit_mom":
+        state.optimizer = opt  # built after the state: set before the first backward
     out = []
     for s in range(steps):
         local.load_state_dict(model.state_dict())
@@ -68,13 +72,16 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
         out.append({"synced": synced, "mean": sum(everyone) / world,
                     "local": torch.cat([g.reshape(-1) for g in mine])})
         opt.step()
-        if hook_name != "onebit":
+        if not hook_name.startswith("onebit"):
             stub.steps += 1
-    counters = {k: v for k, v in vars(state).items() if isinstance(v, int)}
-    return out, counters, [p.detach().clone() for p in model.parameters()]
+    counters = state.counters()
+    counters["comm_sent"] = comm.stats["bytes_sent"] - before["bytes_sent"]
+    bufs = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    state.close()
+    return out, counters, [p.detach().clone() for p in model.parameters()] + bufs
 
 
-@pytest.mark.parametrize("hook", ["onebit", "apmsqueeze"])
+@pytest.mark.parametrize("hook", ["onebit", "onebit_mom", "apmsqueeze"])
 def test_ddp_hook(hook):
     warmup, steps = 2, 6
     (r0, c0, p0), (r1, c1, p1) = _dist.run(_ddp_worker, world=2, args=(hook, warmup, steps))
@@ -83,15 +90,147 @@ def test_ddp_hook(hook):
         if s < warmup:  # full precision: the true average, equal on both ranks
             assert torch.allclose(a["synced"], a["mean"], rtol=1e-5, atol=1e-6)
             assert torch.allclose(b["synced"], b["mean"], rtol=1e-5, atol=1e-6)
-        elif hook == "onebit":  # compressed: bit-identical across ranks, not the mean
+        elif hook.startswith("onebit"):  # compressed: bit-identical across ranks, not the mean
             assert torch.equal(a["synced"], b["synced"])
             assert not torch.allclose(a["synced"], a["mean"])
         else:  # no communication: each rank keeps its local gradient
             assert torch.allclose(a["synced"], a["local"], rtol=1e-6, atol=1e-7)
             assert torch.allclose(b["synced"], b["local"], rtol=1e-6, atol=1e-7)
             assert not torch.allclose(a["synced"], b["synced"])
-    if hook == "onebit":
-        assert c0["step"] == steps and c0["compressed_buckets"] > 0 and c0["full_buckets"] > 0
-        assert all(torch.equal(x, y) for x, y in zip(p0, p1))  # same updates everywhere
+    if hook.startswith("onebit"):
+        assert c0["steps"] == steps and c0["warmup_steps"] == warmup
+        assert c0["compressed_calls"] > 0 and c0["full_calls"] > 0
+        assert c0["calls"] == c0["compressed_calls"] + c0["full_calls"]
+        assert c0["bytes_sent"] > 0 and c0["torch_bytes"] > 0  # warmup on torch's allreduce
+        assert c0["bytes_sent"] == c0["comm_sent"], c0  # exact: the hook alone used comm
+        # same parameters and SGD momentum buffers everywhere
+        assert all(torch.equal(x, y) for x, y in zip(p0, p1))
     else:
-        assert c0["allreduced_buckets"] > 0 and c0["skipped_buckets"] > 0
+        assert c0["allreduced_calls"] > 0 and c0["skipped_calls"] > 0
+        assert c0["calls"] == c0["allreduced_calls"] + c0["skipped_calls"]
+
+
+class _FakeBucket:
+    """What the hooks read of a DDP GradBucket."""
+
+    def __init__(self, buf, params=None, index=0, last=True):
+        self._buf, self._params, self._index, self._last = buf, params, index, last
+
+    def buffer(self):
+        return self._buf
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+    def parameters(self):
+        return self._params or []
+
+
+def _async_worker(rank, world, warmup):
+    import time
+
+    import torch.distributed as dist
+
+    import squall
+    import squall.ddp
+
+    comm = squall.init()
+    state = squall.ddp.OnebitState(warmup_steps=warmup, warmup_backend="squall")
+    before = comm.stats
+    out = []
+    for step in range(2):
+        buf = torch.full((1 << 12,), float(rank + 1 + step))
+        dist.barrier()
+        if rank == 1:
+            time.sleep(2.0)  # rank 0's hook must return before this rank contributes
+        t0 = time.monotonic()
+        fut = squall.ddp.onebit_hook(state, _FakeBucket(buf))
+        returned_s, done_at_return = time.monotonic() - t0, fut.done()
+        value = fut.wait()
+        out.append({"returned_s": returned_s, "done_at_return": done_at_return,
+                    "waited_s": time.monotonic() - t0, "value": value.clone()})
+    counters = state.counters()
+    after = comm.stats
+    counters["comm_sent"] = after["bytes_sent"] - before["bytes_sent"]
+    counters["comm_received"] = after["bytes_received"] - before["bytes_received"]
+    state.close()
+    return out, counters
+
+
+@pytest.mark.parametrize("warmup", [1, 0])
+def test_hook_future_completes_after_return(warmup):
+    """Rank 1 joins each allreduce 2 s late: rank 0's hook has returned an
+    unfinished future by then, which completes once rank 1 has contributed."""
+    (o0, c0), (o1, c1) = _dist.run(_async_worker, world=2, args=(warmup,),
+                                   env={"PYTHONWARNINGS": "ignore"})
+    for step in range(2):
+        a, b = o0[step], o1[step]
+        assert a["returned_s"] < 1.0 and not a["done_at_return"], a
+        assert a["waited_s"] > 1.5, a
+        assert torch.equal(a["value"], b["value"])  # bit-identical on both ranks
+        mean = 1.5 + step
+        if step < warmup:
+            assert torch.allclose(a["value"], torch.full_like(a["value"], mean))
+        else:  # a constant buffer survives 1-bit compression up to rounding
+            assert torch.allclose(a["value"], torch.full_like(a["value"], mean), rtol=1e-3)
+    for c in (c0, c1):
+        assert c["steps"] == 2 and c["calls"] == 2
+        assert c["warmup_steps"] == warmup and c["full_calls"] == warmup
+        assert c["compressed_calls"] == 2 - warmup
+        assert c["bytes_sent"] > 0 and c["bytes_received"] > 0 and c["torch_bytes"] == 0
+        # the hook alone used the communicator: its counts are the communicator's
+        assert (c["bytes_sent"], c["bytes_received"]) == (c["comm_sent"], c["comm_received"]), c
+
+
+def _momentum_worker(rank, world, keep_1d_full):
+    import squall
+    import squall.ddp
+
+    squall.init()
+    beta, warmup, steps = 0.9, 2, 8
+    weight = torch.zeros(40, 30)
+    bias = torch.zeros(30)
+    state = squall.ddp.OnebitState(warmup_steps=warmup, momentum=beta,
+                                   keep_1d_full=keep_1d_full, warmup_backend="squall")
+    sgd_buf = None
+    true_m = torch.zeros(weight.numel() + bias.numel())
+    out = []
+    for s in range(steps):
+        g = torch.Generator().manual_seed(100 * s + rank)
+        grad = torch.randn(true_m.numel(), generator=g)
+        other = torch.randn(true_m.numel(), generator=torch.Generator().manual_seed(
+            100 * s + 1 - rank))
+        true_m = beta * true_m + (grad + other) / 2
+        got = squall.ddp.onebit_hook(state, _FakeBucket(grad.clone(), [weight, bias])).wait()
+        sgd_buf = got.clone() if sgd_buf is None else beta * sgd_buf + got  # SGD's buffer
+        out.append({"sgd_buf": sgd_buf.clone(), "true_m": true_m.clone()})
+    b = state.buckets[0]
+    lay = b.layout
+    comp = torch.cat([sgd_buf[i:j] for i, j in lay.comp])
+    full = torch.cat([sgd_buf[i:j] for i, j in lay.full]) if lay.full else None
+    state.close()
+    return out, comp, b.mbar.clone(), full
+
+
+@pytest.mark.parametrize("keep_1d_full", [False, True])
+def test_compressed_momentum(keep_1d_full):
+    """With momentum, SGD's buffer fed by the hook equals the hook's shared
+    averaged momentum, is bit-identical on both ranks, tracks the true averaged
+    momentum, and the biases (keep_1d_full) get exactly the true average."""
+    (o0, comp0, m0, f0), (o1, comp1, m1, f1) = _dist.run(_momentum_worker, world=2,
+                                                          args=(keep_1d_full,))
+    assert torch.allclose(comp0, m0, atol=1e-5) and torch.allclose(comp1, m1, atol=1e-5)
+    for a, b in zip(o0, o1):
+        assert torch.equal(a["sgd_buf"], b["sgd_buf"])
+    for s in range(2):  # warmup: exact
+        assert torch.allclose(o0[s]["sgd_buf"], o0[s]["true_m"], atol=1e-5)
+    last = o0[-1]
+    err = (last["sgd_buf"] - last["true_m"]).norm() / last["true_m"].norm()
+    assert 0 < err < 0.9, err  # compressed, yet close: error feedback works on the momentum
+    if keep_1d_full:
+        assert torch.allclose(last["sgd_buf"][-30:], last["true_m"][-30:], atol=1e-5)
+    else:
+        assert not torch.allclose(last["sgd_buf"][-30:], last["true_m"][-30:], atol=1e-5)

@@ -64,6 +64,8 @@ def test_squallrun_unmodified_script(options, kind, expected):
             else:  # 6 iterations, 2 of warmup: the other 4 compressed every bucket
                 assert r["report"]["ddp_hooks"] == 1 and r["report"]["compressed_buckets"] >= 4
                 assert r["report"]["bytes_sent"] > 0, r["report"]
+                # the script's SGD(momentum=0.9), found by the hook: compressed momentum
+                assert r["report"]["hook_momentum"] == [0.9], r["report"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
