@@ -34,7 +34,8 @@ class CommApi : public ::testing::TestWithParam<TransportCase> {
   }
 
   // Runs body(comm, rank) on n threads, each with its own communicator.
-  void runRanks(int n, const std::function<void(squallComm_t, int)>& body) {
+  void runRanks(int n, const std::function<void(squallComm_t, int)>& body,
+                int timeoutSeconds = 20) {
     squallUniqueId id;
     ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
     std::vector<std::thread> threads;
@@ -42,7 +43,7 @@ class CommApi : public ::testing::TestWithParam<TransportCase> {
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         squallComm_t comm = nullptr;
-        squallConfig_t c = config();
+        squallConfig_t c = config(timeoutSeconds);
         if (squallCommInitRank(&comm, n, id, r, &c) != squallSuccess) {
           errors[static_cast<size_t>(r)] = squallGetLastError();
           return;
@@ -198,6 +199,67 @@ TEST_P(CommApi, OneRanksBadArgumentFailsThePeerAtOnce) {
               squallSuccess)
         << squallGetLastError();
     EXPECT_EQ(x[0], 2.0f);
+  });
+}
+
+// A rank that passes a NULL communicator cannot reach its peers. Its next
+// call on the communicator fails the skipped operation for them (at once,
+// naming the NULL communicator) and then runs in step: the sequence numbers
+// realign instead of pairing every later call with the previous one.
+TEST_P(CommApi, ANullCommunicatorOnOneRankLeavesThePeersUsable) {
+  constexpr int kRanks = 3;
+  constexpr int kTimeout = 5;
+  runRanks(
+      kRanks,
+      [&](squallComm_t comm, int rank) {
+        std::vector<float> x(1000, 1.0f);
+        const auto begin = std::chrono::steady_clock::now();
+        if (rank == 1) {
+          EXPECT_EQ(
+              squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, nullptr),
+              squallInvalidArgument);
+        } else {
+          EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
+                    squallSuccess);
+          const std::string error = squallGetLastError();
+          EXPECT_NE(error.find("NULL communicator"), std::string::npos) << error;
+          EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(kTimeout - 1))
+              << "the peers only found out at their deadline";
+        }
+        for (int call = 0; call < 3; ++call) {
+          std::vector<float> y(1000, static_cast<float>(rank + 1));
+          EXPECT_EQ(squallAllReduce(y.data(), y.data(), y.size(), squallFloat32, squallSum, comm),
+                    squallSuccess)
+              << "rank " << rank << " call " << call << ": " << squallGetLastError();
+          EXPECT_EQ(y[999], 6.0f) << "rank " << rank << " call " << call;
+        }
+        std::vector<int32_t> b(10, rank == 2 ? 5 : 0);
+        EXPECT_EQ(squallBroadcast(b.data(), b.size(), squallInt32, 2, comm), squallSuccess)
+            << squallGetLastError();
+        EXPECT_EQ(b[9], 5);
+      },
+      kTimeout);
+}
+
+// A rank that squallCommSplit left outside every group holds a NULL
+// communicator by design: its refused calls on it are not charged to the
+// parent, which goes on in step.
+TEST_P(CommApi, CallsOnTheNullOfASplitDoNotDisturbTheParent) {
+  runRanks(2, [&](squallComm_t comm, int rank) {
+    squallComm_t sub = nullptr;
+    EXPECT_OK(squallCommSplit(comm, rank == 1 ? SQUALL_SPLIT_NOCOLOR : 0, 0, &sub));
+    int32_t mine = rank + 1, sum = 0;
+    if (rank == 1) {
+      EXPECT_EQ(sub, nullptr);
+      EXPECT_EQ(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, sub),
+                squallInvalidArgument);
+    } else {
+      EXPECT_OK(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, sub));
+      EXPECT_EQ(sum, 1);
+      EXPECT_OK(squallCommDestroy(sub));
+    }
+    EXPECT_OK(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, comm));
+    EXPECT_EQ(sum, 3);
   });
 }
 
