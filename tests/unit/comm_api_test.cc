@@ -263,6 +263,40 @@ TEST_P(CommApi, CallsOnTheNullOfASplitDoNotDisturbTheParent) {
   });
 }
 
+// A request outliving its communicator: squallWait must say the communicator
+// was destroyed, not blame a timeout or the peer alone.
+TEST_P(CommApi, WaitAfterDestroySaysDestroyed) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+  std::string waited;
+  squallResult_t result = squallSuccess;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      squallComm_t comm = nullptr;
+      squallConfig_t c = config(5);
+      ASSERT_EQ(squallCommInitRank(&comm, 2, id, r, &c), squallSuccess) << squallGetLastError();
+      if (r == 1) {
+        // Never joins; leaves once rank 0 is well inside its destroy.
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_OK(squallCommDestroy(comm));
+        return;
+      }
+      std::vector<float> x(1 << 16, 1.0f);
+      squallRequest_t request = nullptr;
+      ASSERT_EQ(squallAllReduceAsync(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm,
+                                     &request),
+                squallSuccess);
+      EXPECT_OK(squallCommDestroy(comm));
+      result = squallWait(request);
+      waited = squallGetLastError();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(result, squallSuccess);
+  EXPECT_NE(waited.find("destroyed"), std::string::npos) << waited;
+}
+
 TEST_P(CommApi, BadArgumentsAreReported) {
   runRanks(1, [&](squallComm_t comm, int) {
     float x = 1;
