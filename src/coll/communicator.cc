@@ -197,6 +197,7 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
                 &options};
   ctx.scratch = &scratch_;
   ctx.bytes = &bytes_;
+  ctx.abortLogged = &abortLogged_;
   if (ctx.size() == 1) return body(ctx);
   AbortWatch watch;
   SQUALL_TRY(watchForAborts(ctx, &watch));

@@ -155,6 +155,7 @@ class Communicator {
   uint64_t sequence_ = 0;         // operations started, on the caller's thread
   std::vector<uint8_t> scratch_;  // OpContext::scratch of the running operation
   ByteCounters bytes_;
+  bool abortLogged_ = false;  // OpContext::abortLogged
 
   std::mutex mutex_;
   std::condition_variable changed_;

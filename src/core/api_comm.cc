@@ -472,8 +472,10 @@ squallResult_t squallWait(squallRequest_t request) {
     std::unique_ptr<squallRequest> owned(request);
     const Status status = owned->operation->wait();
     if (status != Status::kOk) {
-      // The failure was described on the thread that ran it; repeat it here.
-      return SQUALL_FAIL(status, Subsys::kApi, "%s", owned->operation->error().c_str());
+      // The failure was described (and logged) on the thread that ran it;
+      // the waiter reads it here.
+      squall::setLastError(owned->operation->error());
+      return status;
     }
     return Status::kOk;
   });

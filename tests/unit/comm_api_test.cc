@@ -392,6 +392,107 @@ TEST_P(CommApi, KilledPeerIsNamedByTheSurvivors) {
   }
 }
 
+// One dead peer is reported once per survivor, however many requests and
+// operations fail for it afterwards (the log used to repeat it for every
+// request: dozens of WARN lines per survivor).
+TEST_P(CommApi, ADeadPeerIsLoggedOncePerSurvivor) {
+  const int n = 3;
+  const int victim = 2;
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess);
+  char dir[] = "/tmp/squall_warn_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto logOf = [&](int r) { return std::string(dir) + "/rank" + std::to_string(r) + ".log"; };
+  // Survivors report through `done` and stay until `release` closes, so the
+  // only peer that leaves is the victim.
+  // The victim leaves once both survivors have finished the first collective
+  // (`ready`), so its exit cannot fail that one.
+  int done[2], release[2], ready[2];
+  ASSERT_EQ(pipe(done), 0);
+  ASSERT_EQ(pipe(release), 0);
+  ASSERT_EQ(pipe(ready), 0);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(done[0]);
+      close(release[1]);
+      squallComm_t comm = nullptr;
+      squallConfig_t c = config(/*timeoutSeconds=*/5);
+      if (squallCommInitRank(&comm, n, id, r, &c) != squallSuccess) _exit(2);
+      std::vector<float> x(1 << 16, 1.0f), all(n * x.size());
+      if (squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm) !=
+          squallSuccess)
+        _exit(3);
+      if (r == victim) {
+        close(ready[1]);
+        char byte;
+        for (int got = 0; got < n - 1 && read(ready[0], &byte, 1) == 1;) ++got;
+        _exit(0);
+      }
+      close(ready[0]);
+      if (write(ready[1], "r", 1) != 1) _exit(7);
+      // From here on, the log goes to a file the parent counts.
+      FILE* log = std::freopen(logOf(r).c_str(), "w", stderr);
+      if (log == nullptr) _exit(4);
+      int failures = 0;
+      for (int call = 0; call < 8; ++call) {
+        failures += squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm) !=
+                    squallSuccess;
+        failures +=
+            squallAllGather(x.data(), all.data(), x.size(), squallFloat32, comm) != squallSuccess;
+        squallRequest_t request = nullptr;
+        if (squallAllReduceAsync(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm,
+                                 &request) == squallSuccess)
+          failures += squallWait(request) != squallSuccess;
+      }
+      std::fflush(stderr);
+      const char byte = failures >= 16 ? 'y' : 'n';
+      if (write(done[1], &byte, 1) != 1) _exit(6);
+      char ignored;
+      while (read(release[0], &ignored, 1) > 0) {
+      }
+      _exit(byte == 'y' ? 0 : 5);
+    }
+    pids.push_back(pid);
+  }
+  close(done[1]);
+  close(release[0]);
+  close(ready[0]);
+  close(ready[1]);
+  for (int survivor = 0; survivor < n - 1; ++survivor) {
+    char byte = 0;
+    EXPECT_EQ(read(done[0], &byte, 1), 1);
+    EXPECT_EQ(byte, 'y') << "a survivor's collectives did not all fail";
+  }
+  close(done[0]);
+  close(release[1]);
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    waitpid(pids[static_cast<size_t>(r)], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " " << status;
+    if (r == victim) continue;
+    FILE* f = std::fopen(logOf(r).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string text;
+    int warnings = 0;
+    char line[4096];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::strstr(line, "[squall] WARN") != nullptr) {
+        ++warnings;
+        text += line;
+      }
+    }
+    std::fclose(f);
+    std::remove(logOf(r).c_str());
+    // The peer's failure once, and at most the operation it broke as told by
+    // the other survivor's abort notice.
+    EXPECT_LE(warnings, 2) << "rank " << r << ":\n" << text;
+  }
+  rmdir(dir);
+}
+
 std::vector<TransportCase> transports() {
   std::vector<TransportCase> cases = {{"tcp", squallTransportTcp}};
 #if defined(SQUALL_HAVE_UCX)
