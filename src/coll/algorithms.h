@@ -23,6 +23,12 @@ Status pairwiseAllToAll(const OpContext& ctx, const void* in, void* out, size_t 
 Status binomialBroadcast(const OpContext& ctx, void* buffer, size_t count, DataType dtype,
                          int root);
 Status disseminationBarrier(const OpContext& ctx);
+// The same rounds on steps firstStep, firstStep + 1, ...: once it returns,
+// every rank has (transitively) checked its descriptor against every other
+// rank's, so all ranks called the same operation with the same counts. A
+// collective that writes its output as blocks arrive runs it first, so ranks
+// that disagree fail before any output is written.
+Status agreeOnDescriptor(const OpContext& ctx, uint32_t firstStep);
 
 // Compressed allreduce (dtype fp32, fp16 or bf16; op sum or avg).
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
