@@ -287,9 +287,17 @@ bool allUntouched(const std::vector<float>& v) {
 // and before any of them writes its output (the output of a ring that ran
 // partly would hold the blocks of the ranks that agreed).
 TEST(Reliability, MismatchedGatherCountsFailBeforeAnyOutputIsWritten) {
-  // {count by rank}: one rank off, at several places of the ring.
-  const std::vector<std::vector<size_t>> cases = {
-      {64, 32}, {64, 64, 32}, {32, 64, 64}, {64, 64, 64, 32}, {64, 32, 64, 64, 64}};
+  // {count by rank}: one rank off, at several places of the ring; small
+  // outputs (staged), large ones (agreement first) and the two mixed.
+  const std::vector<std::vector<size_t>> cases = {{64, 32},
+                                                  {64, 64, 32},
+                                                  {32, 64, 64},
+                                                  {64, 64, 64, 32},
+                                                  {64, 32, 64, 64, 64},
+                                                  {8192, 8192, 6000},
+                                                  {8192, 6000, 8192, 8192},
+                                                  {8192, 8192, 4096},
+                                                  {4096, 4096, 4096, 8192}};
   for (const std::vector<size_t>& counts : cases) {
     const int n = static_cast<int>(counts.size());
     for (bool allToAll : {false, true}) {
