@@ -125,7 +125,9 @@ thread_local SkippedCalls tSkipped;
 Status collectiveCommOf(squallComm_t comm, core::Comm** out) {
   if (comm == nullptr || comm->impl == nullptr) {
     if (!tSkipped.outsideSplit) ++tSkipped.count;
-    return core::commOf(comm, out);
+    return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                       "the communicator is NULL; create one with squallCommInitRank, "
+                       "squallCommInitFromEnv or squallCommInitFromMpi");
   }
   core::Comm* c = comm->impl.get();
   for (; tSkipped.count > 0; --tSkipped.count) {

@@ -271,6 +271,7 @@ TEST_P(CommApi, WaitAfterDestroySaysDestroyed) {
   std::string waited;
   squallResult_t result = squallSuccess;
   std::vector<std::thread> threads;
+  threads.reserve(2);
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       squallComm_t comm = nullptr;
