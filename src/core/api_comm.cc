@@ -398,6 +398,8 @@ squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf, squ
     ReduceOp o = ReduceOp::kSum;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
     SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    // refuse() returns its argument, so k is set here.
+    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
     return c->compressedAllReduce(sendbuf, recvbuf, t, o, *k);
   });
 }

@@ -39,6 +39,7 @@ class CommApi : public ::testing::TestWithParam<TransportCase> {
     squallUniqueId id;
     ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
     std::vector<std::thread> threads;
+    threads.reserve(static_cast<size_t>(n));
     std::vector<std::string> errors(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
@@ -81,6 +82,8 @@ TEST_P(CommApi, FullPrecisionCollectivesMatchClosedForms) {
     for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(rank + static_cast<int>(i));
     EXPECT_OK(squallAllReduce(x.data(), y.data(), count, squallFloat32, squallSum, comm));
     for (size_t i = 0; i < count; ++i)
+      // n (n - 1) is even: the integer division is exact.
+      // NOLINTNEXTLINE(bugprone-integer-division)
       ASSERT_EQ(y[i], static_cast<float>(n * static_cast<int>(i) + n * (n - 1) / 2)) << i;
     int64_t mine = rank, maxRank = -1;
     EXPECT_OK(squallAllReduce(&mine, &maxRank, 1, squallInt64, squallMax, comm));
@@ -117,6 +120,8 @@ TEST_P(CommApi, CompressedAllReduceIsIdenticalOnEveryRank) {
     EXPECT_OK(squallCompressorDestroy(c));
   });
   for (int r = 1; r < n; ++r)
+    // Bit for bit, NaN payloads and signed zeros included.
+    // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison)
     EXPECT_EQ(std::memcmp(outputs[r].data(), outputs[0].data(), count * 4), 0) << r;
   EXPECT_EQ(stats[0].calls, 3u);
   EXPECT_EQ(stats[0].skippedCalls, 0u);
