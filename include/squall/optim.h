@@ -116,7 +116,8 @@ SQUALL_API squallResult_t squallOptimizerDestroy(squallOptimizer_t optimizer);
 
 /* One step: updates `params` (count fp32 values, host memory) in place from this
  * rank's `grads`. lr > 0 overrides the configured learning rate for this step
- * (learning-rate schedules); lr <= 0 keeps it. */
+ * (learning-rate schedules); lr <= 0 keeps it; a NaN or infinite lr is refused
+ * (squallInvalidArgument, on every rank of the step). */
 SQUALL_API squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params,
                                               const float* grads, float lr);
 

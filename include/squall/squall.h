@@ -2,9 +2,16 @@
  * Squall: error-compensated 1-bit collectives for slow networks.
  *
  * This is the public C API (C99). Every function returns a squallResult_t;
- * outputs are written only when it is squallSuccess. On failure,
- * squallGetLastError() on the same thread returns a sentence that says what
- * went wrong and what to do about it.
+ * outputs are written only when it is squallSuccess, except where a
+ * collective below says "On failure" (its output may then be partial). On
+ * failure, squallGetLastError() on the same thread returns a sentence that
+ * says what went wrong and what to do about it.
+ *
+ * A collective called with a NULL communicator is refused at once and
+ * counted as skipped on the calling thread; the next collective that thread
+ * runs on a communicator first fails the skipped operation for the peers (so
+ * they stop waiting and every rank's calls line up again), then runs. A NULL
+ * communicator from squallCommSplit (SQUALL_SPLIT_NOCOLOR) is not counted.
  */
 #ifndef SQUALL_SQUALL_H_
 #define SQUALL_SQUALL_H_
@@ -213,16 +220,25 @@ typedef struct {
 SQUALL_API squallResult_t squallCommGetStats(squallComm_t comm, squallCommStats_t* stats);
 
 /* Full-precision collectives on host buffers. sendbuf may equal recvbuf for
- * allreduce; every rank must call the same collectives in the same order. */
+ * allreduce; every rank must call the same collectives in the same order.
+ * On failure (a peer died, the deadline passed, ranks disagree), an
+ * allreduce above SQUALL_ALLREDUCE_SMALL_BYTES may leave recvbuf holding a
+ * copy of sendbuf or partial sums (in place: the input is lost); below it,
+ * recvbuf is untouched. */
 SQUALL_API squallResult_t squallAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                                           squallDataType_t dtype, squallRedOp_t op,
                                           squallComm_t comm);
-/* recvbuf holds nranks * sendcount elements, in rank order. */
+/* recvbuf holds nranks * sendcount elements, in rank order. Ranks that
+ * disagree on the count or type fail before recvbuf is written. On failure
+ * during the exchange (a peer died, the deadline passed), recvbuf may hold
+ * the blocks received so far when it is larger than 64 KiB; up to 64 KiB it
+ * is untouched. squallAllToAll behaves the same. */
 SQUALL_API squallResult_t squallAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
                                           squallDataType_t dtype, squallComm_t comm);
 /* Block j (count elements) of sendbuf goes to rank j. */
 SQUALL_API squallResult_t squallAllToAll(const void* sendbuf, void* recvbuf, size_t count,
                                          squallDataType_t dtype, squallComm_t comm);
+/* On failure, a non-root rank's buffer may hold part of the root's data. */
 SQUALL_API squallResult_t squallBroadcast(void* buffer, size_t count, squallDataType_t dtype,
                                           int root, squallComm_t comm);
 SQUALL_API squallResult_t squallBarrier(squallComm_t comm);
@@ -249,7 +265,9 @@ SQUALL_API squallResult_t squallCompressorGetStats(squallCompressor_t compressor
                                                    squallCompressorStats_t* stats);
 
 /* dtype: fp32, fp16 or bf16 (for both buffers); op: squallSum or squallAvg.
- * Every rank ends with bit-identical output. */
+ * Every rank ends with bit-identical output. On failure recvbuf and the
+ * compressor's residuals are untouched (also for the Async form and, on a
+ * host communicator, the OnStream form). */
 SQUALL_API squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf,
                                                     squallDataType_t dtype, squallRedOp_t op,
                                                     squallCompressor_t compressor,
@@ -297,7 +315,8 @@ SQUALL_API squallResult_t squallCommInitFromNccl(squallComm_t* comm, void* ncclC
  *    stream, run squallCompressedAllReduce, copy back on the stream and
  *    synchronise again. Not capturable.
  * dtype: fp32, fp16 or bf16; op: squallSum or squallAvg. sendbuf may equal
- * recvbuf. */
+ * recvbuf. On failure, recvbuf is untouched on a host communicator and may be
+ * partial on one from NCCL (the work was already on the stream). */
 SQUALL_API squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recvbuf,
                                                             squallDataType_t dtype,
                                                             squallRedOp_t op,

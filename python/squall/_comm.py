@@ -138,7 +138,13 @@ class Communicator:
         """From the launcher's variables, no torch needed: torchrun's (MASTER_ADDR,
         MASTER_PORT (+ SQUALL_PORT_OFFSET) or SQUALL_PORT, RANK, WORLD_SIZE),
         srun's (SLURM_PROCID, SLURM_NTASKS, the first host of the node list) or
-        mpirun's (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)."""
+        mpirun's (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE).
+
+        Only processes presenting the job's secret can join: SQUALL_JOB_SECRET,
+        else the launcher's run id (TORCHELASTIC_RUN_ID, the Slurm or Open MPI
+        job id). With neither, the secret is public and libsquall warns once;
+        squall.init() after torch.distributed.init_process_group needs no
+        secret (rank 0 hands a random one out through the process group)."""
         cfg = _config(transport, timeout)
         h = ctypes.c_void_p()
         check(lib.squallCommInitFromEnv(ctypes.byref(h), ctypes.byref(cfg)),

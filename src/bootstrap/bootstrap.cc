@@ -467,6 +467,30 @@ Status createUniqueId(UniqueId* id) {
   return Status::kOk;
 }
 
+// Said once per process, at WARN on every rank: without a secret, the
+// rendezvous and the transport accept any process that speaks the protocol.
+void warnOfPublicSecret(const LaunchEnv& env) {
+  static std::once_flag once;
+  if (!env.secretSource.empty()) {
+    std::call_once(once, [&] {
+      SQUALL_INFO(Subsys::kBootstrap, "job secret derived from %s", env.secretSource.c_str());
+    });
+    return;
+  }
+  std::call_once(once, [&] {
+    SQUALL_WARN(Subsys::kBootstrap,
+                "NO JOB SECRET: SQUALL_JOB_SECRET is unset and %s gives no run id, so this job "
+                "uses Squall's fixed, public secret. Any process that can reach %s port %d can "
+                "join as one of its ranks, receive this job's gradients and parameters and send "
+                "it false ones. Set SQUALL_JOB_SECRET to the same random value on every rank "
+                "(e.g. export SQUALL_JOB_SECRET=$(openssl rand -hex 16) before launching), or "
+                "give torchrun a run id (--rdzv-id=$(uuidgen), or --standalone), or create the "
+                "communicator with squall.init() after torch.distributed.init_process_group, "
+                "which shares a random one",
+                env.launcher, env.host.c_str(), env.port);
+  });
+}
+
 Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks) {
   SQUALL_REQUIRE(id != nullptr && rank != nullptr && nranks != nullptr, Status::kInvalidArgument,
                  Subsys::kBootstrap, "uniqueIdFromEnv was given a null pointer");
@@ -474,6 +498,7 @@ Status uniqueIdFromEnv(UniqueId* id, int* rank, int* nranks) {
   SQUALL_TRY(readLaunchEnv(&env));
   const char* master = env.host.c_str();
   const long long port = env.port;
+  warnOfPublicSecret(env);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

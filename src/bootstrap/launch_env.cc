@@ -94,6 +94,19 @@ std::string jobId(const Names& names) {
   return "";
 }
 
+// What the job secret is derived from when SQUALL_JOB_SECRET is unset: the
+// launcher's id of this run, which only the job's processes are handed.
+// torchrun's run id is "none" unless --rdzv-id or --standalone gave one; it
+// is combined with the rendezvous address so that one id reused for
+// another job still differs.
+std::string runId(const Names& names, const LaunchEnv& env) {
+  if (&names != &kTorchrun) return jobId(names);
+  const char* run = getVar("TORCHELASTIC_RUN_ID");
+  if (run == nullptr || *run == '\0' || std::string_view(run) == "none") return "";
+  const char* port = getVar("MASTER_PORT");
+  return std::string("torchrun:") + run + "@" + env.host + ":" + (port != nullptr ? port : "");
+}
+
 Status readHost(const Names& names, long long nranks, LaunchEnv* out) {
   if (const char* master = getVar("MASTER_ADDR")) {
     out->host = master;
@@ -209,7 +222,17 @@ Status readLaunchEnv(LaunchEnv* out) {
   const std::string job = jobId(names);
   SQUALL_TRY(readPort(job, &env));
   const std::string secret = paramString(Param::kJobSecret);
-  env.secret = !secret.empty() ? secret : !job.empty() ? job : "squall: no job secret";
+  if (!secret.empty()) {
+    env.secret = secret;
+    env.secretSource = "SQUALL_JOB_SECRET";
+  } else if (const std::string run = runId(names, env); !run.empty()) {
+    env.secret = run;
+    env.secretSource = &names == &kTorchrun ? "TORCHELASTIC_RUN_ID"
+                       : &names == &kSlurm  ? "SLURM_JOB_ID.SLURM_STEP_ID"
+                                            : "the Open MPI job id";
+  } else {
+    env.secret = "squall: no job secret";
+  }
   *out = std::move(env);
   return Status::kOk;
 }

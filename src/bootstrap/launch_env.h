@@ -18,6 +18,10 @@ struct LaunchEnv {
   std::string hostSource;  // the variable the host came from, for messages
   int port = 0;
   std::string secret;  // what the job secret is derived from
+  // Where `secret` came from: "SQUALL_JOB_SECRET", the launcher's run id
+  // ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID.SLURM_STEP_ID", "the Open MPI job
+  // id"), or "" for the fixed public value (no secret at all).
+  std::string secretSource;
 };
 
 // Reads, in this order of precedence:
@@ -28,7 +32,10 @@ struct LaunchEnv {
 //    MASTER_ADDR or the first host of SLURM_STEP_NODELIST / SLURM_JOB_NODELIST.
 // The port is SQUALL_PORT, else MASTER_PORT + SQUALL_PORT_OFFSET, else (Slurm
 // and Open MPI) derived from the job id so that two jobs on one host differ.
-// The secret text is SQUALL_JOB_SECRET, else the job id where there is one.
+// The secret text is SQUALL_JOB_SECRET, else the launcher's run id where
+// there is one (TORCHELASTIC_RUN_ID unless "none", with MASTER_ADDR and
+// MASTER_PORT; Slurm's job and step; Open MPI's job id), else a fixed public
+// value (secretSource empty).
 Status readLaunchEnv(LaunchEnv* out);
 
 // The first host of a Slurm host list: "node[07-09,12],gpu1" gives "node07".

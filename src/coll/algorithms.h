@@ -25,6 +25,20 @@ Status pairwiseAllToAll(const OpContext& ctx, const void* in, void* out, size_t 
 Status binomialBroadcast(const OpContext& ctx, void* buffer, size_t count, DataType dtype,
                          int root);
 Status disseminationBarrier(const OpContext& ctx);
+// The same rounds on steps firstStep, firstStep + 1, ...: once it returns,
+// every rank has (transitively) checked its descriptor against every other
+// rank's, so all ranks called the same operation with the same counts. A
+// collective that writes its output as blocks arrive runs it first, so ranks
+// that disagree fail before any output is written.
+Status agreeOnDescriptor(const OpContext& ctx, uint32_t firstStep);
+
+// All-gather and all-to-all outputs up to this size are received into the
+// communicator's scratch and copied out once the operation has succeeded,
+// instead of running agreeOnDescriptor first: a copy of 64 KiB takes a few
+// microseconds, less than the agreement's ceil(log2 n) message latencies, and
+// it also keeps the output untouched when the exchange fails later. Larger
+// outputs take the agreement, whose latency is small next to their transfer.
+constexpr size_t kStagedGatherBytes = size_t{64} << 10;
 
 // Compressed allreduce (dtype fp32, fp16 or bf16; op sum or avg).
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,

@@ -201,6 +201,7 @@ Status Communicator::execute(uint64_t sequence, const Descriptor& descriptor,
                 &options};
   ctx.scratch = &scratch_;
   ctx.bytes = &bytes_;
+  ctx.abortLogged = &abortLogged_;
   if (ctx.size() == 1) return body(ctx);
   auto watch = std::make_unique<AbortWatch>();
   SQUALL_TRY(watchForAborts(ctx, watch.get()));
@@ -274,8 +275,20 @@ void Communicator::workerLoop() {
     lock.unlock();
     clearLastError();
     const Status status = execute(item.sequence, item.descriptor, item.options, item.body);
-    item.operation->finish(status, status == Status::kOk ? std::string() : lastError());
     lock.lock();
+    std::string error;
+    if (status != Status::kOk) {
+      // After destroy, the likely cause is the destroy itself (the peers
+      // destroyed theirs too), which the waiter must be told.
+      if (stopping_) {
+        error = "the communicator was destroyed before " +
+                transport::describe(transport::Tag{item.sequence, 0, item.descriptor}) +
+                " completed (wait for a request before destroying its communicator); it failed "
+                "with: ";
+      }
+      error += lastError();
+    }
+    item.operation->finish(status, std::move(error));
     --running_;
     changed_.notify_all();
   }

@@ -160,6 +160,7 @@ class Communicator {
   // cause, instead of by the end of its connection that follows.
   std::unique_ptr<AbortWatch> previousWatch_;
   ByteCounters bytes_;
+  bool abortLogged_ = false;  // OpContext::abortLogged
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -14,8 +14,10 @@
 //
 // Pipelining: the buffer is cut into segments of S elements (S a multiple of
 // the codec block); every rank encodes and sends segment k while earlier
-// ones travel, then decodes segments as they arrive. Output is written only
-// after all input has been encoded, so the operation may run in place.
+// ones travel, then decodes them once all have arrived. Output is written
+// only after every message has arrived, every send has left and every piece
+// has been checked (checkPiece), so a call that fails leaves it as it was;
+// all input has been encoded by then, so the operation may run in place.
 //
 // Cost per rank, E = encoded size of N elements: (n-1) messages per segment
 // in one round ((n-1) alpha if the network serialises them, one alpha
@@ -124,20 +126,25 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       ++stats.messagesSent;
     }
   }
+  // Output only on success: everything has arrived and left, and every
+  // piece is checked, before the first output element is written.
+  SQUALL_TRY(ctx.waitAll(received));
+  SQUALL_TRY(ctx.waitAll(sends));
   bool finite = true;  // every rank's encoding of every segment
+  for (size_t k = 0; k < segments; ++k) {
+    size_t bytes = 0;
+    SQUALL_TRY(codec::encodedSize(spec, length(k), &bytes));
+    for (size_t j = 0; j < nn; ++j) SQUALL_TRY(checkPiece(slotOf(j, k), bytes, length(k), &finite));
+  }
   for (size_t k = 0; k < segments; ++k) {
     // fp32 output is its own accumulator: decoding straight into it saves a
     // copy of every output byte (the input is no longer read, see above).
     float* acc = dtype == DataType::kF32 ? static_cast<float*>(out) + k * seg
                                          : state->scratch().accumulator.data();
-    SQUALL_TRY(ctx.waitAll(std::span<const transport::RequestPtr>(received.data() + k * nn, nn)));
     const size_t m = length(k);
     size_t bytes = 0;
     SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
     for (size_t j = 0; j < nn; ++j) {
-      bool pieceFinite = true;
-      SQUALL_TRY(codec::encodingFinite(slotOf(j, k), bytes, &pieceFinite));
-      finite = finite && pieceFinite;
       SQUALL_TRY(j == 0 ? codec::decode(slotOf(j, k), bytes, acc, m)
                         : codec::decodeAccumulate(slotOf(j, k), bytes, acc, m));
     }
@@ -146,7 +153,6 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     }
     if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, k * seg, m);
   }
-  SQUALL_TRY(ctx.waitAll(sends));
   worker.commit(finite);
   state->recordStats(stats);
   return Status::kOk;

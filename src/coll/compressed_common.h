@@ -42,6 +42,25 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
   for (size_t i = 0; i < count; ++i) acc[i] = acc[i] / divisor;
 }
 
+// Checks an encoding before anything is decoded from it: a well-formed header
+// holding `count` elements (then decode cannot fail), and folds whether it
+// decodes to finite values into *finite. Both algorithms check every piece of
+// a call before they write the first output element, so a call that fails
+// leaves the output as it was.
+inline Status checkPiece(const uint8_t* encoded, size_t bytes, size_t count, bool* finite) {
+  codec::Spec spec;
+  size_t held = 0;
+  SQUALL_TRY(codec::inspect(encoded, bytes, &spec, &held));
+  SQUALL_REQUIRE(held == count, Status::kRemoteError, Subsys::kColl,
+                 "a received encoding holds %zu elements where %zu were expected; the peer "
+                 "sent corrupt data",
+                 held, count);
+  bool pieceFinite = true;
+  SQUALL_TRY(codec::encodingFinite(encoded, bytes, &pieceFinite));
+  *finite = *finite && pieceFinite;
+  return Status::kOk;
+}
+
 // Writes `count` decoded floats to element `offset` of `out` (of `dtype`),
 // rounding to nearest even for fp16/bf16.
 inline void storeDecoded(DataType dtype, const float* decoded, void* out, size_t offset,

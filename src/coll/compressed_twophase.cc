@@ -24,8 +24,12 @@
 // own message. All receives are posted first; the worker encodes and sends
 // segment k while earlier segments are in flight, serves (decode-sum-encode)
 // every segment whose n-1 pieces have arrived, and finally decodes the
-// all-gathered segments as they arrive. Output is written only after every
-// input segment has been encoded, so the operation may run in place.
+// all-gathered segments once all have arrived. Output is written only after
+// every message of the call has arrived, every send has left and every piece
+// has been checked (checkPiece): a call that fails leaves the output as it
+// was, and the input has been read in full by then, so the operation may run
+// in place. The price is the overlap of the final decode with the last
+// gather messages (docs/protocol.md has the measurement).
 //
 // Cost per rank, with E = the encoded size of N elements (about
 // N (1/8 + 4/B) bytes for onebit): 2(n-1)K messages in 2 dependent rounds
@@ -173,18 +177,32 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     SQUALL_TRY(serve(served));
   }
 
+  // Output only on success: everything has arrived and left, and every
+  // piece is checked, before the first output element is written.
+  for (size_t k = 0; k < segments; ++k) SQUALL_TRY(ctx.waitAll(pieces(gather, k)));
+  SQUALL_TRY(ctx.waitAll(sends));
+  auto encodedOf = [&](size_t c, size_t k, size_t m, size_t* bytes) -> Status {
+    *bytes = serverBytes[k];
+    if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, bytes));
+    return Status::kOk;
+  };
   bool finite = true;  // every server encoding of the call, so every block
   for (size_t k = 0; k < segments; ++k) {
-    SQUALL_TRY(ctx.waitAll(pieces(gather, k)));
     for (size_t c = 0; c < nn; ++c) {
       const size_t m = realCount(c, k);
       if (m == 0) continue;
-      size_t bytes = serverBytes[k];
-      if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
+      size_t bytes = 0;
+      SQUALL_TRY(encodedOf(c, k, m, &bytes));
+      SQUALL_TRY(checkPiece(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, m, &finite));
+    }
+  }
+  for (size_t k = 0; k < segments; ++k) {
+    for (size_t c = 0; c < nn; ++c) {
+      const size_t m = realCount(c, k);
+      if (m == 0) continue;
+      size_t bytes = 0;
+      SQUALL_TRY(encodedOf(c, k, m, &bytes));
       const uint8_t* encoded = c == rr ? serverSlot(k) : gatherSlot(c, k);
-      bool segmentFinite = true;
-      SQUALL_TRY(codec::encodingFinite(encoded, bytes, &segmentFinite));
-      finite = finite && segmentFinite;
       const size_t at = c * chunk + k * seg;
       if (dtype == DataType::kF32) {
         SQUALL_TRY(codec::decode(encoded, bytes, static_cast<float*>(out) + at, m));
@@ -194,7 +212,6 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       }
     }
   }
-  SQUALL_TRY(ctx.waitAll(sends));
   worker.commit(finite);
   server.commit(finite);
   state->recordStats(stats);

@@ -80,6 +80,10 @@ struct OpContext {
   // one at a time): grown as needed, never shrunk or cleared.
   std::vector<uint8_t>* scratch = nullptr;
   ByteCounters* bytes = nullptr;  // null: not counted
+  // Whether a peer's abort notice was logged at WARN on this communicator
+  // yet: the first is, later ones (usually the same cause again, say a dead
+  // peer failing every operation) go to INFO; the caller gets each in full.
+  bool* abortLogged = nullptr;
 
   int rank() const { return transport->rank(); }
   int size() const { return transport->size(); }

@@ -104,6 +104,45 @@ Status wrapOperation(coll::OperationPtr op, squallRequest_t* request) {
   return Status::kOk;
 }
 
+// Collectives refused on this thread because their communicator was NULL.
+// Such a call cannot reach the peers, which run the operation without this
+// rank: left alone, this rank's next call would pair with their previous one
+// (silently when the two look alike) and every later call would be off by
+// one. So a skipped call is charged to the next collective this thread runs
+// on a communicator: that communicator fails one operation first, which tells
+// the peers (they fail the skipped operation at once), and the sequence
+// numbers line up again. A rank that squallCommSplit left outside every group
+// gets a NULL communicator by design; its collectives on it are refused but
+// not charged, since no peer expects it there.
+struct SkippedCalls {
+  int count = 0;
+  bool outsideSplit = false;  // this thread's latest squallCommSplit returned NULL
+};
+thread_local SkippedCalls tSkipped;
+
+// The communicator of a collective entry point, after charging the calls this
+// thread skipped (see SkippedCalls).
+Status collectiveCommOf(squallComm_t comm, core::Comm** out) {
+  if (comm == nullptr || comm->impl == nullptr) {
+    if (!tSkipped.outsideSplit) ++tSkipped.count;
+    return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                       "the communicator is NULL; create one with squallCommInitRank, "
+                       "squallCommInitFromEnv or squallCommInitFromMpi");
+  }
+  core::Comm* c = comm->impl.get();
+  for (; tSkipped.count > 0; --tSkipped.count) {
+    // Described, sent to the peers by the refusal, then cleared: this call
+    // itself has not failed.
+    (void)c->refuse(SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                                "rank %d skipped this collective: it was called with a NULL "
+                                "communicator",
+                                c->rank()));
+    squall::clearLastError();
+  }
+  *out = c;
+  return Status::kOk;
+}
+
 }  // namespace
 
 namespace squall::core {
@@ -186,6 +225,7 @@ squallResult_t squallCommSplit(squallComm_t comm, int color, int key, squallComm
     SQUALL_TRY(checkOut(newcomm, "new communicator"));
     std::unique_ptr<core::Comm> made;
     SQUALL_TRY(c->split(color, key, &made));
+    tSkipped.outsideSplit = made == nullptr;
     if (made == nullptr) {
       *newcomm = nullptr;
       return Status::kOk;
@@ -235,7 +275,7 @@ squallResult_t squallAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                                squallDataType_t dtype, squallRedOp_t op, squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
@@ -248,7 +288,7 @@ squallResult_t squallAllGather(const void* sendbuf, void* recvbuf, size_t sendco
                                squallDataType_t dtype, squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     DataType t = DataType::kF32;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
     return c->allGather(sendbuf, recvbuf, sendcount, t);
@@ -259,7 +299,7 @@ squallResult_t squallAllToAll(const void* sendbuf, void* recvbuf, size_t count,
                               squallDataType_t dtype, squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     DataType t = DataType::kF32;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
     return c->allToAll(sendbuf, recvbuf, count, t);
@@ -270,7 +310,7 @@ squallResult_t squallBroadcast(void* buffer, size_t count, squallDataType_t dtyp
                                squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     DataType t = DataType::kF32;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
     return c->broadcast(buffer, count, t, root);
@@ -280,7 +320,7 @@ squallResult_t squallBroadcast(void* buffer, size_t count, squallDataType_t dtyp
 squallResult_t squallBarrier(squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     return c->barrier();
   });
 }
@@ -351,13 +391,15 @@ squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf, squ
                                          squallComm_t comm) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     core::Compressor* k = nullptr;
     SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
     SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
     SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    // refuse() returns its argument, so k is set here.
+    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
     return c->compressedAllReduce(sendbuf, recvbuf, t, o, *k);
   });
 }
@@ -368,7 +410,7 @@ squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recv
                                                  void* cudaStream) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     core::Compressor* k = nullptr;
     SQUALL_TRY(compressorOf(compressor, &k));
     DataType t = DataType::kF32;
@@ -384,7 +426,7 @@ squallResult_t squallAllReduceAsync(const void* sendbuf, void* recvbuf, size_t c
                                     squallRequest_t* request) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     SQUALL_TRY(c->refuse(checkOut(request, "request")));
     DataType t = DataType::kF32;
     ReduceOp o = ReduceOp::kSum;
@@ -402,7 +444,7 @@ squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, void* recvbuf
                                               squallRequest_t* request) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(collectiveCommOf(comm, &c));
     core::Compressor* k = nullptr;
     SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
     SQUALL_TRY(c->refuse(checkOut(request, "request")));
@@ -434,8 +476,10 @@ squallResult_t squallWait(squallRequest_t request) {
     std::unique_ptr<squallRequest> owned(request);
     const Status status = owned->operation->wait();
     if (status != Status::kOk) {
-      // The failure was described on the thread that ran it; repeat it here.
-      return SQUALL_FAIL(status, Subsys::kApi, "%s", owned->operation->error().c_str());
+      // The failure was described (and logged) on the thread that ran it;
+      // the waiter reads it here.
+      squall::setLastError(owned->operation->error());
+      return status;
     }
     return Status::kOk;
   });

@@ -367,8 +367,10 @@ namespace {
 Status checkStepArguments(size_t count, const float* params, const float* grads, float lr) {
   SQUALL_REQUIRE(count == 0 || (params != nullptr && grads != nullptr), Status::kInvalidArgument,
                  Subsys::kOptim, "the parameter or gradient pointer is NULL");
-  SQUALL_REQUIRE(!(lr > 0.0f) || std::isfinite(lr), Status::kInvalidArgument, Subsys::kOptim,
-                 "the learning rate override is %g; pass a finite value > 0, or <= 0 to use the "
+  // NaN compares false with everything, so "lr > 0 or keep the configured
+  // one" alone would take a NaN for "keep" and hide the caller's bug.
+  SQUALL_REQUIRE(std::isfinite(lr), Status::kInvalidArgument, Subsys::kOptim,
+                 "the learning rate override is %g; pass a finite value > 0, or 0 to use the "
                  "configured one",
                  lr);
   return Status::kOk;

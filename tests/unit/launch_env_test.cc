@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -35,6 +36,7 @@ const char* const kLauncherVars[] = {"MASTER_ADDR",
                                      "SQUALL_PORT",
                                      "SQUALL_PORT_OFFSET",
                                      "SQUALL_JOB_SECRET",
+                                     "TORCHELASTIC_RUN_ID",
                                      "OMPI_COMM_WORLD_RANK",
                                      "OMPI_COMM_WORLD_SIZE",
                                      "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -159,6 +161,44 @@ TEST_F(LaunchEnvTest, TorchrunVariablesWin) {
   EXPECT_EQ(env.port, 29517);
 }
 
+// Where the secret comes from when SQUALL_JOB_SECRET is unset: the launcher's
+// run id, else nothing (the fixed public value, which init warns about).
+TEST_F(LaunchEnvTest, SecretSources) {
+  const Vars torchrun = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  setVars(torchrun);
+  LaunchEnv env;
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk) << squall::lastError();
+  EXPECT_EQ(env.secretSource, "");
+  const std::string publicSecret = env.secret;
+  setenv("TORCHELASTIC_RUN_ID", "none", 1);  // torchrun without --rdzv-id
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_EQ(env.secretSource, "");
+  EXPECT_EQ(env.secret, publicSecret);
+  setenv("TORCHELASTIC_RUN_ID", "5f0c8a2e-run", 1);
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_EQ(env.secretSource, "TORCHELASTIC_RUN_ID");
+  EXPECT_NE(env.secret, publicSecret);
+  const std::string first = env.secret;
+  setenv("TORCHELASTIC_RUN_ID", "another-run", 1);
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_NE(env.secret, first);
+  setenv("MASTER_PORT", "29600", 1);  // the same id at another rendezvous differs too
+  setenv("TORCHELASTIC_RUN_ID", "5f0c8a2e-run", 1);
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_NE(env.secret, first);
+  setenv("SQUALL_JOB_SECRET", "s3cret", 1);
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_EQ(env.secretSource, "SQUALL_JOB_SECRET");
+  EXPECT_EQ(env.secret, "s3cret");
+  setVars(srunVars(0, 2, "localhost"));
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_EQ(env.secretSource, "SLURM_JOB_ID.SLURM_STEP_ID");
+  setVars(mpirunVars(0, 2, 2, "1108738049"));
+  ASSERT_EQ(readLaunchEnv(&env), Status::kOk);
+  EXPECT_EQ(env.secretSource, "the Open MPI job id");
+}
+
 bool portIsFree(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in in{};
@@ -250,6 +290,66 @@ std::string jobIdWithFreePort(const std::function<Vars(const std::string&)>& var
     if (readLaunchEnv(&env) == Status::kOk && portIsFree(env.port)) return candidate;
   }
   return "";
+}
+
+// A one-rank torchrun-style job: without a secret or a run id, init warns
+// once per process, saying what is at risk and what to set; with a run id it
+// does not warn.
+TEST_F(LaunchEnvTest, NoSecretIsWarnedOnceAtInit) {
+  for (bool withRunId : {false, true}) {
+    char path[] = "/tmp/squall_secret_warn_XXXXXX";
+    const int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      if (std::freopen(path, "w", stderr) == nullptr) _exit(4);
+      int port = 0;
+      for (int p = 20000 + getpid() % 5000; port == 0 && p < 30000; p += 7)
+        if (portIsFree(p)) port = p;
+      Vars vars = {{"RANK", "0"},
+                   {"WORLD_SIZE", "1"},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", std::to_string(port)},
+                   {"SQUALL_PORT_OFFSET", "0"}};
+      if (withRunId) vars["TORCHELASTIC_RUN_ID"] = "run-" + std::to_string(getpid());
+      setVars(vars);
+      for (int i = 0; i < 2; ++i) {
+        squallConfig_t c = SQUALL_CONFIG_INIT;
+        c.transport = squallTransportTcp;
+        squallComm_t comm = nullptr;
+        if (squallCommInitFromEnv(&comm, &c) != squallSuccess) {
+          std::fprintf(stderr, "init: %s\n", squallGetLastError());
+          std::fflush(stderr);
+          _exit(2);
+        }
+        squallCommDestroy(comm);
+      }
+      std::fflush(stderr);
+      _exit(0);
+    }
+    int status = -1;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    std::string log;
+    if (FILE* f = std::fopen(path, "r")) {
+      char buffer[4096];
+      size_t got;
+      while ((got = std::fread(buffer, 1, sizeof(buffer), f)) > 0) log.append(buffer, got);
+      std::fclose(f);
+    }
+    std::remove(path);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log;
+    size_t warnings = 0;
+    for (size_t at = log.find("NO JOB SECRET"); at != std::string::npos;
+         at = log.find("NO JOB SECRET", at + 1))
+      ++warnings;
+    EXPECT_EQ(warnings, withRunId ? 0u : 1u) << log;
+    if (!withRunId) {
+      EXPECT_NE(log.find("SQUALL_JOB_SECRET"), std::string::npos) << log;
+      EXPECT_NE(log.find("can join"), std::string::npos) << log;
+    }
+  }
 }
 
 TEST_F(LaunchEnvTest, SrunJobRuns) {

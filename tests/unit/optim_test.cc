@@ -938,6 +938,28 @@ TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
   EXPECT_EQ(squallOptimizerCreate(comm_, 10, nullptr, &o), squallInvalidArgument);
 }
 
+// A learning-rate override that is not a number is refused like an infinite
+// one, and the refused step leaves the parameters and the step count alone.
+TEST_F(OptimApi, NonFiniteLearningRateOverridesAreRefused) {
+  squallOptimConfig_t c = valid();
+  squallOptimizer_t o = nullptr;
+  ASSERT_EQ(squallOptimizerCreate(comm_, 10, &c, &o), squallSuccess) << squallGetLastError();
+  std::vector<float> params(10, 1.0f), grads(10, 0.5f);
+  for (float lr : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                   -std::numeric_limits<float>::infinity()}) {
+    EXPECT_EQ(squallOptimizerStep(o, params.data(), grads.data(), lr), squallInvalidArgument)
+        << "lr " << lr;
+    EXPECT_NE(std::string(squallGetLastError()).find("learning rate"), std::string::npos)
+        << squallGetLastError();
+    EXPECT_EQ(params, std::vector<float>(10, 1.0f)) << "lr " << lr;
+  }
+  squallOptimInfo_t info;
+  ASSERT_EQ(squallOptimizerGetInfo(o, &info), squallSuccess);
+  EXPECT_EQ(info.step, 0);
+  EXPECT_OK(squallOptimizerStep(o, params.data(), grads.data(), 0.0f));
+  EXPECT_OK(squallOptimizerDestroy(o));
+}
+
 TEST_F(OptimApi, StepInfoSaveAndLoad) {
   squallOptimConfig_t c = valid();  // warmup = round(0.15 * 100) = 15
   squallOptimizer_t o = nullptr;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/coll/communicator.h"
@@ -269,6 +270,184 @@ TEST(Reliability, AFailedAbortNoticeDoesNotHideTheRealError) {
     // The real cause: the mismatch, with both ranks' calls described.
     EXPECT_TRUE(contains(errors[r], "16 elements") && contains(errors[r], "32 elements"))
         << "rank " << r << ": " << errors[r];
+  }
+}
+
+// ---- Outputs are written only on success ------------------------------------
+
+constexpr float kUntouched = -12345.0f;
+
+bool allUntouched(const std::vector<float>& v) {
+  for (float x : v)
+    if (std::bit_cast<uint32_t>(x) != std::bit_cast<uint32_t>(kUntouched)) return false;
+  return true;
+}
+
+// Ranks that disagree on an all-gather's or all-to-all's count must all fail,
+// and before any of them writes its output (the output of a ring that ran
+// partly would hold the blocks of the ranks that agreed).
+TEST(Reliability, MismatchedGatherCountsFailBeforeAnyOutputIsWritten) {
+  // {count by rank}: one rank off, at several places of the ring; small
+  // outputs (staged), large ones (agreement first) and the two mixed.
+  const std::vector<std::vector<size_t>> cases = {{64, 32},
+                                                  {64, 64, 32},
+                                                  {32, 64, 64},
+                                                  {64, 64, 64, 32},
+                                                  {64, 32, 64, 64, 64},
+                                                  {8192, 8192, 6000},
+                                                  {8192, 6000, 8192, 8192},
+                                                  {8192, 8192, 4096},
+                                                  {4096, 4096, 4096, 8192}};
+  for (const std::vector<size_t>& counts : cases) {
+    const int n = static_cast<int>(counts.size());
+    for (bool allToAll : {false, true}) {
+      Group group(n);
+      const auto start = std::chrono::steady_clock::now();
+      group.run([&](Communicator& comm, int r) {
+        const size_t count = counts[static_cast<size_t>(r)];
+        std::vector<float> in(count * static_cast<size_t>(n), static_cast<float>(r));
+        std::vector<float> out(count * static_cast<size_t>(n), kUntouched);
+        const Status status = allToAll
+                                  ? comm.allToAll(in.data(), out.data(), count, DataType::kF32)
+                                  : comm.allGather(in.data(), out.data(), count, DataType::kF32);
+        EXPECT_NE(status, Status::kOk) << "rank " << r;
+        EXPECT_TRUE(allUntouched(out)) << (allToAll ? "alltoall" : "allgather") << " n=" << n
+                                       << " rank " << r << " wrote its output before failing";
+        // The group goes on in step.
+        std::vector<float> one(1, static_cast<float>(r)), all(static_cast<size_t>(n), 0.0f);
+        ASSERT_EQ(comm.allGather(one.data(), all.data(), 1, DataType::kF32), Status::kOk)
+            << lastError();
+        EXPECT_EQ(all[static_cast<size_t>(n - 1)], static_cast<float>(n - 1));
+      });
+      EXPECT_LT(std::chrono::steady_clock::now() - start, kFast) << "detected only at the timeout";
+    }
+  }
+}
+
+// The local transport, except that one rank's send number `failAt` (counted
+// over the transport's life, abort notices excluded) fails, as to a peer that
+// has just died.
+class SendFailingTransport final : public transport::Transport {
+ public:
+  SendFailingTransport(std::unique_ptr<transport::Transport> inner, int64_t failAt)
+      : inner_(std::move(inner)), failAt_(failAt) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const char* name() const override { return "send-failing"; }
+  Status send(int peer, const transport::Tag& tag, const void* data, size_t bytes,
+              transport::RequestPtr* request) override {
+    if (tag.step != coll::kAbortStep && sends_++ == failAt_) {
+      return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
+                         "cannot send to rank %d: it died (test)", peer);
+    }
+    return inner_->send(peer, tag, data, bytes, request);
+  }
+  Status recv(int peer, const transport::Tag& tag, void* data, size_t bytes,
+              transport::RequestPtr* request) override {
+    return inner_->recv(peer, tag, data, bytes, request);
+  }
+  Status progress() override { return inner_->progress(); }
+  Status waitForActivity(transport::Deadline until) override {
+    return inner_->waitForActivity(until);
+  }
+  int64_t sends() const { return sends_; }
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+  int64_t failAt_;
+  int64_t sends_ = 0;
+};
+
+// Runs one compressed allreduce of `count` elements on n ranks whose rank
+// `victim` fails its send number `failAt` (-1: none); returns each rank's
+// status and output, and the victim's number of sends.
+struct CompressedRun {
+  std::vector<Status> status;
+  std::vector<std::vector<float>> out;
+  int64_t victimSends = 0;
+};
+
+CompressedRun runCompressed(int n, size_t count, CompressedAlgo algo, int victim, int64_t failAt) {
+  std::vector<std::unique_ptr<transport::Transport>> local;
+  EXPECT_EQ(transport::createLocalTransports(n, &local), Status::kOk);
+  std::vector<std::unique_ptr<SendFailingTransport>> wrapped;
+  wrapped.reserve(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    wrapped.push_back(std::make_unique<SendFailingTransport>(
+        std::move(local[static_cast<size_t>(r)]), r == victim ? failAt : -1));
+  coll::Options options = testing::testOptions();
+  options.timeout = std::chrono::seconds(5);
+  options.compressedAlgo = algo;
+  options.segmentBytes = 512;  // 128 elements a segment: many segments
+  codec::Spec spec;
+  spec.codec = codec::CodecId::kOnebit;
+  spec.block = 64;
+  CompressedRun run;
+  run.status.resize(static_cast<size_t>(n));
+  run.out.assign(static_cast<size_t>(n), std::vector<float>(count, kUntouched));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<CompressedState>> states(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    comms.push_back(std::make_unique<Communicator>(wrapped[static_cast<size_t>(r)].get(), options));
+    EXPECT_EQ(CompressedState::create(n, count, spec, &states[static_cast<size_t>(r)]),
+              Status::kOk);
+  }
+  const auto inputs = inputsOf(n, count, 7);
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const auto u = static_cast<size_t>(r);
+      run.status[u] = comms[u]->compressedAllReduce(
+          inputs[u].data(), run.out[u].data(), DataType::kF32, ReduceOp::kAvg, states[u].get());
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+  run.victimSends = wrapped[static_cast<size_t>(victim)]->sends();
+  return run;
+}
+
+// A compressed allreduce that fails late (one rank's last sends fail, as when
+// it dies near the end) leaves every rank's output as it was: outputs used to
+// hold the segments decoded before the failure.
+TEST(Reliability, ACompressedAllReduceThatFailsLateWritesNoOutput) {
+  constexpr size_t kCount = 4096 + 77;
+  for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+    for (int n : {2, 3}) {
+      const int victim = n - 1;
+      const CompressedRun clean = runCompressed(n, kCount, algo, victim, -1);
+      for (Status st : clean.status) ASSERT_EQ(st, Status::kOk);
+      ASSERT_GT(clean.victimSends, 2);
+      // The last send, and one a little earlier.
+      for (int64_t failAt : {clean.victimSends - 1, clean.victimSends - 3}) {
+        const CompressedRun failed = runCompressed(n, kCount, algo, victim, failAt);
+        EXPECT_NE(failed.status[static_cast<size_t>(victim)], Status::kOk);
+        int failures = 0;
+        for (int r = 0; r < n; ++r) {
+          const auto u = static_cast<size_t>(r);
+          const char* name = algo == CompressedAlgo::kTwoPhase ? "twophase" : "allgather";
+          if (failed.status[u] == Status::kOk) {
+            // A rank that had everything before it heard of the failure may
+            // finish; its output is then the whole, correct one.
+            size_t differing = 0;
+            for (size_t i = 0; i < kCount; ++i)
+              differing += std::bit_cast<uint32_t>(failed.out[u][i]) !=
+                                   std::bit_cast<uint32_t>(clean.out[u][i])
+                               ? 1
+                               : 0;
+            EXPECT_EQ(differing, 0u)
+                << name << " n=" << n << " rank " << r << ": succeeded with a wrong output";
+            continue;
+          }
+          ++failures;
+          EXPECT_TRUE(allUntouched(failed.out[u]))
+              << name << " n=" << n << " rank " << r << " send " << failAt
+              << ": a failed call wrote its output";
+        }
+        EXPECT_GE(failures, n == 2 ? 2 : 1);
+      }
+    }
   }
 }
 

@@ -56,6 +56,13 @@ enum class Fmt { kF32, kF16, kBf16 };
 
 // ---- device helpers -------------------------------------------------------
 
+// Raises a flag that many threads may raise at once. Concurrent stores of one
+// value are harmless on the GPU, but they are a data race in C++ terms, and
+// the CPU emulation runs this code as C++ on OS threads (under
+// ThreadSanitizer too); the exchange costs nothing in the common case, which
+// never raises the flag.
+__device__ __forceinline__ void raiseFlag(int* flag) { atomicExch(flag, 1); }
+
 template <DType D>
 __device__ __forceinline__ float loadX(const void* input, size_t i) {
   if constexpr (D == DType::kF32) {
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
   if (lane == 0) {
     reinterpret_cast<float*>(payload)[b] = s;
     if constexpr (kRes) {
-      if (!isFinite(s)) a.control[1] = 1;
+      if (!isFinite(s)) raiseFlag(&a.control[1]);
     }
   }
 
@@ -235,7 +242,7 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0) {
           scales[firstBlock + c] = s;
           if constexpr (kRes) {
-            if (!isFinite(s)) a.control[1] = 1;
+            if (!isFinite(s)) raiseFlag(&a.control[1]);
           }
         }
       }
@@ -296,7 +303,7 @@ __global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
   if (lane == 0) {
     reinterpret_cast<float*>(payload)[b] = s;
     if constexpr (kRes) {
-      if (!finite) a.control[1] = 1;
+      if (!finite) raiseFlag(&a.control[1]);
     }
   }
   auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
@@ -355,7 +362,7 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0) {
           scales[firstBlock + c] = s;
           if constexpr (kRes) {
-            if (!blockFinite) a.control[1] = 1;
+            if (!blockFinite) raiseFlag(&a.control[1]);
           }
         }
       }
@@ -437,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) elementwiseEncodeKernel(EncodeArgs a
     }
   }
   if constexpr (kRes) {
-    if (bad) a.control[1] = 1;
+    if (bad) raiseFlag(&a.control[1]);
   }
 }
 
@@ -459,7 +466,7 @@ __device__ bool headerMatches(const DecodeArgs& a) {
   if (threadIdx.x == 0) {
     const auto* h = reinterpret_cast<const uint64_t*>(a.in);
     ok = h[0] == a.expected[0] && h[1] == a.expected[1] && h[2] == a.expected[2];
-    if (!ok && a.error != nullptr) *a.error = 1;
+    if (!ok && a.error != nullptr) raiseFlag(a.error);
   }
   __syncthreads();
   return ok != 0;

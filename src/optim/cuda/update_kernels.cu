@@ -88,13 +88,20 @@ __global__ void divideKernel(size_t n, float* x, float divisor) {
   SQUALL_GRID_LOOP(i, n) x[i] = __fdiv_rn(x[i], divisor);
 }
 
+// Raises a flag that many threads may raise at once. Concurrent stores of one
+// value are harmless on the GPU, but they are a data race in C++ terms, and
+// the CPU emulation runs this code as C++ on OS threads (under
+// ThreadSanitizer too); the exchange costs nothing in the common case, which
+// never raises the flag.
+__device__ __forceinline__ void raiseFlag(int* flag) { atomicExch(flag, 1); }
+
 __global__ void nonFiniteKernel(size_t n, const float* p, int* flag) {
-  // Every thread that sees a non-finite value stores 1: the stores agree, so
-  // no atomic is needed, and the common (finite) case writes nothing.
+  // Every thread that sees a non-finite value raises the flag; the common
+  // (finite) case writes nothing.
   SQUALL_GRID_LOOP(i, n) {
     uint32_t bits;
     std::memcpy(&bits, p + i, sizeof(bits));
-    if ((bits & 0x7f800000u) == 0x7f800000u) *flag = 1;
+    if ((bits & 0x7f800000u) == 0x7f800000u) raiseFlag(flag);
   }
 }
 

@@ -95,6 +95,7 @@ void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
   } else {
     SQUALL_FAIL(status, Subsys::kTransport, "%s; failing rank %d's %zu pending request(s) with it",
                 why.c_str(), self_, pending);
+    warned_ = true;
   }
   for (auto& [key, request] : posted_) finish(request, status);
   posted_.clear();
@@ -114,6 +115,25 @@ void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
   }
   buffer_ = nullptr;
   sink_ = Sink::kNone;
+}
+
+// A request posted after the connection failed: it carries the failure in
+// its description, but the log says it once per peer; a dead peer must not
+// fill the log with one line per request of every later operation.
+void Connection::failLater(const char* verb, const char* preposition,
+                           const ConnectionRequest* request) {
+  char text[512];
+  std::snprintf(text, sizeof(text), "%s %s %s rank %d: %s", verb, describe(request->tag_).c_str(),
+                preposition, peer_, why_.c_str());
+  if (warned_) {
+    setLastError(text);
+    SQUALL_TRACE(Subsys::kTransport, "%s", text);
+  } else {
+    // The peer left while idle (said at INFO): this is the first time it
+    // matters, so it is said here, once.
+    SQUALL_FAIL(failure_, Subsys::kTransport, "%s", text);
+    warned_ = true;
+  }
 }
 
 void Connection::failIo(const char* what, int err, bool quietIfIdle) {
@@ -453,8 +473,7 @@ void Connection::sendToSelf(ConnectionRequest* request) {
 void Connection::postSend(ConnectionRequest* request) {
   if (loopback_) return sendToSelf(request);
   if (failed_) {
-    SQUALL_FAIL(failure_, Subsys::kTransport, "cannot send %s to rank %d: %s",
-                describe(request->tag_).c_str(), peer_, why_.c_str());
+    failLater("cannot send", "to", request);
     return finish(request, failure_);
   }
   SendOp op{};
@@ -490,8 +509,7 @@ void Connection::postRecv(ConnectionRequest* request) {
     return;
   }
   if (failed_) {
-    SQUALL_FAIL(failure_, Subsys::kTransport, "cannot receive %s from rank %d: %s",
-                describe(request->tag_).c_str(), peer_, why_.c_str());
+    failLater("cannot receive", "from", request);
     return finish(request, failure_);
   }
   posted_.emplace(key, request);

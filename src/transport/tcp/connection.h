@@ -156,6 +156,7 @@ class Connection {
   bool accepts(ConnectionRequest* request, const Tag& tag, uint64_t bytes);
   void fail(Status status, const std::string& why, bool quietIfIdle);
   void failIo(const char* what, int err, bool quietIfIdle);
+  void failLater(const char* verb, const char* preposition, const ConnectionRequest* request);
   void flushSends();
   void readFrames();
   void onHeader();
@@ -173,6 +174,7 @@ class Connection {
   const int self_;
   const int peer_;
   bool failed_ = false;
+  bool warned_ = false;  // the failure was logged at WARN (once per peer)
   bool hold_ = false;
   Status failure_ = Status::kOk;
   std::string why_;  // the sentence describing the failure

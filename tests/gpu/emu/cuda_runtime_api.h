@@ -13,6 +13,7 @@
 // SQUALL_CUDA_EMULATION; see tests/gpu/meson.build.
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstddef>
@@ -127,6 +128,12 @@ inline float __shfl_sync(unsigned, float v, unsigned src) {
 inline unsigned __ballot_sync(unsigned, bool pred) { return squall_emu::ballot(pred); }
 inline int __all_sync(unsigned, int pred) { return squall_emu::ballot(pred != 0) == ~0u; }
 inline void __syncthreads() { squall_emu::syncBlock(); }
+
+// Emulated threads are OS threads, so device atomics must be real atomics for
+// the emulation itself to be free of data races (ThreadSanitizer runs it).
+inline int atomicExch(int* address, int value) {
+  return std::atomic_ref<int>(*address).exchange(value);
+}
 
 // ---- runtime ------------------------------------------------------------------
 
