@@ -79,11 +79,11 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
         reason[kAbortBytes - 1] = '\0';
         const std::string what = transport::describe(tag(0));
         char text[kAbortBytes + 256];
-        std::snprintf(text, sizeof(text), "rank %d stops %s because rank %zu gave up on %s: %s",
-                      rank(), what.c_str(), peer,
-                      watch == abort ? "it"
-                                     : "the operation before it (which this rank had completed)",
-                      printable(reason).c_str());
+        std::snprintf(
+            text, sizeof(text), "rank %d stops %s because rank %zu gave up on %s: %s", rank(),
+            what.c_str(), peer,
+            watch == abort ? "it" : "the operation before it (which this rank had completed)",
+            printable(reason).c_str());
         if (abortLogged == nullptr || !*abortLogged) {
           if (abortLogged != nullptr) *abortLogged = true;
           return SQUALL_FAIL(Status::kRemoteError, Subsys::kColl, "%s", text);
