@@ -186,32 +186,33 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, bytes));
     return Status::kOk;
   };
-  bool finite = true;  // every server encoding of the call, so every block
-  for (size_t k = 0; k < segments; ++k) {
-    for (size_t c = 0; c < nn; ++c) {
-      const size_t m = realCount(c, k);
-      if (m == 0) continue;
-      size_t bytes = 0;
-      SQUALL_TRY(encodedOf(c, k, m, &bytes));
-      SQUALL_TRY(checkPiece(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, m, &finite));
-    }
-  }
-  for (size_t k = 0; k < segments; ++k) {
-    for (size_t c = 0; c < nn; ++c) {
-      const size_t m = realCount(c, k);
-      if (m == 0) continue;
-      size_t bytes = 0;
-      SQUALL_TRY(encodedOf(c, k, m, &bytes));
-      const uint8_t* encoded = c == rr ? serverSlot(k) : gatherSlot(c, k);
-      const size_t at = c * chunk + k * seg;
-      if (dtype == DataType::kF32) {
-        SQUALL_TRY(codec::decode(encoded, bytes, static_cast<float*>(out) + at, m));
-      } else {
-        SQUALL_TRY(codec::decode(encoded, bytes, state->scratch().decoded.data(), m));
-        storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
+  // Calls visit(encoded, bytes, count, at) for every non-empty piece, server
+  // slots and gathered ones alike, in output order.
+  auto eachPiece = [&](auto&& visit) -> Status {
+    for (size_t k = 0; k < segments; ++k) {
+      for (size_t c = 0; c < nn; ++c) {
+        const size_t m = realCount(c, k);
+        if (m == 0) continue;
+        size_t bytes = 0;
+        SQUALL_TRY(encodedOf(c, k, m, &bytes));
+        SQUALL_TRY(
+            visit(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, m, c * chunk + k * seg));
       }
     }
-  }
+    return Status::kOk;
+  };
+  bool finite = true;  // every server encoding of the call, so every block
+  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, size_t m, size_t) {
+    return checkPiece(encoded, bytes, m, &finite);
+  }));
+  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, size_t m, size_t at) {
+    if (dtype == DataType::kF32) {
+      return codec::decode(encoded, bytes, static_cast<float*>(out) + at, m);
+    }
+    SQUALL_TRY(codec::decode(encoded, bytes, state->scratch().decoded.data(), m));
+    storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
+    return Status::kOk;
+  }));
   worker.commit(finite);
   server.commit(finite);
   state->recordStats(stats);

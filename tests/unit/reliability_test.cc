@@ -209,21 +209,16 @@ TEST(Reliability, ANonFiniteCallDoesNotChangeTheNextCall) {
 
 // ---- The first cause wins -------------------------------------------------------
 
-// The local transport, except that abort notices cannot be sent (as to a
-// peer that is gone).
-class NoticeLosingTransport final : public transport::Transport {
+// A transport that hands every call to another; the wrappers below change
+// only what they send.
+class ForwardingTransport : public transport::Transport {
  public:
-  explicit NoticeLosingTransport(std::unique_ptr<transport::Transport> inner)
+  explicit ForwardingTransport(std::unique_ptr<transport::Transport> inner)
       : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  const char* name() const override { return "notice-losing"; }
   Status send(int peer, const transport::Tag& tag, const void* data, size_t bytes,
               transport::RequestPtr* request) override {
-    if (tag.step == coll::kAbortStep) {
-      return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
-                         "cannot send the abort notice to rank %d (test)", peer);
-    }
     return inner_->send(peer, tag, data, bytes, request);
   }
   Status recv(int peer, const transport::Tag& tag, void* data, size_t bytes,
@@ -237,6 +232,22 @@ class NoticeLosingTransport final : public transport::Transport {
 
  private:
   std::unique_ptr<transport::Transport> inner_;
+};
+
+// The local transport, except that abort notices cannot be sent (as to a
+// peer that is gone).
+class NoticeLosingTransport final : public ForwardingTransport {
+ public:
+  using ForwardingTransport::ForwardingTransport;
+  const char* name() const override { return "notice-losing"; }
+  Status send(int peer, const transport::Tag& tag, const void* data, size_t bytes,
+              transport::RequestPtr* request) override {
+    if (tag.step == coll::kAbortStep) {
+      return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
+                         "cannot send the abort notice to rank %d (test)", peer);
+    }
+    return ForwardingTransport::send(peer, tag, data, bytes, request);
+  }
 };
 
 TEST(Reliability, AFailedAbortNoticeDoesNotHideTheRealError) {
@@ -327,12 +338,10 @@ TEST(Reliability, MismatchedGatherCountsFailBeforeAnyOutputIsWritten) {
 // The local transport, except that one rank's send number `failAt` (counted
 // over the transport's life, abort notices excluded) fails, as to a peer that
 // has just died.
-class SendFailingTransport final : public transport::Transport {
+class SendFailingTransport final : public ForwardingTransport {
  public:
   SendFailingTransport(std::unique_ptr<transport::Transport> inner, int64_t failAt)
-      : inner_(std::move(inner)), failAt_(failAt) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
+      : ForwardingTransport(std::move(inner)), failAt_(failAt) {}
   const char* name() const override { return "send-failing"; }
   Status send(int peer, const transport::Tag& tag, const void* data, size_t bytes,
               transport::RequestPtr* request) override {
@@ -340,20 +349,11 @@ class SendFailingTransport final : public transport::Transport {
       return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
                          "cannot send to rank %d: it died (test)", peer);
     }
-    return inner_->send(peer, tag, data, bytes, request);
-  }
-  Status recv(int peer, const transport::Tag& tag, void* data, size_t bytes,
-              transport::RequestPtr* request) override {
-    return inner_->recv(peer, tag, data, bytes, request);
-  }
-  Status progress() override { return inner_->progress(); }
-  Status waitForActivity(transport::Deadline until) override {
-    return inner_->waitForActivity(until);
+    return ForwardingTransport::send(peer, tag, data, bytes, request);
   }
   int64_t sends() const { return sends_; }
 
  private:
-  std::unique_ptr<transport::Transport> inner_;
   int64_t failAt_;
   int64_t sends_ = 0;
 };
