@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -33,6 +34,7 @@ struct Case {
   bool inPlace;
   DataType dtype = DataType::kF32;
   bool graph = false;  // capture the first call, replay it for the others
+  int badCall = -1;    // this call's input on the last rank holds a NaN and an inf
 };
 
 uint32_t bits(float f) {
@@ -58,6 +60,10 @@ void check(const Case& c, int calls) {
         // bf16 buffers carry values that bf16 represents exactly.
         if (c.dtype == DataType::kBf16) x = codec::bf16ToFloat(codec::floatToBf16(x));
       }
+    if (t == c.badCall) {
+      inputs[t][nn - 1][c.count / 3] = std::nanf("");
+      inputs[t][nn - 1][c.count - 1] = INFINITY;
+    }
     expected[t] = ref.twoPhase(inputs[t], c.average);
   }
 
@@ -138,6 +144,9 @@ void check(const Case& c, int calls) {
 
   for (size_t r = 0; r < nn; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
   for (int t = 0; t < calls; ++t) {
+    // A non-finite call's output is NaN where it must be; what matters is
+    // that it left every residual alone, which the calls after it show.
+    if (t == c.badCall) continue;
     for (size_t r = 0; r < nn; ++r) {
       const std::vector<float>& o = outputs[t][r];
       ASSERT_EQ(o.size(), c.count);
@@ -167,6 +176,17 @@ TEST(DeviceAllReduceEmu, TwoRanksBf16Buffers) {
 }
 TEST(DeviceAllReduceEmu, GraphCaptureAndReplay) {
   check({4, 1000, kOnebit64, true, false, DataType::kF32, true}, 3);
+}
+// A non-finite input on one rank: every rank keeps its residuals (the
+// reference skips the whole call's commits on every rank), so the calls
+// after it match the reference bit for bit.
+TEST(DeviceAllReduceEmu, ANonFiniteCallLeavesEveryRanksResiduals) {
+  Case onebit{3, 1000, kOnebit64, false, false};
+  onebit.badCall = 1;
+  check(onebit, 3);
+  Case int8{4, 600, kInt8, true, false};
+  int8.badCall = 1;
+  check(int8, 3);
 }
 TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, false}, 1); }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
@@ -36,6 +37,30 @@ __global__ void roundKernel(const float* in, uint16_t* out, size_t count) {
        i += stride) {
     out[i] = kBf16 ? codec::floatToBf16(in[i]) : codec::floatToHalf(in[i]);
   }
+}
+
+// Raises *flag when any of the count values is NaN or infinite. Many threads
+// may raise it at once: an exchange, not a plain store, so the CPU emulation
+// (C++ threads) has no data race; the finite case writes nothing.
+__global__ void nonFiniteKernel(const float* values, size_t count, int* flag) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    uint32_t bits;
+    std::memcpy(&bits, values + i, sizeof(bits));
+    if ((bits & 0x7f800000u) == 0x7f800000u) atomicExch(flag, 1);
+  }
+}
+
+// One thread: a non-finite decoded output raises both residuals' skip flags
+// (control[1]), so their commits keep the current residuals; then clears the
+// verdict for the next call.
+__global__ void shareVerdictKernel(int* verdict, int* workerControl, int* serverControl) {
+  if (*verdict != 0) {
+    workerControl[1] = 1;
+    serverControl[1] = 1;
+  }
+  *verdict = 0;
 }
 
 unsigned gridFor(size_t items) {
@@ -93,6 +118,7 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
   SQUALL_TRY(allocate(&s->gather_, nn * s->slot_));
   SQUALL_TRY(allocate(&s->acc_, s->chunk_ * sizeof(float)));
   SQUALL_TRY(allocate(&s->error_, sizeof(int)));
+  SQUALL_TRY(allocate(&s->nonFinite_, sizeof(int)));
   // Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
   // all-gather moves (n-1) whole slots each way.
   const size_t r = static_cast<size_t>(rank);
@@ -122,6 +148,7 @@ DeviceCompressedState::~DeviceCompressedState() {
   cudaFree(gather_);
   cudaFree(acc_);
   cudaFree(error_);
+  cudaFree(nonFinite_);
 }
 
 size_t DeviceCompressedState::realCount(size_t c) const {
@@ -193,7 +220,7 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
     SQUALL_TRY(codec::cudaEncodeChunk(spec, input + c * chunk * esize, inType, m, state->worker_,
                                       c * chunk, state->send_ + c * slot, slot, stream, &bytes));
   }
-  SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
+  // The worker's commit waits for the end of the call (see 5).
 
   // 2. All-to-all of the encoded chunks: chunk j to rank j.
   const size_t mine = state->realCount(rr);
@@ -232,7 +259,6 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
     SQUALL_TRY(codec::cudaEncodeChunk(spec, state->acc_, codec::DType::kF32, mine, state->server_,
                                       0, state->gather_ + rr * slot, slot, stream, &bytes));
   }
-  SQUALL_TRY(codec::cudaResidualCommit(*state->server_, stream));
 
   // 4. All-gather the server chunks (in place: mine is already in its slot)
   // and decode them all.
@@ -258,7 +284,22 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
       }
       SQUALL_TRY(launchFailure("the output rounding kernel"));
     }
+    launchKernel(nonFiniteKernel, gridFor(m), kThreads, stream,
+                 static_cast<const float*>(
+                     dtype == DataType::kF32 ? static_cast<float*>(out) + c * chunk : state->acc_),
+                 m, state->nonFinite_);
+    SQUALL_TRY(launchFailure("the non-finite check of the output"));
   }
+
+  // 5. Commit both residuals, or neither on every rank: a non-finite block on
+  // any rank reaches every rank's output as NaN (its server's scale is
+  // non-finite), so the decoded output is a verdict all ranks share, and a
+  // bad call leaves every residual as it was.
+  launchKernel(shareVerdictKernel, 1, 1, stream, state->nonFinite_, state->worker_->control,
+               state->server_->control);
+  SQUALL_TRY(launchFailure("the residual verdict kernel"));
+  SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
+  SQUALL_TRY(codec::cudaResidualCommit(*state->server_, stream));
   return Status::kOk;
 }
 

@@ -6,16 +6,18 @@
 // produces the same bits as the host algorithm (and tests/unit/
 // compressed_reference.h) for the same inputs:
 //   1. worker: cudaEncodeChunk of every chunk c (its elements below N) with the
-//      worker residual into slot c of one send buffer; cudaResidualCommit;
+//      worker residual into slot c of one send buffer;
 //   2. one group of send(slot j -> rank j), recv(rank j -> slot j) for every
 //      j != r;
 //   3. server: cudaDecode of piece 0, cudaDecodeAccumulate of pieces 1..n-1
 //      (rank order), acc / n for avg, cudaEncodeChunk with the server residual;
-//      cudaResidualCommit;
 //   4. allGather of the server slots (every slot has the size of a whole
 //      chunk's encoding; a shorter last chunk leaves the tail unused), then
 //      cudaDecode of every chunk into the output (fp16/bf16: decode to fp32
-//      scratch, then a rounding kernel).
+//      scratch, then a rounding kernel);
+//   5. cudaResidualCommit of both residuals, skipped on every rank alike when
+//      the decoded output holds a non-finite value (a non-finite block on any
+//      rank reaches every output), as the host algorithm decides.
 // Nothing waits for the host; a call can be captured in a CUDA graph and
 // replayed (NCCL supports capture of its calls).
 #pragma once
@@ -80,6 +82,7 @@ class DeviceCompressedState {
   uint8_t* gather_ = nullptr;  // n slots: every server's encoded chunk
   float* acc_ = nullptr;       // chunk floats: server accumulator, then decode scratch
   int* error_ = nullptr;       // device decode-error flag
+  int* nonFinite_ = nullptr;   // device flag: this call's output has a non-finite value
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };
