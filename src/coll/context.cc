@@ -59,10 +59,15 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
       }
     }
     if (failed == nullptr && all) return Status::kOk;
-    // A peer's notice wins over a failed request: a peer that gave up sends
-    // its notice and then goes, so the request with it that fails when its
-    // connection ends would otherwise blame a rank that is only the
-    // messenger (the notice names the first cause).
+    // A request this rank failed on its own evidence (a message of the wrong
+    // size: the ranks called different collectives) is the first cause here.
+    if (failed != nullptr && failed->status() != Status::kRemoteError) {
+      return transport::failureOf(*failed);
+    }
+    // A peer's notice wins over a request that failed with its connection: a
+    // peer that gave up sends its notice and then goes, so that request would
+    // otherwise blame a rank that is only the messenger (the notice names the
+    // first cause).
     for (AbortWatch* watch : {abort, previousAbort}) {
       if (watch == nullptr) continue;
       for (size_t peer = 0; peer < watch->requests.size(); ++peer) {
