@@ -12,6 +12,7 @@
 // gradient buffers would be.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -213,10 +214,16 @@ double median(std::vector<double> v) {
 }
 
 int run(const Args& a, Lib& lib) {
+  // minBytes, minBytes * factor, ... up to maxBytes (just minBytes for a factor <= 1).
+  const double lo = static_cast<double>(a.minBytes);
+  const double hi = static_cast<double>(a.maxBytes);
+  const int steps =
+      a.factor > 1 && hi >= lo && lo > 0
+          ? static_cast<int>(std::floor(std::log(hi / lo) / std::log(a.factor) + 1e-9))
+          : 0;
   std::vector<double> sweep;
-  for (double b = static_cast<double>(a.minBytes); b <= static_cast<double>(a.maxBytes);
-       b *= a.factor)
-    sweep.push_back(b);
+  sweep.reserve(static_cast<size_t>(steps) + 1);
+  for (int k = 0; k <= steps; ++k) sweep.push_back(lo * std::pow(a.factor, k));
   const size_t esize = lib.elementBytes();
   for (const double bytesF : sweep) {
     const size_t count = static_cast<size_t>(bytesF) / esize;

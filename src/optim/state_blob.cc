@@ -16,7 +16,7 @@ constexpr char kMagic[8] = {'S', 'Q', 'O', 'P', 'T', 'S', 'T', '1'};
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kPrefixBytes = 8 + 4 + 4 + 8;
 constexpr size_t kHeaderBytesV1 = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
-constexpr size_t kHeaderBytes = kHeaderBytesV1 + 8 * 5;
+constexpr size_t kHeaderBytes = kHeaderBytesV1 + size_t{8} * 5;
 constexpr size_t kSectionHeadBytes = kSectionNameBytes + 8;
 constexpr size_t kChecksumBytes = 8;
 
