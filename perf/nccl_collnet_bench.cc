@@ -17,15 +17,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "perf/bench_control.h"
-#include "plugin/nccl/abi/net_abi.h"
+#include "perf/plugin_bench.h"
 
 namespace wire = squall::nccl_abi;
 using Clock = std::chrono::steady_clock;
@@ -35,18 +33,6 @@ namespace {
 using squall::bench::die;
 using squall::bench::recvAll;
 using squall::bench::sendAll;
-void logger(wire::LogLevel level, unsigned long, const char*, int, const char* format, ...) {
-  if (level > wire::kLogWarn) return;
-  va_list args;
-  va_start(args, format);
-  vfprintf(stderr, format, args);
-  va_end(args);
-  fputc('\n', stderr);
-}
-#define OK(expr)                                        \
-  do {                                                  \
-    if ((expr) != wire::kSuccess) die(#expr " failed"); \
-  } while (0)
 
 }  // namespace
 
@@ -92,10 +78,10 @@ int main(int argc, char** argv) {
   }
   auto* t = static_cast<wire::CollNetV11*>(dlsym(lib, "ncclCollNetPlugin_v11"));
   void* ctx = nullptr;
-  OK(t->init(&ctx, 1, logger));
+  SQUALL_BENCH_OK(t->init(&ctx, 1, squall::bench::pluginLogger));
   char handle[wire::kHandleMaxBytes];
   void* lc = nullptr;
-  OK(t->listen(ctx, 0, handle, &lc));
+  SQUALL_BENCH_OK(t->listen(ctx, 0, handle, &lc));
   // All-gather the handles through rank 0, as NCCL's bootstrap would.
   std::vector<char> all(static_cast<size_t>(nranks) * sizeof(handle));
   if (rank == 0) {
@@ -137,8 +123,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < nranks; ++r)
     handles[static_cast<size_t>(r)] = all.data() + static_cast<size_t>(r) * sizeof(handle);
   void* comm = nullptr;
-  OK(t->connect(handles.data(), nranks, rank, lc, &comm));
-  OK(t->closeListen(lc));
+  SQUALL_BENCH_OK(t->connect(handles.data(), nranks, rank, lc, &comm));
+  SQUALL_BENCH_OK(t->closeListen(lc));
 
   size_t count = (mib << 20) / sizeof(float);
   size_t chunk = (chunkKiB << 10) / sizeof(float);
@@ -154,13 +140,13 @@ int main(int argc, char** argv) {
         size_t off = next * chunk;
         size_t n = std::min(chunk, count - off);
         void* req = nullptr;
-        OK(t->iallreduce(comm, in.data() + off, out.data() + off, n, wire::kFloat32, wire::kSum,
-                         nullptr, nullptr, &req));
+        SQUALL_BENCH_OK(t->iallreduce(comm, in.data() + off, out.data() + off, n, wire::kFloat32,
+                                      wire::kSum, nullptr, nullptr, &req));
         if (req == nullptr) break;
         reqs[next++] = req;
       }
       int finished = 0;
-      OK(t->test(reqs[done], &finished, nullptr));
+      SQUALL_BENCH_OK(t->test(reqs[done], &finished, nullptr));
       if (finished) ++done;
     }
   };
@@ -172,8 +158,8 @@ int main(int argc, char** argv) {
   double total = nranks * (nranks + 1) / 2.0;
   for (size_t i = 0; i < count; ++i)
     maxErr = std::max(maxErr, std::abs(out[i] - total * (1 + i % 7) * 0.01));
-  OK(t->closeColl(comm));
-  OK(t->finalize(ctx));
+  SQUALL_BENCH_OK(t->closeColl(comm));
+  SQUALL_BENCH_OK(t->finalize(ctx));
   if (rank == 0) {
     const char* codec = getenv("SQUALL_COLLNET_CODEC");
     printf(

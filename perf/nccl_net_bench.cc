@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,8 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "perf/bench_control.h"
-#include "plugin/nccl/abi/net_abi.h"
+#include "perf/plugin_bench.h"
 
 namespace wire = squall::nccl_abi;
 using Clock = std::chrono::steady_clock;
@@ -137,20 +135,6 @@ double runRaw(const Options& o, int rank, int control, const char* host) {
 
 // ---- the plugin ----------------------------------------------------------------
 
-void quietLogger(wire::LogLevel level, unsigned long, const char*, int, const char* format, ...) {
-  if (level > wire::kLogWarn) return;
-  va_list args;
-  va_start(args, format);
-  vfprintf(stderr, format, args);
-  va_end(args);
-  fputc('\n', stderr);
-}
-
-#define OK(expr)                                        \
-  do {                                                  \
-    if ((expr) != wire::kSuccess) die(#expr " failed"); \
-  } while (0)
-
 double runPlugin(const Options& o, int rank, int control) {
   void* lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
@@ -161,9 +145,9 @@ double runPlugin(const Options& o, int rank, int control) {
   if (t == nullptr) die("no ncclNetPlugin_v11");
   void* ctx = nullptr;
   wire::CommConfig config{-1};
-  OK(t->init(&ctx, 1, &config, quietLogger, nullptr));
+  SQUALL_BENCH_OK(t->init(&ctx, 1, &config, squall::bench::pluginLogger, nullptr));
   int ndev = 0;
-  OK(t->devices(&ndev));
+  SQUALL_BENCH_OK(t->devices(&ndev));
   if (ndev < 1) die("the plugin found no device");
   size_t perConn = o.bytes / static_cast<size_t>(o.conns);
   size_t messages = (perConn + o.chunk - 1) / o.chunk;
@@ -177,14 +161,15 @@ double runPlugin(const Options& o, int rank, int control) {
     std::vector<void*> listens(static_cast<size_t>(o.conns));
     for (int c = 0; c < o.conns; ++c) {
       char handle[wire::kHandleMaxBytes];
-      OK(t->listen(ctx, 0, handle, &listens[static_cast<size_t>(c)]));
+      SQUALL_BENCH_OK(t->listen(ctx, 0, handle, &listens[static_cast<size_t>(c)]));
       sendAll(control, handle, sizeof(handle));
     }
     for (int c = 0; c < o.conns; ++c) {
       wire::NetDeviceHandle* dh = nullptr;
       while (comms[static_cast<size_t>(c)] == nullptr)
-        OK(t->accept(listens[static_cast<size_t>(c)], &comms[static_cast<size_t>(c)], &dh));
-      OK(t->closeListen(listens[static_cast<size_t>(c)]));
+        SQUALL_BENCH_OK(
+            t->accept(listens[static_cast<size_t>(c)], &comms[static_cast<size_t>(c)], &dh));
+      SQUALL_BENCH_OK(t->closeListen(listens[static_cast<size_t>(c)]));
     }
   } else {
     for (int c = 0; c < o.conns; ++c) {
@@ -192,13 +177,13 @@ double runPlugin(const Options& o, int rank, int control) {
       recvAll(control, handle, sizeof(handle));
       wire::NetDeviceHandle* dh = nullptr;
       while (comms[static_cast<size_t>(c)] == nullptr)
-        OK(t->connect(ctx, 0, handle, &comms[static_cast<size_t>(c)], &dh));
+        SQUALL_BENCH_OK(t->connect(ctx, 0, handle, &comms[static_cast<size_t>(c)], &dh));
     }
   }
   for (int c = 0; c < o.conns; ++c)
-    OK(t->regMr(comms[static_cast<size_t>(c)], buffers[static_cast<size_t>(c)].data(),
-                buffers[static_cast<size_t>(c)].size(), wire::kPtrHost,
-                &mh[static_cast<size_t>(c)]));
+    SQUALL_BENCH_OK(t->regMr(comms[static_cast<size_t>(c)], buffers[static_cast<size_t>(c)].data(),
+                             buffers[static_cast<size_t>(c)].size(), wire::kPtrHost,
+                             &mh[static_cast<size_t>(c)]));
   char go = 1;
   if (rank == 1)
     recvAll(control, &go, 1);
@@ -227,12 +212,13 @@ double runPlugin(const Options& o, int rank, int control) {
         void* data = buffers[static_cast<size_t>(ci)].data() + slot * o.chunk;
         void* req = nullptr;
         if (rank == 1) {
-          OK(t->isend(comm, data, size, 1, mh[static_cast<size_t>(ci)], nullptr, &req));
+          SQUALL_BENCH_OK(
+              t->isend(comm, data, size, 1, mh[static_cast<size_t>(ci)], nullptr, &req));
         } else {
           int tag = 1;
           size_t cap = o.chunk;
           void* m = mh[static_cast<size_t>(ci)];
-          OK(t->irecv(comm, 1, &data, &cap, &tag, &m, nullptr, &req));
+          SQUALL_BENCH_OK(t->irecv(comm, 1, &data, &cap, &tag, &m, nullptr, &req));
         }
         if (req == nullptr) break;
         c.reqs[slot] = req;
@@ -240,7 +226,7 @@ double runPlugin(const Options& o, int rank, int control) {
       }
       int done = 0;
       int sizes[8];
-      OK(t->test(c.reqs[c.completed % static_cast<size_t>(o.inflight)], &done, sizes));
+      SQUALL_BENCH_OK(t->test(c.reqs[c.completed % static_cast<size_t>(o.inflight)], &done, sizes));
       if (done) {
         progressed = true;
         if (++c.completed == messages) ++finished;
@@ -250,11 +236,11 @@ double runPlugin(const Options& o, int rank, int control) {
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   for (int c = 0; c < o.conns; ++c) {
-    OK(t->deregMr(comms[static_cast<size_t>(c)], mh[static_cast<size_t>(c)]));
-    OK(rank == 1 ? t->closeSend(comms[static_cast<size_t>(c)])
-                 : t->closeRecv(comms[static_cast<size_t>(c)]));
+    SQUALL_BENCH_OK(t->deregMr(comms[static_cast<size_t>(c)], mh[static_cast<size_t>(c)]));
+    SQUALL_BENCH_OK(rank == 1 ? t->closeSend(comms[static_cast<size_t>(c)])
+                              : t->closeRecv(comms[static_cast<size_t>(c)]));
   }
-  OK(t->finalize(ctx));
+  SQUALL_BENCH_OK(t->finalize(ctx));
   return seconds;
 }
 
