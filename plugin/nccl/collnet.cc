@@ -16,8 +16,9 @@
 // (two-phase compressed allreduce); everything else, and `none`, is exact.
 //
 // NCCL gives CollNet slices of its staging ring, not the user's tensors, so a
-// residual kept here would not follow any one gradient: only the stateless
-// codecs are offered. Error feedback (1-bit) belongs to the interposer and the
+// residual kept here would not follow any one gradient: only the codecs that
+// are accurate without one are offered, and a compressor's residual is zeroed
+// before it serves the next slice. Error feedback (1-bit) belongs to the interposer and the
 // optimizer, which see whole user buffers.
 #include <strings.h>
 #include <unistd.h>
@@ -383,7 +384,10 @@ Status collTest(void* request, int* done) {
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     --c->outstanding;
-    if (r->compressor != nullptr && status == Status::kOk)
+    // The codecs offered here keep an error-feedback residual like every
+    // compressor; the next slice of this count is other data, so it starts
+    // from zero (a failed call's compressor is dropped with its request).
+    if (r->compressor != nullptr && status == Status::kOk && r->compressor->reset() == Status::kOk)
       c->idle[{r->lane, r->compressor->count()}].push_back(std::move(r->compressor));
   }
   if (status != Status::kOk)
