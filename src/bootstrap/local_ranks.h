@@ -6,9 +6,11 @@
 
 namespace squall::bootstrap {
 
-// The ranks whose kernel is this rank's (same boot id, else same host name):
-// processes in separate network namespaces or containers of one machine
-// share its cores, so they count as local. Collective over `bootstrap`.
+// The ranks that share this rank's cores: the same kernel (same boot id,
+// else same host name; processes in separate network namespaces or
+// containers of one machine share its cores) and a CPU affinity that
+// overlaps this rank's (ranks a launcher bound to disjoint cores do not
+// share them). This rank included. Collective over `bootstrap`.
 Status countLocalRanks(Bootstrap& bootstrap, int* localRanks);
 
 }  // namespace squall::bootstrap

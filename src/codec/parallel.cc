@@ -20,7 +20,7 @@ namespace {
 constexpr int kMaxThreads = 64;
 constexpr size_t kElementUnit = 64;  // piece granularity of the element-wise codecs
 
-std::atomic<int> gLocalRanks{1};
+std::atomic<int> gLocalRanks{0};  // 0: no communicator has counted yet
 std::atomic<int> gOverride{0};
 
 // A piece of work the pool runs: piece i of `pieces`, i >= 1 (the caller
@@ -274,8 +274,17 @@ int codecThreads() {
   if (const int forced = gOverride.load(); forced > 0) return forced;
   if (const int fromEnv = paramThreads(); fromEnv > 0) return fromEnv;
   static const int cores = affinityCores();
-  static const int launcher = launcherLocalRanks();
-  const int local = std::max({1, gLocalRanks.load(), launcher});
+  // A communicator counted the ranks that share this rank's cores. Without
+  // one, the launcher's count covers the whole host; a rank whose affinity
+  // times that count fits in the host was bound to its own share, which is
+  // not divided again.
+  static const int launcher = [] {
+    const int announced = launcherLocalRanks();
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 && static_cast<long>(affinityCores()) * announced <= online ? 1 : announced;
+  }();
+  const int counted = gLocalRanks.load();
+  const int local = std::max(1, counted > 0 ? counted : launcher);
   return std::clamp(cores / local, 1, kMaxThreads);
 }
 

@@ -16,9 +16,11 @@ namespace squall::codec {
 
 // Threads one codec call may use: SQUALL_CODEC_THREADS when it is set (> 0),
 // else the cores this process may run on (sched_getaffinity) divided by the
-// ranks that share this host: the most that a communicator reported
-// (setLocalRanks) or a launcher announced (LOCAL_WORLD_SIZE,
-// OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE).
+// ranks that share them: the most that a communicator reported
+// (setLocalRanks), else the ranks a launcher announced on this host
+// (LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// SLURM_NTASKS_PER_NODE) unless this process is bound to a share of the
+// host's cores already (affinity x ranks <= online CPUs). At most 64.
 int codecThreads();
 // Called by communicators once they know how many of their ranks run on this
 // host; the largest count seen is kept (a process's communicators share its

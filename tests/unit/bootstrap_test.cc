@@ -6,6 +6,8 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/bootstrap/local_ranks.h"
 #include "src/transport/tcp/tcp_transport.h"
 
 namespace squall::bootstrap {
@@ -110,6 +113,42 @@ std::vector<uint8_t> makeHello(uint32_t magic, uint32_t version, const uint8_t* 
   std::memcpy(hello.data() + 24, &rank, 4);
   std::memcpy(hello.data() + 28, &nranks, 4);
   return hello;
+}
+
+// Ranks of one machine share its cores unless they are bound to disjoint
+// ones: unbound, every rank counts all three; each bound to a CPU of its
+// own, each counts only itself; two bound to the same CPU count each other.
+TEST_F(BootstrapTest, LocalRanksAreThoseSharingCores) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const int nranks = 3;
+  // -1: unbound; else the index into cpus this rank is bound to.
+  auto count = [&](const std::vector<int>& binding) {
+    UniqueId id;
+    EXPECT_EQ(createUniqueId(&id), Status::kOk);
+    std::vector<int> counted(nranks, 0);
+    onThreads(nranks, [&](int rank) {
+      const int b = binding[static_cast<size_t>(rank)];
+      if (b >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[static_cast<size_t>(b)], &one);
+        ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+      }
+      std::unique_ptr<Bootstrap> boot;
+      ASSERT_EQ(Bootstrap::create(id, nranks, rank, 10s, &boot), Status::kOk) << lastError();
+      ASSERT_EQ(countLocalRanks(*boot, &counted[static_cast<size_t>(rank)]), Status::kOk)
+          << lastError();
+    });
+    return counted;
+  };
+  EXPECT_EQ(count({-1, -1, -1}), (std::vector<int>{3, 3, 3}));
+  if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
+  EXPECT_EQ(count({0, 1, 1}), (std::vector<int>{1, 2, 2}));
+  EXPECT_EQ(count({0, 1, -1}), (std::vector<int>{2, 2, 3}));
 }
 
 TEST_F(BootstrapTest, ImpostorsAreRefusedAndTheJobCarriesOn) {
