@@ -400,7 +400,9 @@ const Calibration& processCalibration() {
       return c;
     }
     c = calibrateIsa(elements, kDefaultRounds);
-    if (!writeCalibrationCache(path, key, c))
+    // A calibration that timed nothing (one candidate, no memory for its
+    // buffers) is not cached: the next process on this machine tries again.
+    if (!c.seconds.empty() && !writeCalibrationCache(path, key, c))
       SQUALL_INFO(Subsys::kCodec,
                   "could not cache the codec calibration in \"%s\" (set SQUALL_CODEC_CACHE_DIR to "
                   "a writable directory to calibrate once per machine)",
