@@ -79,7 +79,12 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
         // if the peer really died, a data request with it fails, or a rank
         // that talks to it sends a notice.
         if (notice->status() != Status::kOk) continue;
-        if (abort != nullptr) abort->received = true;
+        // A notice on this operation reached every peer from its sender, so
+        // this rank has nothing to add. One on the operation before reached
+        // only the ranks still watching it: a peer already past this one
+        // (a broadcast root that finished early) learns why this rank stops
+        // only from this rank's own notice, so it is sent.
+        if (abort != nullptr && watch == abort) abort->received = true;
         char* reason = watch->reasons[peer].data();
         reason[kAbortBytes - 1] = '\0';
         const std::string what = transport::describe(tag(0));
