@@ -227,19 +227,32 @@ int acceptOne(int listener, SocketAddress* remote) {
 
 std::string AcceptStats::describe() const {
   if (turnedAway() == 0 && acceptFailures == 0) return "";
+  std::string out = "; meanwhile";
   char text[512];
-  int n = std::snprintf(text, sizeof(text),
-                        "; meanwhile %zu connection(s) without a valid handshake were turned "
-                        "away (%zu refused, %zu past the pending cap, %zu past the handshake "
-                        "deadline; the last from %s)",
-                        turnedAway(), refused, droppedOldest, timedOut,
-                        lastRefused.empty() ? "?" : lastRefused.c_str());
-  if (acceptFailures > 0 && n > 0 && static_cast<size_t>(n) < sizeof(text))
-    std::snprintf(text + n, sizeof(text) - static_cast<size_t>(n),
-                  " and accept failed %zu time(s) (%s)", acceptFailures,
-                  std::strerror(acceptErrno));
-  std::string out = text;
-  out.append(": a flood of connections from outside the job may have kept the real ones out");
+  if (turnedAway() > 0) {
+    std::snprintf(text, sizeof(text),
+                  " %zu connection(s) without a valid handshake were turned away (%zu refused, "
+                  "%zu past the pending cap, %zu past the handshake deadline; the last from %s)",
+                  turnedAway(), refused, droppedOldest, timedOut,
+                  lastRefused.empty() ? "?" : lastRefused.c_str());
+    out += text;
+  }
+  if (acceptFailures > 0) {
+    std::snprintf(text, sizeof(text), "%s accept failed %zu time(s) (%s)",
+                  turnedAway() > 0 ? " and" : "", acceptFailures, std::strerror(acceptErrno));
+    out += text;
+  }
+  // Out of descriptors is this process's limit; turned-away connections are
+  // someone else's.
+  if (acceptFailures > 0)
+    out +=
+        ": this process ran out of file descriptors; raise the limit (ulimit -n) above the "
+        "number of ranks plus the connections the job keeps open";
+  if (turnedAway() > 0)
+    out += acceptFailures > 0
+               ? ", and a flood of connections from outside the job may have kept the real ones "
+                 "out"
+               : ": a flood of connections from outside the job may have kept the real ones out";
   return out;
 }
 
@@ -366,7 +379,7 @@ bool acceptHellos(int listener, const HelloAcceptor& acceptor, Deadline deadline
         // cap instead of failing again.
         const bool freed = !pending.empty();
         cap = std::max<size_t>(4, pending.size() / 2);
-        while (pending.size() > cap / 2) dropOldest("out of file descriptors");
+        while (pending.size() > cap) dropOldest("out of file descriptors");
         acceptPausedUntil = SteadyClock::now() + (freed ? kAcceptRetry : kAcceptBackoff);
         break;
       }

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -193,6 +194,36 @@ TEST(BootstrapFlood, PendingCapClosesTheOldest) {
   for (int fd : idle) close(fd);
   close(real);
   close(listener);
+}
+
+// What the error clause blames: running out of descriptors is this
+// process's limit and says how to raise it; only connections turned away
+// suggest a flood from outside.
+TEST(BootstrapFlood, DescribeBlamesTheRightCause) {
+  AcceptStats none;
+  EXPECT_EQ(none.describe(), "");
+  AcceptStats limit;
+  limit.acceptFailures = 12;
+  limit.acceptErrno = EMFILE;
+  const std::string l = limit.describe();
+  EXPECT_NE(l.find("accept failed 12 time(s)"), std::string::npos) << l;
+  EXPECT_NE(l.find("ulimit -n"), std::string::npos) << l;
+  EXPECT_EQ(l.find("turned away"), std::string::npos) << l;
+  EXPECT_EQ(l.find("flood"), std::string::npos) << l;
+  AcceptStats flood;
+  flood.refused = 3;
+  flood.lastRefused = "127.0.0.1:5";
+  const std::string f = flood.describe();
+  EXPECT_NE(f.find("3 connection(s) without a valid handshake were turned away"), std::string::npos)
+      << f;
+  EXPECT_NE(f.find("flood"), std::string::npos) << f;
+  EXPECT_EQ(f.find("ulimit"), std::string::npos) << f;
+  flood.acceptFailures = 1;
+  flood.acceptErrno = ENFILE;
+  const std::string both = flood.describe();
+  EXPECT_NE(both.find("and accept failed 1 time(s)"), std::string::npos) << both;
+  EXPECT_NE(both.find("ulimit -n"), std::string::npos) << both;
+  EXPECT_NE(both.find("flood"), std::string::npos) << both;
 }
 
 // Rank 0 of a 2-rank job whose rank 1 never comes, under a flood of bad
