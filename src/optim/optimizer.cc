@@ -370,8 +370,8 @@ Status checkStepArguments(size_t count, const float* params, const float* grads,
   // NaN compares false with everything, so "lr > 0 or keep the configured
   // one" alone would take a NaN for "keep" and hide the caller's bug.
   SQUALL_REQUIRE(std::isfinite(lr), Status::kInvalidArgument, Subsys::kOptim,
-                 "the learning rate override is %g; pass a finite value > 0, or 0 to use the "
-                 "configured one",
+                 "the learning rate override is %g; pass a finite value > 0, or a value <= 0 "
+                 "(such as 0) to use the configured one",
                  lr);
   return Status::kOk;
 }
