@@ -473,7 +473,11 @@ void warnOfPublicSecret(const LaunchEnv& env) {
   static std::once_flag once;
   if (!env.secretSource.empty()) {
     std::call_once(once, [&] {
-      SQUALL_INFO(Subsys::kBootstrap, "job secret derived from %s", env.secretSource.c_str());
+      SQUALL_INFO(Subsys::kBootstrap,
+                  "job secret derived from %s: it keeps jobs apart, but whoever can read that id "
+                  "can join; set SQUALL_JOB_SECRET to a random value where other users reach "
+                  "this job's hosts",
+                  env.secretSource.c_str());
     });
     return;
   }
