@@ -98,6 +98,15 @@ _optimizers = []  # the APMSqueeze optimizers made by the patched Adam/AdamW
 _states = []  # the hook states registered on DDP models
 
 
+def _momentum_or_reason(state):
+    """The hook's momentum for the report, or why it has none (a report at
+    exit must not fail on an optimizer the hook cannot follow)."""
+    try:
+        return state.momentum_of()
+    except (ValueError, RuntimeError) as e:
+        return f"unavailable: {e}"
+
+
 def _report(directory):
     """At exit: what the patches did on this rank, as JSON (SQUALL_RUN_REPORT)."""
     rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
@@ -105,7 +114,8 @@ def _report(directory):
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
                                 if hasattr(s, "traffic")),
-              "hook_momentum": [s.momentum_of() for s in _states if hasattr(s, "momentum_of")]}
+              "hook_momentum": [_momentum_or_reason(s) for s in _states
+                                if hasattr(s, "momentum_of")]}
     with open(os.path.join(directory, f"squallrun-rank{rank}.json"), "w") as f:
         json.dump(report, f)
 
@@ -151,6 +161,7 @@ def install():
 
         def opt_init(self, *args, **kwargs):
             original_opt_init(self, *args, **kwargs)
+            _all_optimizers[:] = [ref for ref in _all_optimizers if ref() is not None]
             _all_optimizers.append(weakref.ref(self))
 
         torch.optim.Optimizer.__init__ = opt_init
