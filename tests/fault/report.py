@@ -34,7 +34,7 @@ and 52ac5ef for the rows marked *): these rows are not regenerated.
 | listener at 64 descriptors, 400 idle connections | real client never admitted in 20 s; 5.0 s of CPU in those 20 s (spinning on EMFILE) | admitted in 0.2 s; 0.003 s of CPU in 2 s with nobody real coming |
 | fake peer: a header announcing 256 MiB, then 1 MiB | 256 MiB buffered at once | at most 2 MiB (what arrived, doubled) |
 | fake peer: 200,000 empty early frames | all kept until destroy | peer failed at 65,536 |
-| fake peer: a header announcing 2^39 bytes | 512 GiB allocation attempted (out of memory, or the rank killed) | peer failed, naming SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES |
+| fake peer: a header announcing 2^39 bytes | 512 GiB allocation attempted (out of memory, or the rank killed) | peer failed, naming SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES (later: nothing allocated, the frame held in the socket until its receive is posted) |
 | ucx: a 1 MiB message matched by a 16-byte receive, cap 64 KiB | bounced whole (the sender's length decided the allocation) | header only; peer failed naming the cap |
 """
 

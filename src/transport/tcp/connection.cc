@@ -260,6 +260,14 @@ void Connection::onHeader() {
     fail(Status::kRemoteError, why, false);
     return;
   }
+  route(h);
+}
+
+// Where the payload of header `h` goes: the receive posted for it, a buffer
+// for one not yet posted, or nowhere yet (held, see admitUnexpected).
+void Connection::route(const MessageHeader& h) {
+  const bool wasHolding = holding_;
+  holding_ = false;
   payloadLeft_ = h.payloadBytes;
   payloadDone_ = 0;
   auto it = posted_.find(keyOf(h.tag));
@@ -275,7 +283,24 @@ void Connection::onHeader() {
     }
     return;
   }
-  if (!admitUnexpected(h)) return;
+  switch (admitUnexpected(h)) {
+    case Admission::kFail: return;
+    case Admission::kHold:
+      if (!wasHolding)
+        SQUALL_INFO(Subsys::kTransport,
+                    "rank %d sent a %llu-byte message for %s before its receive was posted; it "
+                    "is held in the socket (rank %d reads nothing more from rank %d) until that "
+                    "receive comes, because buffering it would exceed %s",
+                    peer_, static_cast<unsigned long long>(h.payloadBytes), describe(h.tag).c_str(),
+                    self_, peer_,
+                    h.payloadBytes > limits_.messageBytes ? "SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES"
+                                                          : "SQUALL_UNEXPECTED_MAX_BYTES");
+      holding_ = true;
+      held_ = h;
+      payloadLeft_ = 0;
+      return;
+    case Admission::kBuffer: break;
+  }
   auto u = std::make_unique<Unexpected>();
   u->tag = h.tag;
   u->bytes = h.payloadBytes;
@@ -285,34 +310,38 @@ void Connection::onHeader() {
   unexpected_.emplace(keyOf(h.tag), std::move(u));
 }
 
-// False (and the connection failed, naming the peer and the limit) when the
-// frame `h`, which nobody has posted a receive for, would take this peer past
-// what it may make this rank buffer.
-bool Connection::admitUnexpected(const MessageHeader& h) {
-  const char* limit = nullptr;
-  unsigned long long value = 0;
-  if (h.payloadBytes > limits_.messageBytes) {
-    limit = "SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES";
-    value = limits_.messageBytes;
-  } else if (h.payloadBytes > limits_.totalBytes - std::min(unexpectedBytes_, limits_.totalBytes)) {
-    limit = "SQUALL_UNEXPECTED_MAX_BYTES";
-    value = limits_.totalBytes;
-  } else if (unexpected_.size() >= limits_.messages) {
-    limit = "SQUALL_UNEXPECTED_MAX_MESSAGES";
-    value = limits_.messages;
-  }
-  if (limit == nullptr) return true;
+// Whether the frame `h`, which nobody has posted a receive for, may be
+// buffered. One that would take this peer past the bytes it may make this
+// rank buffer is held instead: its header is kept, nothing more is read from
+// the socket, and TCP holds the sender back until the receive is posted
+// (collectives send whole buffers, so a legitimate message can be larger
+// than any buffer worth keeping for it). Too many messages is a flood, not a
+// large message, and fails the connection, naming the peer and the limit.
+Connection::Admission Connection::admitUnexpected(const MessageHeader& h) {
+  if (h.payloadBytes > limits_.messageBytes ||
+      h.payloadBytes > limits_.totalBytes - std::min(unexpectedBytes_, limits_.totalBytes))
+    return Admission::kHold;
+  if (unexpected_.size() < limits_.messages) return Admission::kBuffer;
   char why[512];
   std::snprintf(why, sizeof(why),
                 "rank %d sent a %llu-byte message for %s before its receive was posted, with "
-                "%zu message(s) of %llu bytes from it already waiting; that exceeds %s=%llu, "
-                "so rank %d closes its connection to rank %d (raise the limit if the job "
-                "really sends that much ahead of its receives)",
+                "%zu message(s) of %llu bytes from it already waiting; that exceeds "
+                "SQUALL_UNEXPECTED_MAX_MESSAGES=%llu, so rank %d closes its connection to rank "
+                "%d (raise the limit if the job really sends that many ahead of its receives)",
                 peer_, static_cast<unsigned long long>(h.payloadBytes), describe(h.tag).c_str(),
-                unexpected_.size(), static_cast<unsigned long long>(unexpectedBytes_), limit, value,
-                self_, peer_);
+                unexpected_.size(), static_cast<unsigned long long>(unexpectedBytes_),
+                static_cast<unsigned long long>(limits_.messages), self_, peer_);
   fail(Status::kRemoteError, why, false);
-  return false;
+  return Admission::kFail;
+}
+
+// A held frame goes on once a receive is posted for it, or once consumed
+// frames made room to buffer it.
+void Connection::resumeHeld() {
+  if (!holding_ || failed_) return;
+  const MessageHeader h = held_;
+  route(h);
+  if (!holding_ && !loopback_) readFrames();
 }
 
 // Makes room in the buffered frame for more of its bytes: the buffer doubles
@@ -358,6 +387,7 @@ void Connection::readFrames() {
     char* dst;
     size_t want;
     if (sink_ == Sink::kNone) {
+      if (holding_) return;                                     // until resumeHeld()
       if (hold_ && headerGot_ == 0 && posted_.empty()) return;  // TCP holds the sender back
       dst = reinterpret_cast<char*>(header_) + headerGot_;
       want = kMessageHeaderBytes - headerGot_;
@@ -502,6 +532,7 @@ void Connection::postRecv(ConnectionRequest* request) {
     if (u->complete) {
       deliver(u, request);
       dropUnexpected(it);
+      resumeHeld();  // the bytes it held may make room for a held frame
     } else {
       u->waiter = request;
       request->waitingOn_ = u;
@@ -513,7 +544,11 @@ void Connection::postRecv(ConnectionRequest* request) {
     return finish(request, failure_);
   }
   posted_.emplace(key, request);
-  if (hold_ && !loopback_) readFrames();  // a held frame may be waiting for this receive
+  if (holding_ && keyOf(held_.tag) == key) {
+    resumeHeld();
+  } else if (hold_ && !loopback_) {
+    readFrames();  // a held-back frame may be waiting for this receive
+  }
 }
 
 }  // namespace squall::transport::tcp

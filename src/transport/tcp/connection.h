@@ -165,7 +165,10 @@ class Connection {
   void eraseUnexpected(Unexpected* u);
   using UnexpectedMap = std::multimap<Key, std::unique_ptr<Unexpected>>;
   UnexpectedMap::iterator dropUnexpected(UnexpectedMap::iterator it);
-  bool admitUnexpected(const MessageHeader& h);
+  enum class Admission { kBuffer, kHold, kFail };
+  Admission admitUnexpected(const MessageHeader& h);
+  void route(const MessageHeader& h);
+  void resumeHeld();
   void growBuffer();
   void sendToSelf(ConnectionRequest* request);
 
@@ -184,6 +187,10 @@ class Connection {
   UnexpectedMap unexpected_;
   const UnexpectedLimits limits_;
   uint64_t unexpectedBytes_ = 0;  // announced sizes of the frames in unexpected_
+  // A frame too large to buffer, read up to its header and held in the
+  // socket until its receive is posted (admitUnexpected).
+  bool holding_ = false;
+  MessageHeader held_{};
   // The frame being read.
   uint8_t header_[kMessageHeaderBytes];
   size_t headerGot_ = 0;
