@@ -7,11 +7,15 @@
  * failure, squallGetLastError() on the same thread returns a sentence that
  * says what went wrong and what to do about it.
  *
- * A collective called with a NULL communicator is refused at once and
- * counted as skipped on the calling thread; the next collective that thread
- * runs on a communicator first fails the skipped operation for the peers (so
- * they stop waiting and every rank's calls line up again), then runs. A NULL
- * communicator from squallCommSplit (SQUALL_SPLIT_NOCOLOR) is not counted.
+ * A collective called with a NULL communicator is refused at once. When the
+ * calling thread holds exactly one communicator (made on it, not destroyed)
+ * and no squallCommSplit on it has returned NULL, the call is counted as
+ * skipped: the next collective or optimizer step that thread runs on its
+ * communicator first fails the skipped operation for the peers (so they stop
+ * waiting and every rank's calls line up again), then runs. Otherwise the
+ * communicator it was meant for is unknown (a NULL from squallCommSplit,
+ * SQUALL_SPLIT_NOCOLOR, is one the peers do not expect calls on) and it is
+ * not counted.
  */
 #ifndef SQUALL_SQUALL_H_
 #define SQUALL_SQUALL_H_

@@ -5,7 +5,10 @@
 // build without CUDA and NCCL.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "src/bootstrap/bootstrap.h"
 #include "src/common/params.h"
@@ -82,10 +85,26 @@ Status checkOut(const void* out, const char* what) {
   return Status::kOk;
 }
 
+// Communicators handed out and not destroyed, per thread that made them:
+// whether a skipped collective (SkippedCalls) can be pinned on a communicator.
+std::mutex gLiveMutex;
+std::map<std::thread::id, int> gLive;
+
+int liveOnThisThread() {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  auto it = gLive.find(std::this_thread::get_id());
+  return it == gLive.end() ? 0 : it->second;
+}
+
 // Hands a new Comm to the caller (outputs are written only on success).
 Status handOut(std::unique_ptr<core::Comm> comm, squallComm_t* out) {
   auto handle = std::make_unique<squallComm>();
   handle->impl = std::move(comm);
+  handle->creator = std::this_thread::get_id();
+  {
+    std::lock_guard<std::mutex> lock(gLiveMutex);
+    ++gLive[handle->creator];
+  }
   *out = handle.release();
   return Status::kOk;
 }
@@ -109,43 +128,59 @@ Status wrapOperation(coll::OperationPtr op, squallRequest_t* request) {
 // rank: left alone, this rank's next call would pair with their previous one
 // (silently when the two look alike) and every later call would be off by
 // one. So a skipped call is charged to the next collective this thread runs
-// on a communicator: that communicator fails one operation first, which tells
-// the peers (they fail the skipped operation at once), and the sequence
-// numbers line up again. A rank that squallCommSplit left outside every group
-// gets a NULL communicator by design; its collectives on it are refused but
-// not charged, since no peer expects it there.
+// on its communicator: that communicator fails one operation first, which
+// tells the peers (they fail the skipped operation at once), and the
+// sequence numbers line up again. Only where the communicator is certain:
+// the thread holds exactly one (made on it and not destroyed), and no
+// squallCommSplit on it ever returned NULL. A rank that a split left outside
+// every group holds a NULL communicator by design, so its refused calls may
+// be calls on that NULL, which no peer expects; and with several
+// communicators nobody can tell which one the skipped call was meant for.
+// Those calls are refused and not charged.
 struct SkippedCalls {
   int count = 0;
-  bool outsideSplit = false;  // this thread's latest squallCommSplit returned NULL
+  bool nullFromSplit = false;  // a squallCommSplit on this thread returned NULL
 };
 thread_local SkippedCalls tSkipped;
+
+bool chargeable() { return !tSkipped.nullFromSplit && liveOnThisThread() == 1; }
 
 // The communicator of a collective entry point, after charging the calls this
 // thread skipped (see SkippedCalls).
 Status collectiveCommOf(squallComm_t comm, core::Comm** out) {
   if (comm == nullptr || comm->impl == nullptr) {
-    if (!tSkipped.outsideSplit) ++tSkipped.count;
+    if (chargeable()) ++tSkipped.count;
     return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
                        "the communicator is NULL; create one with squallCommInitRank, "
                        "squallCommInitFromEnv or squallCommInitFromMpi");
   }
-  core::Comm* c = comm->impl.get();
-  for (; tSkipped.count > 0; --tSkipped.count) {
-    // Described, sent to the peers by the refusal, then cleared: this call
-    // itself has not failed.
-    (void)c->refuse(SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
-                                "rank %d skipped this collective: it was called with a NULL "
-                                "communicator",
-                                c->rank()));
-    squall::clearLastError();
-  }
-  *out = c;
+  core::chargeSkippedCalls(*comm->impl);
+  *out = comm->impl.get();
   return Status::kOk;
 }
 
 }  // namespace
 
+squallComm::~squallComm() {
+  std::lock_guard<std::mutex> lock(gLiveMutex);
+  auto it = gLive.find(creator);
+  if (it != gLive.end() && --it->second <= 0) gLive.erase(it);
+}
+
 namespace squall::core {
+
+void chargeSkippedCalls(Comm& c) {
+  if (!chargeable()) tSkipped.count = 0;  // no longer certain where they belong
+  for (; tSkipped.count > 0; --tSkipped.count) {
+    // Described, sent to the peers by the refusal, then cleared: this call
+    // itself has not failed.
+    (void)c.refuse(SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                               "rank %d skipped this collective: it was called with a NULL "
+                               "communicator",
+                               c.rank()));
+    squall::clearLastError();
+  }
+}
 
 Status commOf(squallComm_t comm, Comm** out) {
   SQUALL_REQUIRE(comm != nullptr && comm->impl != nullptr, Status::kInvalidArgument, Subsys::kApi,
@@ -225,7 +260,7 @@ squallResult_t squallCommSplit(squallComm_t comm, int color, int key, squallComm
     SQUALL_TRY(checkOut(newcomm, "new communicator"));
     std::unique_ptr<core::Comm> made;
     SQUALL_TRY(c->split(color, key, &made));
-    tSkipped.outsideSplit = made == nullptr;
+    if (made == nullptr) tSkipped.nullFromSplit = true;
     if (made == nullptr) {
       *newcomm = nullptr;
       return Status::kOk;

@@ -23,6 +23,7 @@ namespace optim = squall::optim;
 
 struct squallOptimizer {
   std::unique_ptr<core::Optimizer> impl;
+  core::Comm* comm = nullptr;  // the communicator its steps run collectives on
 };
 
 static_assert(static_cast<int>(squallModeApmSqueeze) == static_cast<int>(optim::Mode::kApmSqueeze));
@@ -123,6 +124,7 @@ squallResult_t squallOptimizerCreate(squallComm_t comm, size_t count,
     SQUALL_TRY(readConfig(config, &cfg));
     auto o = std::make_unique<squallOptimizer>();
     SQUALL_TRY(c->createOptimizer(count, cfg, &o->impl));
+    o->comm = c;
     *optimizer = o.release();
     return Status::kOk;
   });
@@ -140,6 +142,7 @@ squallResult_t squallOptimizerStep(squallOptimizer_t optimizer, float* params, c
   return SQUALL_API_GUARD({
     core::Optimizer* o = nullptr;
     SQUALL_TRY(optimizerOf(optimizer, &o));
+    core::chargeSkippedCalls(*optimizer->comm);  // a step runs collectives
     return o->step(params, grads, lr);
   });
 }
@@ -196,6 +199,7 @@ squallResult_t squallOptimizerStepOnStream(squallOptimizer_t optimizer, float* d
   return SQUALL_API_GUARD({
     core::Optimizer* o = nullptr;
     SQUALL_TRY(optimizerOf(optimizer, &o));
+    core::chargeSkippedCalls(*optimizer->comm);
     return o->stepOnStream(dParams, dGrads, lr, cudaStream);
   });
 }

@@ -268,6 +268,60 @@ TEST_P(CommApi, CallsOnTheNullOfASplitDoNotDisturbTheParent) {
   });
 }
 
+// With two communicators on the thread, a call on a NULL one cannot be
+// pinned on either: it is refused and charged to neither, and both go on in
+// step (charging the next one used would fail a healthy operation on every
+// rank).
+TEST_P(CommApi, ANullCallWithTwoCommunicatorsIsNotCharged) {
+  runRanks(3, [&](squallComm_t comm, int rank) {
+    squallComm_t other = nullptr;
+    EXPECT_OK(squallCommSplit(comm, 0, rank, &other));
+    ASSERT_NE(other, nullptr);
+    int32_t mine = rank + 1, sum = 0;
+    if (rank == 1) {
+      EXPECT_EQ(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, nullptr),
+                squallInvalidArgument);
+    }
+    EXPECT_OK(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, other));
+    EXPECT_EQ(sum, 6);
+    EXPECT_OK(squallAllReduce(&mine, &sum, 1, squallInt32, squallSum, comm));
+    EXPECT_EQ(sum, 6);
+    EXPECT_OK(squallCommDestroy(other));
+  });
+}
+
+// An optimizer step runs collectives on its communicator, so it carries the
+// charge of a skipped call too: the peers' allreduce that rank 1 skipped
+// fails at once, and then every rank's step runs in step.
+TEST_P(CommApi, AnOptimizerStepChargesASkippedCall) {
+  constexpr int kTimeout = 5;
+  runRanks(
+      3,
+      [&](squallComm_t comm, int rank) {
+        squallOptimConfig_t config = SQUALL_OPTIM_CONFIG_INIT;
+        config.mode = squallModeSync;
+        squallOptimizer_t opt = nullptr;
+        std::vector<float> params(256, 1.0f), grads(256, 0.5f);
+        ASSERT_EQ(squallOptimizerCreate(comm, params.size(), &config, &opt), squallSuccess)
+            << squallGetLastError();
+        std::vector<float> x(100, 1.0f);
+        const auto begin = std::chrono::steady_clock::now();
+        if (rank == 1) {
+          EXPECT_EQ(
+              squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, nullptr),
+              squallInvalidArgument);
+        } else {
+          EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
+                    squallSuccess);
+          EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(kTimeout - 1));
+        }
+        EXPECT_EQ(squallOptimizerStep(opt, params.data(), grads.data(), 0.0f), squallSuccess)
+            << "rank " << rank << ": " << squallGetLastError();
+        EXPECT_OK(squallOptimizerDestroy(opt));
+      },
+      kTimeout);
+}
+
 // A request outliving its communicator: squallWait must say the communicator
 // was destroyed, not blame a timeout or the peer alone.
 TEST_P(CommApi, WaitAfterDestroySaysDestroyed) {
