@@ -363,6 +363,7 @@ struct ListenComm : NetObject {
     int fd;
     Hello hello;
     size_t got;
+    Clock::time_point expires;  // SQUALL_BOOTSTRAP_HANDSHAKE_MS after accept
   };
   std::mutex mutex;
   std::vector<Pending> pending;
@@ -649,16 +650,30 @@ Status netAccept(void* listenComm, void** recvComm) {
   SQUALL_REQUIRE(!l->accepted, Status::kInvalidUsage, Subsys::kTransport,
                  "NET/Squall: accept() called again on a listen comm that already accepted its "
                  "connection; listen again for another one");
+  // Connections that have not said who they are yet are bounded like the
+  // bootstrap's (SQUALL_BOOTSTRAP_PENDING_MAX, SQUALL_BOOTSTRAP_HANDSHAKE_MS):
+  // the oldest goes when the list is full, and each has a deadline, so
+  // strays cost neither descriptors nor time without end.
+  const auto maxPending =
+      static_cast<size_t>(std::max<int64_t>(1, paramInt(Param::kBootstrapPendingMax)));
+  const auto handshake =
+      std::chrono::milliseconds(std::max<int64_t>(1, paramInt(Param::kBootstrapHandshakeMs)));
   for (;;) {
     SocketAddress remote;
     int fd = bootstrap::acceptOne(l->fd, &remote);
     if (fd < 0) break;
-    l->pending.push_back({fd, Hello{}, 0});
+    if (l->pending.size() >= maxPending) {
+      close(l->pending.front().fd);
+      l->pending.erase(l->pending.begin());
+    }
+    l->pending.push_back({fd, Hello{}, 0, Clock::now() + handshake});
   }
+  const auto now = Clock::now();
   for (size_t i = l->pending.size(); i-- > 0;) {
     auto& p = l->pending[i];
     ssize_t n = recvSome(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got);
-    bool drop = n < 0;
+    bool drop = n < 0 || (p.got + static_cast<size_t>(std::max<ssize_t>(n, 0)) < sizeof(Hello) &&
+                          now >= p.expires);
     if (n > 0) p.got += static_cast<size_t>(n);
     if (!drop && p.got == sizeof(Hello)) {
       if (p.hello.magic == kHelloMagic && p.hello.kind == l->kind && p.hello.nonce == l->nonce) {
@@ -855,35 +870,40 @@ Status sendToHandle(const void* handle, uint32_t kind, const void* data, size_t 
 
 Status receiveOnRendezvous(const Rendezvous& listener, void* data, size_t bytes,
                            int64_t timeoutMs) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
-  while (Clock::now() < deadline) {
-    pollfd pfd{listener.fd, POLLIN, 0};
-    int wait = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-    if (poll(&pfd, 1, std::max(wait, 1)) <= 0) continue;
-    SocketAddress remote;
-    int fd = bootstrap::acceptOne(listener.fd, &remote);
-    if (fd < 0) continue;
-    // A peer gets a few seconds to say who it is, so a stray cannot stall us.
-    auto helloDeadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+  // The bootstrap's acceptor: connections that do not present this group's
+  // nonce are turned away by its pending cap and handshake deadline, in
+  // parallel, so strays cannot hold the real sender off.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeoutMs);
+  bool received = false;
+  bootstrap::HelloAcceptor acceptor;
+  acceptor.helloBytes = sizeof(Hello);
+  acceptor.admit = [&](const void* raw, int fd, const SocketAddress&) -> std::string {
     Hello hello{};
+    std::memcpy(&hello, raw, sizeof(hello));
+    if (hello.magic != kHelloMagic || hello.nonce != listener.nonce)
+      return "it did not present this CollNet group's identity (a stray or a stale handle)";
     int err = 0;
-    bool ok =
-        bootstrap::recvAll(fd, &hello, sizeof(hello), helloDeadline, &err) == bootstrap::Io::kOk &&
-        hello.magic == kHelloMagic && hello.nonce == listener.nonce;
-    ok = ok && bootstrap::recvAll(fd, data, bytes, deadline, &err) == bootstrap::Io::kOk;
-    if (ok) {
+    bootstrap::Io io = bootstrap::recvAll(fd, data, bytes, deadline, &err);
+    if (io == bootstrap::Io::kOk) {
       Ack ack{kAckMagic, hello.kind};
-      ok = bootstrap::sendAll(fd, &ack, sizeof(ack), deadline, &err) == bootstrap::Io::kOk;
+      io = bootstrap::sendAll(fd, &ack, sizeof(ack), deadline, &err);
     }
+    if (io != bootstrap::Io::kOk) return "receiving the group id: " + bootstrap::ioText(io, err);
     close(fd);
-    if (ok) return Status::kOk;
-    SQUALL_INFO(Subsys::kTransport, "CollNet/Squall: dropped a stray connection from %s",
-                remote.toString().c_str());
-  }
+    received = true;
+    return "";
+  };
+  acceptor.refused = [](const SocketAddress& remote, const std::string& reason) {
+    SQUALL_INFO(Subsys::kTransport, "CollNet/Squall: dropped a connection from %s: %s",
+                remote.toString().c_str(), reason.c_str());
+  };
+  acceptor.complete = [&] { return received; };
+  bootstrap::AcceptStats stats;
+  if (bootstrap::acceptHellos(listener.fd, acceptor, deadline, &stats)) return Status::kOk;
   return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
                      "CollNet/Squall: rank 0 of the CollNet group did not send the group id "
-                     "within SQUALL_TIMEOUT_S");
+                     "within SQUALL_TIMEOUT_S%s",
+                     stats.describe().c_str());
 }
 
 }  // namespace squall::nccl_plugin

@@ -9,10 +9,12 @@
 // (nothing plugin-related happens in the parent, which only relays handles
 // over socketpairs and waits with a deadline), so a crash, a hang or a kill
 // in one rank is observed from outside like NCCL would see a dead peer.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <link.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -1104,6 +1106,35 @@ float contribution(int r, size_t i) {
   return static_cast<float>((r + 1) * (1 + static_cast<int>(i % 5)));
 }
 
+// Silent connections opened to a head's rendezvous before the group forms
+// (strays): connect must still complete, and quickly.
+int gRendezvousStrays = 0;
+
+// The TCP port of a listen handle: the plugin's handle carries the listening
+// address at byte 16, as {family, port (host order), scope, address}.
+uint16_t handlePort(const char* handle) {
+  uint16_t port = 0;
+  std::memcpy(&port, handle + 16 + 2, sizeof(port));
+  return port;
+}
+
+std::vector<int> openStrays(uint16_t port, int count) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      fds.push_back(fd);
+    } else if (fd >= 0) {
+      close(fd);
+    }
+  }
+  return fds;
+}
+
 void collNetRanks(int nranks, int version, const char* codec) {
   auto body = [nranks, version, codec](int rank, int fd) {
     setenv("SQUALL_COLLNET_CODEC", codec, 1);
@@ -1126,6 +1157,14 @@ void collNetRanks(int nranks, int version, const char* codec) {
     char handle[wire::kHandleMaxBytes];
     void* lc = nullptr;
     CHECK_OK(cn.listen(handle, &lc));
+    // Before the handle goes out, so the strays are ahead of rank 0 in the
+    // listener's queue.
+    std::vector<int> strays;
+    if (rank == 1 && gRendezvousStrays > 0) {
+      strays = openStrays(handlePort(handle), gRendezvousStrays);
+      CHECK(strays.size() == static_cast<size_t>(gRendezvousStrays), "opened %zu strays",
+            strays.size());
+    }
     writeAll(fd, handle, sizeof(handle));
     std::vector<char> all(static_cast<size_t>(nranks) * wire::kHandleMaxBytes);
     readAll(fd, all.data(), all.size());
@@ -1133,8 +1172,12 @@ void collNetRanks(int nranks, int version, const char* codec) {
     for (int r = 0; r < nranks; ++r)
       handles[static_cast<size_t>(r)] = all.data() + static_cast<size_t>(r) * wire::kHandleMaxBytes;
     void* comm = nullptr;
+    const auto connectStart = Clock::now();
     CHECK_OK(cn.t()->connect(handles.data(), nranks, rank, lc, &comm));
     CHECK(comm != nullptr, "connect gave no collComm");
+    CHECK(Clock::now() - connectStart < std::chrono::seconds(20), "connect took %.1f s",
+          std::chrono::duration<double>(Clock::now() - connectStart).count());
+    for (int s : strays) close(s);
     CHECK_OK(cn.t()->closeListen(lc));
     bool exact = strcmp(codec, "none") == 0;
     // Like NCCL: one staging region registered twice, ops on slices, many in flight.
@@ -1272,6 +1315,14 @@ TEST(CollNet, ExactAtTwoRanksEveryVersion) {
 TEST(CollNet, ExactAtThreeAndFourRanks) {
   collNetRanks(3, 11, "none");
   collNetRanks(4, 11, "none");
+}
+// 40 silent connections to rank 1's rendezvous before rank 0 delivers the
+// group id: they are turned away in parallel (pending cap, handshake
+// deadline), not one by one at 5 s each.
+TEST(CollNet, SilentStraysOnTheRendezvousDoNotStallConnect) {
+  gRendezvousStrays = 40;
+  collNetRanks(3, 11, "none");
+  gRendezvousStrays = 0;
 }
 TEST(CollNet, CodecsWithinBounds) {
   for (const char* codec : {"bf16", "fp16", "int8"}) {
