@@ -3,8 +3,9 @@
 // SQUALL_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME, selects them with NCCL's
 // syntax: a comma-separated list of name prefixes, "=name" for an exact
 // name, a leading "^" to exclude instead. Without a selection every up,
-// non-loopback IPv4 interface is a device; loopback only when named or when
-// nothing else exists. Interfaces behind an RDMA NIC (found through
+// non-loopback IPv4 interface but container and VM bridges (docker*,
+// virbr*) is a device; those only when nothing else exists, and loopback
+// only when named or when nothing else exists. Interfaces behind an RDMA NIC (found through
 // libibverbs, loaded with dlopen so the plugin loads without it) are listed
 // first, since they are the fast ones; the data still moves over TCP.
 // The speed comes from /sys/class/net/<if>/speed; where the kernel reports
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "plugin/nccl/devices.h"
+#include "src/bootstrap/socket.h"
 #include "src/common/params.h"
 
 namespace squall::nccl_plugin {
@@ -150,6 +152,7 @@ void discover(std::vector<Device>* out) {
   }
   std::vector<Device> found;
   std::vector<Device> loopback;
+  std::vector<Device> bridges;  // docker*, virbr*: only when nothing else is up
   for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
     if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
     if ((a->ifa_flags & IFF_UP) == 0) continue;
@@ -159,6 +162,7 @@ void discover(std::vector<Device>* out) {
     bool duplicate = false;
     for (const Device& d : found) duplicate = duplicate || d.info.name == name;
     for (const Device& d : loopback) duplicate = duplicate || d.info.name == name;
+    for (const Device& d : bridges) duplicate = duplicate || d.info.name == name;
     if (duplicate) continue;  // one device per interface: its first IPv4 address
     Device d;
     d.info.name = name;
@@ -171,9 +175,16 @@ void discover(std::vector<Device>* out) {
               sizeof(text4));
     d.info.address = text4;
     d.rdma = rdma.count(name) != 0;
-    (isLoop ? loopback : found).push_back(std::move(d));
+    const bool bridge = selection.empty() && bootstrap::isLocalBridge(name.c_str());
+    (isLoop ? loopback : bridge ? bridges : found).push_back(std::move(d));
   }
   freeifaddrs(list);
+  // Without a selection, as NCCL's own default ("^docker,lo,virbr"): a
+  // container or VM bridge has the same address on every host, so offering
+  // it makes a peer connect to its own bridge. Used only when it is all
+  // there is (one host), like loopback.
+  if (found.empty())
+    for (Device& d : bridges) found.push_back(std::move(d));
   // Loopback only when asked for by name, or when it is all there is.
   if (found.empty() || selection.namesLoopback())
     for (Device& d : loopback) found.push_back(std::move(d));

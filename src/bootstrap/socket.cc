@@ -96,6 +96,11 @@ bool fromWire(const WireAddress& wire, SocketAddress* address) {
   return true;
 }
 
+bool isLocalBridge(const char* interfaceName) {
+  return std::strncmp(interfaceName, "docker", 6) == 0 ||
+         std::strncmp(interfaceName, "virbr", 5) == 0;
+}
+
 bool chooseLocalAddress(SocketAddress* address, std::string* error) {
   std::string wanted = paramString(Param::kSocketIfname);
   ifaddrs* list = nullptr;
@@ -109,19 +114,24 @@ bool chooseLocalAddress(SocketAddress* address, std::string* error) {
   }
   const ifaddrs* v4 = nullptr;
   const ifaddrs* v6 = nullptr;
+  const ifaddrs* bridge = nullptr;  // default choice only: a bridge, last resort
   for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || (i->ifa_flags & IFF_UP) == 0) continue;
     int family = i->ifa_addr->sa_family;
     if (family != AF_INET && family != AF_INET6) continue;
     if (wanted.empty()) {
       if ((i->ifa_flags & IFF_LOOPBACK) != 0 || family != AF_INET) continue;
+      if (isLocalBridge(i->ifa_name)) {
+        if (bridge == nullptr) bridge = i;
+        continue;
+      }
     } else if (wanted != i->ifa_name) {
       continue;
     }
     if (family == AF_INET && v4 == nullptr) v4 = i;
     if (family == AF_INET6 && v6 == nullptr) v6 = i;
   }
-  const ifaddrs* pick = v4 != nullptr ? v4 : v6;
+  const ifaddrs* pick = v4 != nullptr ? v4 : v6 != nullptr ? v6 : bridge;
   if (pick != nullptr) {
     *address = SocketAddress();
     address->length =

@@ -48,8 +48,15 @@ WireAddress toWire(const SocketAddress& address);
 // False when `wire` names no address family we know.
 bool fromWire(const WireAddress& wire, SocketAddress* address);
 
+// Container and VM bridges (docker*, virbr*): up on many hosts with the
+// same address on each (docker0 is 172.17.0.1 everywhere), so reaching a
+// peer's bridge address reaches one's own. Never chosen by default while
+// another interface is up (NCCL excludes them by default too).
+bool isLocalBridge(const char* interfaceName);
+
 // Resolves the interface to use: SQUALL_SOCKET_IFNAME when set, else the
-// first non-loopback IPv4 interface, else 127.0.0.1. Port 0.
+// first non-loopback IPv4 interface that is not a local bridge, else a
+// bridge, else 127.0.0.1. Port 0.
 bool chooseLocalAddress(SocketAddress* address, std::string* error);
 
 // Binds and listens on `address` (port 0: an ephemeral port); `bound`

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "src/bootstrap/local_ranks.h"
+#include "src/bootstrap/socket.h"
 #include "src/transport/tcp/tcp_transport.h"
 
 namespace squall::bootstrap {
@@ -149,6 +150,37 @@ TEST_F(BootstrapTest, LocalRanksAreThoseSharingCores) {
   if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
   EXPECT_EQ(count({0, 1, 1}), (std::vector<int>{1, 2, 2}));
   EXPECT_EQ(count({0, 1, -1}), (std::vector<int>{2, 2, 3}));
+}
+
+// The default address is not a container bridge's while a real interface is
+// up: docker0 (made first, so listed first) is passed over for eth7. In a
+// private network namespace; skipped without root or namespaces.
+TEST(LocalAddress, BridgesAreNotTheDefault) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace";
+  if (std::system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs ip (iproute2)";
+  fflush(nullptr);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNET) != 0) _exit(77);
+    if (std::system("ip link add docker0 type bridge && ip addr add 172.17.0.1/16 dev docker0 && "
+                    "ip link set docker0 up && ip link add eth7 type veth peer name eth7p && "
+                    "ip addr add 10.99.0.1/24 dev eth7 && ip link set eth7 up && "
+                    "ip link set eth7p up") != 0)
+      _exit(77);
+    unsetenv("SQUALL_SOCKET_IFNAME");
+    SocketAddress address;
+    std::string error;
+    if (!chooseLocalAddress(&address, &error)) _exit(2);
+    const std::string text = address.toString();
+    std::fprintf(stderr, "chose %s\n", text.c_str());
+    _exit(text.rfind("10.99.0.1", 0) == 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no network namespace, bridge or veth";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the default address is docker0's";
 }
 
 TEST_F(BootstrapTest, ImpostorsAreRefusedAndTheJobCarriesOn) {

@@ -16,6 +16,7 @@
 #include <link.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -434,6 +435,43 @@ TEST(Exports, LoadsNoMpi) {
         &found);
     CHECK(found.empty(), "the plugin loaded %s", found.c_str());
   });
+  expectAllZero(codes);
+}
+
+// Without an interface selection, a container bridge is not a device while
+// a real interface is up (docker0 has 172.17.0.1 on every host: a peer
+// would connect to its own). In a private network namespace with a bridge
+// "docker0" and a veth "eth7"; skipped without root or namespaces.
+TEST(NetDevices, BridgesAreLeftOutByDefault) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace";
+  if (system("command -v ip >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs ip (iproute2)";
+  auto codes = runRanks(1, [](int, int) {
+    if (unshare(CLONE_NEWNET) != 0) {
+      fprintf(stderr, "SKIP: unshare(CLONE_NEWNET): %s\n", strerror(errno));
+      _exit(77);
+    }
+    const char* setup =
+        "ip link add docker0 type bridge && ip addr add 172.17.0.1/16 dev docker0 && "
+        "ip link set docker0 up && ip link add eth7 type veth peer name eth7p && "
+        "ip addr add 10.99.0.1/24 dev eth7 && ip link set eth7 up && ip link set eth7p up && "
+        "ip link set lo up";
+    if (system(setup) != 0) {
+      fprintf(stderr, "SKIP: bridge or veth interfaces unavailable\n");
+      _exit(77);
+    }
+    unsetenv("SQUALL_SOCKET_IFNAME");
+    unsetenv("NCCL_SOCKET_IFNAME");
+    void* lib = loadPlugin();
+    auto net = openNet(lib, 11);
+    CHECK_OK(net->init());
+    int n = 0;
+    CHECK_OK(net->devices(&n));
+    CHECK(n == 1, "%d devices, expected eth7 alone", n);
+    wire::PropertiesV11 p;
+    CHECK_OK(net->properties(0, &p));
+    CHECK(p.name != nullptr && strcmp(p.name, "eth7") == 0, "device 0 is %s, not eth7", p.name);
+  });
+  if (codes.size() == 1 && codes[0] == 77) GTEST_SKIP() << "no network namespace, bridge or veth";
   expectAllZero(codes);
 }
 
