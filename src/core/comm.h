@@ -60,6 +60,11 @@ struct CompressorStats {
   uint64_t skippedCalls = 0;  // of which left the residuals alone (non-finite input)
   uint64_t bytesSent = 0;     // payload bytes of the last call
   uint64_t bytesReceived = 0;
+  // What the last call ran: "twophase", "allgather", "hierarchical" or
+  // "none" (coll::CompressedStats), and its bytes to other hosts
+  // (hierarchical only).
+  const char* algorithm = "none";
+  uint64_t crossBytesSent = 0;
 };
 
 class Comm;
