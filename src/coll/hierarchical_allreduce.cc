@@ -50,17 +50,22 @@ namespace {
 // low steps between other pairs of ranks.
 constexpr uint32_t kLocalStepBase = 0x40000000u;
 
-void loadFloats(DataType dtype, const uint8_t* src, float* dst, size_t m) {
+float toFloat(DataType dtype, const uint8_t* src, size_t i) {
+  uint16_t h;
+  std::memcpy(&h, src + 2 * i, 2);
+  return dtype == DataType::kF16 ? codec::halfToFloat(h) : codec::bf16ToFloat(h);
+}
+
+// acc = a + b, elementwise, in fp32: the first two pieces of a slice in one
+// pass (the memory traffic, not the adds, is what this phase costs).
+void sumTwo(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, size_t m) {
   if (dtype == DataType::kF32) {
-    std::memcpy(dst, src, m * sizeof(float));
+    const auto* x = reinterpret_cast<const float*>(a);
+    const auto* y = reinterpret_cast<const float*>(b);
+    for (size_t i = 0; i < m; ++i) acc[i] = x[i] + y[i];
     return;
   }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  if (dtype == DataType::kF16) {
-    for (size_t i = 0; i < m; ++i) dst[i] = codec::halfToFloat(h[i]);
-  } else {
-    for (size_t i = 0; i < m; ++i) dst[i] = codec::bf16ToFloat(h[i]);
-  }
+  for (size_t i = 0; i < m; ++i) acc[i] = toFloat(dtype, a, i) + toFloat(dtype, b, i);
 }
 
 void addFloats(DataType dtype, const uint8_t* src, float* acc, size_t m) {
@@ -69,12 +74,7 @@ void addFloats(DataType dtype, const uint8_t* src, float* acc, size_t m) {
     for (size_t i = 0; i < m; ++i) acc[i] += f[i];
     return;
   }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  if (dtype == DataType::kF16) {
-    for (size_t i = 0; i < m; ++i) acc[i] += codec::halfToFloat(h[i]);
-  } else {
-    for (size_t i = 0; i < m; ++i) acc[i] += codec::bf16ToFloat(h[i]);
-  }
+  for (size_t i = 0; i < m; ++i) acc[i] += toFloat(dtype, src, i);
 }
 
 void storeFloats(DataType dtype, const float* src, uint8_t* dst, size_t m) {
@@ -149,7 +149,8 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     uint8_t* slot = hierarchy.slot(round % 2, static_cast<size_t>(j));
     for (size_t l = 0; l < ll; ++l) {
       const size_t count = state->sliceCount(static_cast<int>(l));
-      if (at >= count) continue;
+      // Its own slice a rank reads from its input.
+      if (at >= count || l == static_cast<size_t>(j)) continue;
       const size_t m = std::min(p, count - at);
       std::memcpy(slot + l * p * esize,
                   input + (state->sliceBegin(static_cast<int>(l)) + at) * esize, m * esize);
@@ -158,14 +159,13 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     noteBytes += ll - 1;
     if (at >= mine) continue;
     const size_t m = std::min(p, mine - at);
-    for (size_t l = 0; l < ll; ++l) {
-      const uint8_t* piece = hierarchy.slot(round % 2, l) + static_cast<size_t>(j) * p * esize;
-      if (l == 0) {
-        loadFloats(dtype, piece, sum.data() + at, m);
-      } else {
-        addFloats(dtype, piece, sum.data() + at, m);
-      }
-    }
+    auto piece = [&](size_t l) -> const uint8_t* {
+      if (l == static_cast<size_t>(j)) return input + (state->sliceBegin(j) + at) * esize;
+      return hierarchy.slot(round % 2, l) + static_cast<size_t>(j) * p * esize;
+    };
+    // Local order 0, 1, ..., L-1 on every host: ((x0 + x1) + x2) + ...
+    sumTwo(dtype, piece(0), piece(1), sum.data() + at, m);
+    for (size_t l = 2; l < ll; ++l) addFloats(dtype, piece(l), sum.data() + at, m);
   }
   if (op == ReduceOp::kAvg && mine != 0) divideAll(sum.data(), mine, layout.local);
 
