@@ -19,17 +19,23 @@ def main():
             continue
         mode, rate, size, run = m.groups()
         row = json.load(open(path))["rows"][0]
-        log = open(path[:-5] + ".log").read()
+        log_path = path[:-5] + ".log"
+        log = open(log_path).read() if os.path.exists(log_path) else ""
         sent = [int(x) for x in re.findall(r"host \d+ link: sent (\d+) bytes", log)]
         cells.setdefault((rate, size), {}).setdefault(mode, []).append(
-            (row["time_us"], max(sent) if sent else 0, row["baseline_time_us"], int(run)))
-    calls = int(os.environ.get("CALLS", "4"))  # iters + 1 warmup
+            (row["time_us"], max(sent) if sent else None, row["baseline_time_us"], int(run)))
+    # Calls per run (iters + 1 warmup), per rate when they differ: CALLS_100mbit=3.
+    calls_of = lambda rate: int(os.environ.get("CALLS_" + rate, os.environ.get("CALLS", "4")))
     print("| link | size | hierarchical ms | flat compressed ms | fp32 ms | hier vs flat | "
           "hier vs fp32 | host link MB/call: hier / flat / fp32 |")
     print("|---|---|---|---|---|---|---|---|")
-    def fmt(v):
-        return f"{statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}]"
-    for (rate, size), modes in sorted(cells.items(), key=lambda k: (k[0][0], int(k[0][1][:-1]))):
+    def fmt(v, digits=0, unit=""):
+        if not v:
+            return "-"
+        return (f"{statistics.median(v):.{digits}f}{unit} "
+                f"[{min(v):.{digits}f}-{max(v):.{digits}f}]")
+    rate_mbit = lambda r: float(r[:-4]) * (1000 if r.endswith("gbit") else 1)
+    for (rate, size), modes in sorted(cells.items(), key=lambda k: (rate_mbit(k[0][0]), int(k[0][1][:-1]))):
         hier = modes.get("hier", [])
         flat = modes.get("flat", [])
         fp = modes.get("fp32", [])
@@ -41,12 +47,14 @@ def main():
         h, f, b = byrun(hier), byrun(flat), byrun(fp)
         vsflat = [f[k][0] / h[k][0] for k in h if k in f]
         vsfp = [b[k][2] / h[k][0] for k in h if k in b]
-        mb = lambda rows: statistics.median([r[1] for r in rows]) / calls / 1e6 if rows else 0
-        fp_link = statistics.median([b[k][1] - f[k][1] for k in b if k in f]) / calls / 1e6 \
-            if b and f else 0
+        calls = calls_of(rate)
+        def mb(rows):
+            known = [r[1] for r in rows if r[1] is not None]
+            return statistics.median(known) / calls / 1e6 if known else float("nan")
+        pairs = [b[k][1] - f[k][1] for k in b if k in f and b[k][1] is not None and f[k][1] is not None]
+        fp_link = statistics.median(pairs) / calls / 1e6 if pairs else float("nan")
         print(f"| {rate} | {size} | {fmt(th)} | {fmt(tf)} | {fmt(tb)} | "
-              f"{statistics.median(vsflat):.2f}x [{min(vsflat):.2f}-{max(vsflat):.2f}] | "
-              f"{statistics.median(vsfp):.1f}x [{min(vsfp):.1f}-{max(vsfp):.1f}] | "
+              f"{fmt(vsflat, 2, 'x')} | {fmt(vsfp, 1, 'x')} | "
               f"{mb(hier):.1f} / {mb(flat):.1f} / {fp_link:.1f} |")
 
 
