@@ -65,6 +65,13 @@ struct CompressorStats {
   // (hierarchical only).
   const char* algorithm = "none";
   uint64_t crossBytesSent = 0;
+  // The residual layout: hosts 0 for the flat one (the residuals cover the
+  // whole buffer); else H hosts of ranksPerHost ranks, and this rank's
+  // residuals cover the slice [sliceBegin, sliceBegin + sliceCount).
+  int hosts = 0;
+  int ranksPerHost = 1;
+  size_t sliceBegin = 0;
+  size_t sliceCount = 0;
 };
 
 class Comm;

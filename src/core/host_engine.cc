@@ -29,6 +29,10 @@ class HostCompressor final : public Compressor {
     out->bytesReceived = state_->lastStats().bytesReceived;
     out->algorithm = state_->lastStats().algorithm;
     out->crossBytesSent = state_->lastStats().crossBytesSent;
+    out->hosts = state_->hosts();
+    out->ranksPerHost = state_->hierarchical() ? state_->localRanks() : 1;
+    out->sliceBegin = state_->hierarchical() ? state_->sliceBegin(state_->localIndex()) : 0;
+    out->sliceCount = state_->workerCount();
     return Status::kOk;
   }
 

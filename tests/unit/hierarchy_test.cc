@@ -417,6 +417,27 @@ TEST(Hierarchy, FallsBackToFlat) {
   expectEverywhere(runRanks(4, hosts(2, twophase), algorithmOnly), "hierarchical 1", "control");
 }
 
+// Slices are whole groups of H codec blocks, the first ones one group larger:
+// 10000 elements on 2 hosts of 2 with block 2048 are 3 groups of 4096, so
+// local index 0 owns [0, 8192) and index 1 [8192, 10000).
+std::string layout(Comm& comm, int) {
+  std::unique_ptr<Compressor> c;
+  if (comm.createCompressor(10000, codec::Spec{}, &c) != Status::kOk)
+    return "ERROR: createCompressor: " + lastError();
+  CompressorStats s;
+  (void)c->stats(&s);
+  return std::to_string(s.hosts) + " " + std::to_string(s.ranksPerHost) + " " +
+         std::to_string(s.sliceBegin) + " " + std::to_string(s.sliceCount);
+}
+
+TEST(Hierarchy, CompressorReportsItsSlice) {
+  const std::vector<std::string> reports = runRanks(4, hosts(2), layout);
+  const char* want[] = {"2 2 0 8192", "2 2 8192 1808", "2 2 0 8192", "2 2 8192 1808"};
+  for (size_t r = 0; r < reports.size(); ++r) EXPECT_EQ(reports[r], want[r]) << "rank " << r;
+  expectEverywhere(runRanks(4, hosts(2, {{"SQUALL_HIERARCHY", "off"}}), layout), "0 1 0 10000",
+                   "flat");
+}
+
 TEST(Hierarchy, SharedMemoryFailureOnOneRankFallsBackEverywhere) {
   const Env twophase{{"SQUALL_COMPRESSED_ALGO", "twophase"}};
   // Rank 3 cannot open its host's segment; rank 0 cannot create its own.
