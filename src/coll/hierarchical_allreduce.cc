@@ -166,8 +166,9 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     // Local order 0, 1, ..., L-1 on every host: ((x0 + x1) + x2) + ...
     sumTwo(dtype, piece(0), piece(1), sum.data() + at, m);
     for (size_t l = 2; l < ll; ++l) addFloats(dtype, piece(l), sum.data() + at, m);
+    // While the piece is in cache.
+    if (op == ReduceOp::kAvg) divideAll(sum.data() + at, m, layout.local);
   }
-  if (op == ReduceOp::kAvg && mine != 0) divideAll(sum.data(), mine, layout.local);
 
   // B. The compressed exchange of the slice among the hosts.
   CompressedState& cross = state->cross();
@@ -197,8 +198,11 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
   bool first = true;
   for (size_t at = 0; at < largest; at += q, ++round) {
     if (at < mine) {
-      storeFloats(dtype, sum.data() + at, hierarchy.slot(round % 2, static_cast<size_t>(j)),
-                  std::min(q, mine - at));
+      // Into the slot for the peers, and into this rank's own output while
+      // the piece is in cache.
+      const size_t m = std::min(q, mine - at);
+      storeFloats(dtype, sum.data() + at, hierarchy.slot(round % 2, static_cast<size_t>(j)), m);
+      storeFloats(dtype, sum.data() + at, output + (state->sliceBegin(j) + at) * esize, m);
     }
     SQUALL_TRY(notes.exchange(round, finite ? 1 : 0));
     noteBytes += ll - 1;
@@ -208,7 +212,7 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     }
     for (size_t l = 0; l < ll; ++l) {
       const size_t count = state->sliceCount(static_cast<int>(l));
-      if (at >= count) continue;
+      if (at >= count || l == static_cast<size_t>(j)) continue;
       std::memcpy(output + (state->sliceBegin(static_cast<int>(l)) + at) * esize,
                   hierarchy.slot(round % 2, l), std::min(q, count - at) * esize);
     }
