@@ -31,9 +31,11 @@ namespace {
 using Env = std::vector<std::pair<std::string, std::string>>;
 using Body = std::function<std::string(Comm&, int rank)>;
 
+TransportKind gTransport = TransportKind::kTcp;
+
 CommConfig tcpConfig(int timeoutSeconds) {
   CommConfig c;
-  c.transport = TransportKind::kTcp;
+  c.transport = gTransport;
   c.timeout = std::chrono::seconds(timeoutSeconds);
   return c;
 }
@@ -261,6 +263,16 @@ TEST(Hierarchy, TwoHostsOfThreeAreBitIdentical) {
   expectIdenticalHierarchical(runRanks(6, hosts(3, {{"SQUALL_SHM_WINDOW_BYTES", "4096"}}), sweep),
                               0.99);
 }
+
+#ifdef SQUALL_HAVE_UCX
+// The same over UCX (its own shared-memory and loopback transports carry the
+// notes and the exchange).
+TEST(Hierarchy, TwoHostsOfTwoOverUcx) {
+  gTransport = TransportKind::kUcx;
+  expectIdenticalHierarchical(runRanks(4, hosts(2), sweepExact), 0.005);
+  gTransport = TransportKind::kTcp;
+}
+#endif
 
 TEST(Hierarchy, ThreeHostsOfTwoAreBitIdentical) {
   expectIdenticalHierarchical(runRanks(6, hosts(2), sweep), 0.99);
