@@ -9,8 +9,15 @@
 # directions are shaped with tc tbf to --rate (so every rank has a NIC of that
 # speed, as on a real cluster). These addresses exist only inside the
 # namespaces this script creates; nothing leaves the machine. Each rank gets
-# torchrun-style RANK, WORLD_SIZE, LOCAL_RANK=0, MASTER_ADDR (rank 0) and
-# MASTER_PORT. Everything is torn down on exit, also on failure or Ctrl-C:
+# torchrun-style RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+# (rank 0) and MASTER_PORT.
+#
+# --ranks-per-host K puts K consecutive ranks in each namespace (an emulated
+# host of K ranks: they share its shaped NIC and reach each other over its
+# loopback, as ranks of one machine do); --ranks must be a multiple of K.
+# The default is one rank per namespace. At the end the script prints the
+# bytes every host sent and received on its link (the veth counters), so a
+# run's inter-host traffic is measured, not inferred. Everything is torn down on exit, also on failure or Ctrl-C:
 # every process inside the run's namespaces, the namespaces, their veths and
 # qdiscs; what a run killed with -9 left is removed by the next run that
 # takes its subnet (a lock in /run/squall-links tells live runs from dead
@@ -20,17 +27,19 @@ set -euo pipefail
 
 rate=1gbit
 ranks=2
+per_host=1
 burst=""
 delay=""
 case ${1:-} in -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 usage() {
-  echo "usage: $0 [--rate 1gbit|10gbit|...] [--ranks N] [--delay 100us] [--burst 1250kb] -- command [args...]" >&2
+  echo "usage: $0 [--rate 1gbit|10gbit|...] [--ranks N] [--ranks-per-host K] [--delay 100us] [--burst 1250kb] -- command [args...]" >&2
   exit 2
 }
 while (($#)); do
   case $1 in
     --rate) rate=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
+    --ranks-per-host) per_host=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --burst) burst=$2; shift 2 ;;
     --) shift; break ;;
@@ -39,6 +48,9 @@ while (($#)); do
 done
 (($#)) || usage
 [[ $ranks =~ ^[0-9]+$ ]] && ((ranks >= 1 && ranks <= 64)) || { echo "--ranks must be 1..64" >&2; exit 2; }
+[[ $per_host =~ ^[0-9]+$ ]] && ((per_host >= 1 && ranks % per_host == 0)) ||
+  { echo "--ranks-per-host must be at least 1 and divide --ranks" >&2; exit 2; }
+hosts=$((ranks / per_host))
 
 skip() { echo "links.sh: skipped: $*" >&2; exit 77; }
 [[ $(id -u) -eq 0 ]] || skip "needs root (network namespaces and qdiscs); run it with sudo"
@@ -137,7 +149,7 @@ shape() {  # namespace device
     ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$rate" burst "$burst" latency 100ms
   fi
 }
-for ((i = 0; i < ranks; i++)); do
+for ((i = 0; i < hosts; i++)); do
   ns="${prefix}r$i"
   ip netns add "$ns"
   ip link add "${prefix}h$i" type veth peer name "${prefix}e$i"
@@ -153,10 +165,20 @@ for ((i = 0; i < ranks; i++)); do
   shape "$bridge_ns" "${prefix}h$i"
 done
 
+# Bytes on host h's link, as the switch side counts them: what it receives
+# is what the host sent.
+link_bytes() {  # host -> "sent received"
+  local stats=/sys/class/net/${prefix}h$1/statistics
+  ip netns exec "$bridge_ns" cat "$stats/rx_bytes" "$stats/tx_bytes" | tr '\n' ' '
+}
+declare -a before
+for ((h = 0; h < hosts; h++)); do before[h]=$(link_bytes "$h"); done
+
 port=$(( 20000 + RANDOM % 20000 ))
-echo "links.sh: $ranks ranks, $rate per rank${delay:+, +$delay latency}, master 10.77.$job.1:$port" >&2
+echo "links.sh: $ranks ranks on $hosts hosts ($per_host per host), $rate per host${delay:+, +$delay latency}, master 10.77.$job.1:$port" >&2
 for ((i = 0; i < ranks; i++)); do
-  ip netns exec "${prefix}r$i" env RANK=$i WORLD_SIZE=$ranks LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 \
+  ip netns exec "${prefix}r$((i / per_host))" env RANK=$i WORLD_SIZE=$ranks \
+    LOCAL_RANK=$((i % per_host)) LOCAL_WORLD_SIZE=$per_host \
     MASTER_ADDR="10.77.$job.1" MASTER_PORT=$port SQUALL_SOCKET_IFNAME=eth0 UCX_NET_DEVICES=eth0 \
     "$@" &
   pids+=($!)
@@ -178,4 +200,9 @@ while ((${#live[@]})); do
   fi
 done
 pids=()
+for ((h = 0; h < hosts; h++)); do
+  read -r s0 r0 <<<"${before[h]}"
+  read -r s1 r1 <<<"$(link_bytes "$h")"
+  echo "links.sh: host $h link: sent $((s1 - s0)) bytes, received $((r1 - r0)) bytes" >&2
+done
 exit $rc

@@ -40,11 +40,21 @@ Status agreeOnDescriptor(const OpContext& ctx, uint32_t firstStep);
 // outputs take the agreement, whose latency is small next to their transfer.
 constexpr size_t kStagedGatherBytes = size_t{64} << 10;
 
-// Compressed allreduce (dtype fp32, fp16 or bf16; op sum or avg).
+// Compressed allreduce (dtype fp32, fp16 or bf16; op sum or avg). With
+// `verdict` null the residuals are committed when every block of the call
+// was finite (on every rank alike); otherwise nothing is committed and
+// *verdict says whether they were, for a caller that decides with more
+// ranks (the hierarchical allreduce).
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                   ReduceOp op, CompressedState* state);
+                                   ReduceOp op, CompressedState* state, bool* verdict = nullptr);
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                    ReduceOp op, CompressedState* state);
+                                    ReduceOp op, CompressedState* state, bool* verdict = nullptr);
+// The hierarchical compressed allreduce over `hierarchy` (hierarchy.h) with
+// a state from CompressedState::createHierarchical.
+struct Hierarchy;
+Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hierarchy,
+                                       const void* in, void* out, DataType dtype, ReduceOp op,
+                                       CompressedState* state);
 // The auto choice between the two (see compressed_allgather.cc).
 CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
                                     double latencyBytes);

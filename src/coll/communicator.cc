@@ -412,6 +412,17 @@ Status Communicator::checkCompressed(const void* in, void* out, DataType dtype, 
   SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
                  Subsys::kColl, "compressed allreduce supports sum and avg, not %s",
                  isValidReduceOp(op) ? reduceOpName(op) : "an unknown op");
+  if (state->hierarchical()) {
+    const Hierarchy* h = hierarchy_.get();
+    SQUALL_REQUIRE(h != nullptr && h->layout.hosts == state->hosts() &&
+                       h->layout.local == state->localRanks() &&
+                       h->layout.localIndex == state->localIndex(),
+                   Status::kInvalidUsage, Subsys::kColl,
+                   "compressed allreduce: the state was created for the hierarchical layout of "
+                   "%d hosts x %d ranks (local index %d), which this communicator does not have; "
+                   "create the state with Communicator::createCompressedState",
+                   state->hosts(), state->localRanks(), state->localIndex());
+  }
   SQUALL_TRY(checkBuffers(in, out, state->count(), dtype, "compressed allreduce"));
   *descriptor = descriptorOf(CollKind::kCompressedAllReduce, dtype, op, state->count());
   descriptor->codec = static_cast<uint8_t>(state->spec().codec);
@@ -421,6 +432,7 @@ Status Communicator::checkCompressed(const void* in, void* out, DataType dtype, 
 
 Communicator::Body Communicator::compressedBody(const void* in, void* out, DataType dtype,
                                                 ReduceOp op, CompressedState* state) {
+  const Hierarchy* hierarchy = hierarchy_.get();
   return [=](const OpContext& ctx) {
     const size_t count = state->count();
     if (ctx.size() == 1 || count == 0) {
@@ -429,12 +441,21 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
       state->recordStats(CompressedStats{});
       return Status::kOk;
     }
+    if (state->hierarchical())
+      return hierarchicalCompressedAllReduce(ctx, *hierarchy, in, out, dtype, op, state);
     const CompressedAlgo algo = resolveCompressedAlgo(
         ctx.size(), *state, ctx.options->compressedAlgo, ctx.options->latencyBytes());
     return algo == CompressedAlgo::kAllGather
                ? allGatherCompressedAllReduce(ctx, in, out, dtype, op, state)
                : twoPhaseCompressedAllReduce(ctx, in, out, dtype, op, state);
   };
+}
+
+Status Communicator::createCompressedState(size_t count, const codec::Spec& spec,
+                                           std::unique_ptr<CompressedState>* out) const {
+  if (hierarchy_ == nullptr) return CompressedState::create(size(), count, spec, out);
+  const HostLayout& l = hierarchy_->layout;
+  return CompressedState::createHierarchical(l.hosts, l.local, l.localIndex, count, spec, out);
 }
 
 Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -39,6 +39,7 @@
 
 #include "src/coll/compressed_state.h"
 #include "src/coll/context.h"
+#include "src/coll/hierarchy.h"
 #include "src/common/status.h"
 #include "src/common/types.h"
 #include "src/transport/transport.h"
@@ -125,6 +126,18 @@ class Communicator {
   // check arguments before calling a collective (the C API) call it too.
   Status refuse(Status check);
 
+  // The host structure for the hierarchical compressed allreduce, set once
+  // by whoever built the communicator (core/host_engine.cc) before its first
+  // operation; null (the default): flat.
+  void setHierarchy(std::unique_ptr<Hierarchy> hierarchy) { hierarchy_ = std::move(hierarchy); }
+  const Hierarchy* hierarchy() const { return hierarchy_.get(); }
+  // A state for compressed allreduces of `count` elements on this
+  // communicator: hierarchical when it has a hierarchy, else flat. (A flat
+  // state made with CompressedState::create runs the flat algorithm on any
+  // communicator of its size.)
+  Status createCompressedState(size_t count, const codec::Spec& spec,
+                               std::unique_ptr<CompressedState>* out) const;
+
  private:
   using Body = std::function<Status(const OpContext&)>;
   struct Queued {
@@ -160,6 +173,7 @@ class Communicator {
   // cause, instead of by the end of its connection that follows.
   std::unique_ptr<AbortWatch> previousWatch_;
   ByteCounters bytes_;
+  std::unique_ptr<Hierarchy> hierarchy_;
   bool abortLogged_ = false;  // OpContext::abortLogged
 
   std::mutex mutex_;

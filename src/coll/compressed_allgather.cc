@@ -75,7 +75,7 @@ CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
 }
 
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                    ReduceOp op, CompressedState* state) {
+                                    ReduceOp op, CompressedState* state, bool* verdict) {
   const int n = ctx.size();
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(ctx.rank());
@@ -153,7 +153,11 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     }
     if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, k * seg, m);
   }
-  worker.commit(finite);
+  if (verdict != nullptr) {
+    *verdict = finite;
+  } else {
+    worker.commit(finite);
+  }
   state->recordStats(stats);
   return Status::kOk;
 }

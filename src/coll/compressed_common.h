@@ -37,7 +37,16 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
 // out-parameters of the calls next to it (whose addresses escape) made gcc
 // keep the trip count in memory and divide one element at a time, which cost
 // the compressed allreduce a third of its time.
+//
+// For n a power of two, x / n and x * (1 / n) are the same correctly rounded
+// value of the same real number (1 / n is exact), so the multiply, several
+// times cheaper than a vector divide, gives the same bits.
 [[gnu::noinline]] inline void divideAll(float* acc, size_t count, int n) {
+  if (n > 0 && (n & (n - 1)) == 0) {
+    const float inverse = 1.0f / static_cast<float>(n);
+    for (size_t i = 0; i < count; ++i) acc[i] = acc[i] * inverse;
+    return;
+  }
   const auto divisor = static_cast<float>(n);
   for (size_t i = 0; i < count; ++i) acc[i] = acc[i] / divisor;
 }

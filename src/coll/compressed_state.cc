@@ -1,5 +1,7 @@
 #include "src/coll/compressed_state.h"
 
+#include <algorithm>
+
 namespace squall::coll {
 
 Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec,
@@ -25,7 +27,46 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   return Status::kOk;
 }
 
+Status CompressedState::createHierarchical(int hosts, int local, int localIndex, size_t count,
+                                           const codec::Spec& spec,
+                                           std::unique_ptr<CompressedState>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the compressed-state output pointer is NULL");
+  SQUALL_REQUIRE(hosts >= 2 && local >= 2 && localIndex >= 0 && localIndex < local,
+                 Status::kInvalidArgument, Subsys::kColl,
+                 "a hierarchical compressed allreduce needs at least 2 hosts of at least 2 ranks "
+                 "(local index %d of %d on %d hosts)",
+                 localIndex, local, hosts);
+  SQUALL_TRY(codec::validateSpec(spec));
+  std::unique_ptr<CompressedState> s(new CompressedState());
+  s->nranks_ = hosts * local;
+  s->count_ = count;
+  s->spec_ = spec;
+  s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
+  s->local_ = local;
+  s->localIndex_ = localIndex;
+  // Slices are whole groups of H codec units, so every cross chunk is whole
+  // blocks; the first (units mod L) slices take one group more.
+  const size_t group = s->unit_ * static_cast<size_t>(hosts);
+  SQUALL_REQUIRE(count <= SIZE_MAX / 8 - group, Status::kInvalidArgument, Subsys::kColl,
+                 "a compressed allreduce of %zu elements is too large for this machine", count);
+  const size_t groups = (count + group - 1) / group;
+  const auto ll = static_cast<size_t>(local);
+  s->slices_.resize(ll + 1);
+  for (size_t l = 0; l <= ll; ++l) {
+    const size_t begin = l * (groups / ll) + std::min(l, groups % ll);
+    s->slices_[l] = std::min(begin * group, count);
+  }
+  SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_));
+  *out = std::move(s);
+  return Status::kOk;
+}
+
 void CompressedState::reset() {
+  if (cross_ != nullptr) {
+    cross_->reset();
+    return;
+  }
   worker_->reset();
   server_->reset();
 }

@@ -8,6 +8,13 @@
 // padded to N_pad = a multiple of n * U and rank r serves chunk r, elements
 // [r * C, (r + 1) * C) with C = N_pad / n. Padding is never encoded or sent:
 // a chunk's encoding covers only its elements below N.
+//
+// Hierarchical layout (createHierarchical; hierarchical_allreduce.cc): H
+// hosts of L ranks. The buffer is cut into L slices whose boundaries are
+// multiples of H * U; local rank j owns slice j, and the state holds the flat
+// layout above of slice j among the H ranks of local index j (cross()): the
+// worker residual over slice j padded for H ranks, and the server residual
+// over this rank's chunk of that slice.
 #pragma once
 
 #include <cstddef>
@@ -23,9 +30,16 @@ namespace squall::coll {
 enum class CompressedAlgo : uint8_t;
 
 struct CompressedStats {
-  const char* algorithm = "none";  // "twophase", "allgather" or "none" (n = 1, N = 0)
-  size_t segments = 0;             // pipeline segments per chunk (or per buffer)
-  uint64_t bytesSent = 0;          // payload bytes this rank posted, headers included
+  // "twophase", "allgather", "hierarchical" or "none" (n = 1, N = 0)
+  const char* algorithm = "none";
+  // The hierarchical algorithm's exchange among hosts ("twophase" or
+  // "allgather", or "none" for an empty slice); "" otherwise.
+  const char* crossAlgorithm = "";
+  // Payload bytes this rank sent to other hosts (the hierarchical exchange);
+  // the flat algorithms leave it 0 (every byte may cross hosts there).
+  uint64_t crossBytesSent = 0;
+  size_t segments = 0;     // pipeline segments per chunk (or per buffer)
+  uint64_t bytesSent = 0;  // payload bytes this rank posted, headers included
   uint64_t bytesReceived = 0;
   uint64_t messagesSent = 0;
 };
@@ -34,15 +48,35 @@ class CompressedState {
  public:
   static Status create(int nranks, size_t count, const codec::Spec& spec,
                        std::unique_ptr<CompressedState>* out);
+  // The hierarchical layout for local index localIndex of `local` ranks per
+  // host on `hosts` hosts (nranks() = hosts * local).
+  static Status createHierarchical(int hosts, int local, int localIndex, size_t count,
+                                   const codec::Spec& spec, std::unique_ptr<CompressedState>* out);
+
+  bool hierarchical() const { return cross_ != nullptr; }
+  int hosts() const { return cross_ != nullptr ? cross_->nranks() : 0; }
+  int localRanks() const { return local_; }
+  int localIndex() const { return localIndex_; }
+  // Slice l of a hierarchical state: [sliceBegin(l), sliceBegin(l) + sliceCount(l)).
+  size_t sliceBegin(int l) const { return slices_[static_cast<size_t>(l)]; }
+  size_t sliceCount(int l) const {
+    return slices_[static_cast<size_t>(l) + 1] - slices_[static_cast<size_t>(l)];
+  }
+  // The flat state of this rank's slice among the hosts (hierarchical only).
+  CompressedState& cross() { return *cross_; }
+  // Elements of the worker residual that a checkpoint holds: N, or the
+  // slice's count when hierarchical (the padding is never encoded).
+  size_t workerCount() const { return cross_ != nullptr ? cross_->count() : count_; }
 
   int nranks() const { return nranks_; }
   size_t count() const { return count_; }
   size_t paddedCount() const { return chunk_ * static_cast<size_t>(nranks_); }
-  size_t chunk() const { return chunk_; }
+  // This rank's server chunk (of its slice when hierarchical).
+  size_t chunk() const { return cross_ != nullptr ? cross_->chunk() : chunk_; }
   size_t unit() const { return unit_; }
   const codec::Spec& spec() const { return spec_; }
-  codec::Residual& worker() { return *worker_; }
-  codec::Residual& server() { return *server_; }
+  codec::Residual& worker() { return cross_ != nullptr ? cross_->worker() : *worker_; }
+  codec::Residual& server() { return cross_ != nullptr ? cross_->server() : *server_; }
   const CompressedStats& lastStats() const { return stats_; }
   // Zeroes both residuals.
   void reset();
@@ -50,7 +84,10 @@ class CompressedState {
   // How the calls on this state choose their algorithm when
   // SQUALL_COMPRESSED_ALGO is auto: kAuto (default: the time model),
   // kAutoBytes, or a fixed one; a fixed one here wins over the variable.
-  void setAlgorithm(CompressedAlgo algo) { algo_ = algo; }
+  void setAlgorithm(CompressedAlgo algo) {
+    algo_ = algo;
+    if (cross_ != nullptr) cross_->setAlgorithm(algo);
+  }
   CompressedAlgo algorithm() const { return algo_; }
 
   // Called by the algorithms at the end of a successful call.
@@ -61,6 +98,7 @@ class CompressedState {
   struct Scratch {
     std::vector<uint8_t> sendBuffer, recvBuffer, serverBuffer, gatherBuffer;
     std::vector<float> accumulator, decoded;
+    std::vector<float> slice;  // hierarchical: the host's fp32 sum of this rank's slice
   };
   Scratch& scratch() { return scratch_; }
 
@@ -75,6 +113,11 @@ class CompressedState {
   codec::Spec spec_;
   CompressedAlgo algo_{};  // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;
+  // Hierarchical only.
+  std::unique_ptr<CompressedState> cross_;
+  int local_ = 1;
+  int localIndex_ = 0;
+  std::vector<size_t> slices_;  // L + 1 slice boundaries
 };
 
 }  // namespace squall::coll

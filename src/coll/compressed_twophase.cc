@@ -44,7 +44,7 @@
 namespace squall::coll {
 
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                   ReduceOp op, CompressedState* state) {
+                                   ReduceOp op, CompressedState* state, bool* verdict) {
   const int n = ctx.size();
   const int r = ctx.rank();
   const auto nn = static_cast<size_t>(n);
@@ -213,8 +213,12 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
     return Status::kOk;
   }));
-  worker.commit(finite);
-  server.commit(finite);
+  if (verdict != nullptr) {
+    *verdict = finite;
+  } else {
+    worker.commit(finite);
+    server.commit(finite);
+  }
   state->recordStats(stats);
   return Status::kOk;
 }

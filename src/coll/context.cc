@@ -90,8 +90,8 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
         const std::string what = transport::describe(tag(0));
         char text[kAbortBytes + 256];
         std::snprintf(
-            text, sizeof(text), "rank %d stops %s because rank %zu gave up on %s: %s", rank(),
-            what.c_str(), peer,
+            text, sizeof(text), "rank %d stops %s because rank %zu gave up on %s: %s",
+            (whole != nullptr ? whole : transport)->rank(), what.c_str(), peer,
             watch == abort ? "it" : "the operation before it (which this rank had completed)",
             printable(reason).c_str());
         if (abortLogged == nullptr || !*abortLogged) {
@@ -104,10 +104,11 @@ Status OpContext::waitAll(std::span<const transport::RequestPtr> requests) const
       }
     }
     if (failed != nullptr) return transport::failureOf(*failed);
-    SQUALL_TRY(transport->progress());
+    transport::Transport* t = whole != nullptr ? whole : transport;
+    SQUALL_TRY(t->progress());
     // Past the deadline, the transport reports which peers are missing.
-    if (transport::Clock::now() >= deadline) return transport->waitAll(requests, deadline);
-    SQUALL_TRY(transport->waitForActivity(deadline));
+    if (transport::Clock::now() >= deadline) return t->waitAll(requests, deadline);
+    SQUALL_TRY(t->waitForActivity(deadline));
   }
 }
 

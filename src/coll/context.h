@@ -84,6 +84,10 @@ struct OpContext {
   // yet: the first is, later ones (usually the same cause again, say a dead
   // peer failing every operation) go to INFO; the caller gets each in full.
   bool* abortLogged = nullptr;
+  // The communicator's own transport when `transport` is a view of a
+  // subgroup (GroupTransport): waits and error messages use it, so they name
+  // global ranks. Null: `transport` is the communicator's.
+  transport::Transport* whole = nullptr;
 
   int rank() const { return transport->rank(); }
   int size() const { return transport->size(); }

@@ -60,6 +60,18 @@ struct CompressorStats {
   uint64_t skippedCalls = 0;  // of which left the residuals alone (non-finite input)
   uint64_t bytesSent = 0;     // payload bytes of the last call
   uint64_t bytesReceived = 0;
+  // What the last call ran: "twophase", "allgather", "hierarchical" or
+  // "none" (coll::CompressedStats), and its bytes to other hosts
+  // (hierarchical only).
+  const char* algorithm = "none";
+  uint64_t crossBytesSent = 0;
+  // The residual layout: hosts 0 for the flat one (the residuals cover the
+  // whole buffer); else H hosts of ranksPerHost ranks, and this rank's
+  // residuals cover the slice [sliceBegin, sliceBegin + sliceCount).
+  int hosts = 0;
+  int ranksPerHost = 1;
+  size_t sliceBegin = 0;
+  size_t sliceCount = 0;
 };
 
 class Comm;

@@ -7,6 +7,7 @@
 
 #include "src/coll/compressed_state.h"
 #include "src/core/engine.h"
+#include "src/core/host_hierarchy.h"
 
 namespace squall::core {
 namespace {
@@ -26,6 +27,12 @@ class HostCompressor final : public Compressor {
     out->skippedCalls = state_->worker().skipped();
     out->bytesSent = state_->lastStats().bytesSent;
     out->bytesReceived = state_->lastStats().bytesReceived;
+    out->algorithm = state_->lastStats().algorithm;
+    out->crossBytesSent = state_->lastStats().crossBytesSent;
+    out->hosts = state_->hosts();
+    out->ranksPerHost = state_->hierarchical() ? state_->localRanks() : 1;
+    out->sliceBegin = state_->hierarchical() ? state_->sliceBegin(state_->localIndex()) : 0;
+    out->sliceCount = state_->workerCount();
     return Status::kOk;
   }
 
@@ -63,7 +70,7 @@ class HostEngine final : public Engine {
   Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
                           std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::CompressedState> state;
-    SQUALL_TRY(coll::CompressedState::create(coll_->size(), count, spec, &state));
+    SQUALL_TRY(coll_->createCompressedState(count, spec, &state));
     *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
     return Status::kOk;
   }
@@ -105,7 +112,12 @@ class HostEngine final : public Engine {
 Status createHostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
                         std::unique_ptr<transport::Transport> transport, const CommConfig& config,
                         std::unique_ptr<Engine>* out) {
-  *out = std::make_unique<HostEngine>(std::move(bootstrap), std::move(transport), config);
+  // Over MPI there is no bootstrap to agree through: the flat algorithm.
+  std::unique_ptr<coll::Hierarchy> hierarchy;
+  if (bootstrap != nullptr) SQUALL_TRY(discoverHierarchy(*bootstrap, &hierarchy));
+  auto engine = std::make_unique<HostEngine>(std::move(bootstrap), std::move(transport), config);
+  if (hierarchy != nullptr) engine->host()->setHierarchy(std::move(hierarchy));
+  *out = std::move(engine);
   return Status::kOk;
 }
 

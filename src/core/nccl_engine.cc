@@ -41,6 +41,8 @@ class DeviceCompressor final : public Compressor {
     }
     s.bytesSent = calls_ != 0 ? state_->bytesSent() : 0;
     s.bytesReceived = calls_ != 0 ? state_->bytesReceived() : 0;
+    s.algorithm = calls_ != 0 ? "twophase" : "none";  // the device path is always flat
+    s.sliceCount = count();
     *out = s;
     return Status::kOk;
   }

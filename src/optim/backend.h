@@ -102,6 +102,12 @@ class Backend {
   // Zeroes the residuals of `channel`, then copies in those given (a null
   // `server`: it stays zero).
   virtual Status loadResiduals(Channel channel, const float* worker, const float* server) = 0;
+  // How the residuals of `channel` are laid out: empty for the flat
+  // compressed allreduce (worker over the buffer, server over chunk `rank`);
+  // {hosts, ranks per host, local index} for the hierarchical one (worker
+  // over this rank's slice, server over its chunk of the slice). A state
+  // saved under another layout does not load.
+  virtual void residualLayout(Channel, std::vector<float>* layout) const { layout->clear(); }
 };
 
 }  // namespace squall::optim

@@ -15,7 +15,7 @@ Status HostBackend::createChannel(Channel channel, size_t count, const codec::Sp
                                   coll::CompressedAlgo algo) {
   Slot& s = slot(channel);
   s.count = count;
-  SQUALL_TRY(coll::CompressedState::create(comm_->size(), count, spec, &s.state));
+  SQUALL_TRY(comm_->createCompressedState(count, spec, &s.state));
   s.state->setAlgorithm(algo);
   return Status::kOk;
 }
@@ -126,8 +126,16 @@ Status HostBackend::upload(float* buffer, const float* host, size_t n) {
 void HostBackend::residualSizes(Channel channel, size_t* worker, size_t* server) const {
   // The worker residual's padding beyond count is never encoded and stays zero.
   const Slot& s = slot(channel);
-  *worker = s.count;
+  *worker = s.state->workerCount();
   *server = s.state->chunk();
+}
+
+void HostBackend::residualLayout(Channel channel, std::vector<float>* layout) const {
+  layout->clear();
+  const coll::CompressedState& s = *slot(channel).state;
+  if (!s.hierarchical()) return;
+  *layout = {static_cast<float>(s.hosts()), static_cast<float>(s.localRanks()),
+             static_cast<float>(s.localIndex())};
 }
 
 Status HostBackend::viewResidual(Channel channel, bool server, std::vector<float>*,
@@ -140,10 +148,9 @@ Status HostBackend::viewResidual(Channel channel, bool server, std::vector<float
 }
 
 Status HostBackend::loadResiduals(Channel channel, const float* worker, const float* server) {
-  const Slot& sl = slot(channel);
-  coll::CompressedState* s = sl.state.get();
+  coll::CompressedState* s = slot(channel).state.get();
   s->reset();
-  SQUALL_TRY(copy(s->worker().current(), worker, sl.count));
+  SQUALL_TRY(copy(s->worker().current(), worker, s->workerCount()));
   if (server != nullptr) SQUALL_TRY(copy(s->server().current(), server, s->chunk()));
   return Status::kOk;
 }

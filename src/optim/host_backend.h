@@ -55,6 +55,7 @@ class HostBackend final : public Backend {
               const float** out) const override;
   Status upload(float* buffer, const float* host, size_t n) override;
   void residualSizes(Channel channel, size_t* worker, size_t* server) const override;
+  void residualLayout(Channel channel, std::vector<float>* layout) const override;
   Status viewResidual(Channel channel, bool server, std::vector<float>* staging,
                       const float** out) const override;
   Status loadResiduals(Channel channel, const float* worker, const float* server) override;

@@ -47,8 +47,11 @@
 #include "src/optim/optimizer.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "src/optim/backend.h"
 #include "src/optim/host_backend.h"
@@ -450,9 +453,19 @@ struct Names {
   Channel channel;
   const char* worker;
   const char* server;
+  const char* layout;  // present only for the hierarchical layout
 };
-constexpr Names kMomentumNames{Channel::kMomentum, "worker", "server"};
-constexpr Names kSlowmoNames{Channel::kSlowmo, "sm_worker", "sm_server"};
+constexpr Names kMomentumNames{Channel::kMomentum, "worker", "server", "layout"};
+constexpr Names kSlowmoNames{Channel::kSlowmo, "sm_worker", "sm_server", "sm_layout"};
+
+std::string describeLayout(const std::vector<float>& l) {
+  if (l.size() != 3) return "the flat compressed allreduce";
+  char text[128];
+  std::snprintf(text, sizeof(text),
+                "the hierarchical compressed allreduce of %d hosts x %d ranks (local index %d)",
+                static_cast<int>(l[0]), static_cast<int>(l[1]), static_cast<int>(l[2]));
+  return text;
+}
 
 BlobHeader stateHeader(const Config& config, size_t count, int nranks, int rank, const Info& info,
                        int64_t adamSteps) {
@@ -510,6 +523,15 @@ Status Optimizer::sections(std::vector<SectionView>* out,
     if (!present) return Status::kOk;
     size_t worker = 0, server = 0;
     backend_->residualSizes(names.channel, &worker, &server);
+    std::vector<float> layout;
+    backend_->residualLayout(names.channel, &layout);
+    if (!layout.empty()) {
+      SQUALL_TRY(add(names.layout, layout.size(), [&](std::vector<float>* s, const float** d) {
+        *s = layout;
+        *d = s->data();
+        return Status::kOk;
+      }));
+    }
     SQUALL_TRY(add(names.worker, worker, [&](std::vector<float>* s, const float** d) {
       return backend_->viewResidual(names.channel, false, s, d);
     }));
@@ -569,6 +591,16 @@ Status checkResiduals(const ParsedBlob& blob, const Backend& backend, bool prese
                       const Names& names, bool sameChunk, const Section** w, const Section** s) {
   *w = *s = nullptr;
   if (!present) return Status::kOk;
+  // The layout first: residuals of another layout hold other elements.
+  std::vector<float> mine, saved;
+  backend.residualLayout(names.channel, &mine);
+  if (const Section* l = blob.find(names.layout); l != nullptr) saved = l->data;
+  if (saved != mine)
+    return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kOptim,
+                       "the optimizer state's residuals ('%s') were saved under %s, but this "
+                       "optimizer runs %s; load it in a job with the same hosts and ranks per host "
+                       "and the same SQUALL_HIERARCHY setting as the one that saved it",
+                       names.worker, describeLayout(saved).c_str(), describeLayout(mine).c_str());
   size_t worker = 0, server = 0;
   backend.residualSizes(names.channel, &worker, &server);
   SQUALL_TRY(requireSection(blob, names.worker, worker, w));
