@@ -104,9 +104,14 @@ uint64_t randomNonce() {
 
 namespace {
 
-// Keepalives and a bound on unacknowledged data, both within
-// SQUALL_TIMEOUT_S, so a peer host that vanishes without closing its
-// sockets fails the connection like a killed process does.
+// Keepalives within SQUALL_TIMEOUT_S, so a peer host that vanishes without
+// closing its sockets fails an idle connection like a killed process does.
+// No TCP_USER_TIMEOUT: a receiver reads only what NCCL has posted receives
+// for, so a sender may sit against a zero window for as long as its peer is
+// busy elsewhere (a pipeline stage, a checkpoint), and Linux since 5.11 ends
+// such a connection once the zero window outlasts the user timeout, although
+// the peer answers every probe. A host that vanishes mid-transfer is found by
+// TCP's retransmission limit (tcp_retries2) instead.
 void armPeerFailureDetection(int fd) {
   int64_t ms = timeoutMs();
   int seconds = static_cast<int>(std::max<int64_t>(ms / 1000, 1));
@@ -114,12 +119,10 @@ void armPeerFailureDetection(int fd) {
   int idle = std::max(1, seconds / 3);
   int interval = std::max(1, seconds / 9);
   int count = 3;
-  unsigned userTimeout = static_cast<unsigned>(std::min<int64_t>(ms, UINT32_MAX));
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeout, sizeof(userTimeout));
 }
 
 void tuneData(int fd) {

@@ -947,6 +947,49 @@ TEST(NetFailure, KilledPeerFailsPendingSend) {
   EXPECT_EQ(codes[1], 0);
 }
 
+// A receiver that posts nothing for longer than SQUALL_TIMEOUT_S is busy,
+// not dead (pipeline stages, a checkpoint between steps): the sender, held
+// against a full window meanwhile, must not lose its connection. 16 MiB
+// queued, the receive posted after 5 s with SQUALL_TIMEOUT_S=2.
+TEST(NetFailure, SlowReceiverIsNotADeadOne) {
+  auto body = [](int rank, int fd) {
+    setenv("SQUALL_TIMEOUT_S", "2", 1);
+    void* lib = loadPlugin();
+    auto net = openNet(lib, 11);
+    CHECK_OK(net->init());
+    const size_t bytes = size_t{16} << 20;
+    if (rank == 0) {
+      char handle[wire::kHandleMaxBytes];
+      void* lc = nullptr;
+      CHECK_OK(net->listen(0, handle, &lc));
+      writeAll(fd, handle, sizeof(handle));
+      void* rc = acceptFrom(*net, lc);
+      sleep(5);
+      std::vector<uint8_t> buf(bytes, 0);
+      void* data = buf.data();
+      size_t cap = buf.size();
+      int tag = 1;
+      void* req = nullptr;
+      CHECK_OK(net->irecv(rc, 1, &data, &cap, &tag, nullptr, &req));
+      CHECK_OK(waitRequest(*net, req, nullptr, 30));
+      CHECK(buf.front() == 9 && buf.back() == 9, "payload");
+      CHECK_OK(net->closeRecv(rc));
+      CHECK_OK(net->closeListen(lc));
+    } else {
+      char handle[wire::kHandleMaxBytes];
+      readAll(fd, handle, sizeof(handle));
+      void* sc = connectTo(*net, handle);
+      std::vector<uint8_t> buf(bytes, 9);
+      void* req = nullptr;
+      CHECK_OK(net->isend(sc, buf.data(), buf.size(), 1, nullptr, &req));
+      CHECK_OK(waitRequest(*net, req, nullptr, 30));
+      CHECK_OK(net->closeSend(sc));
+    }
+    CHECK_OK(net->finalize());
+  };
+  expectAllZero(runRanks(2, body, relayPair));
+}
+
 // Garbage, stale and foreign handles fail connect, each in bounded time.
 TEST(NetFailure, BadHandlesFailConnectInBoundedTime) {
   auto codes = runRanks(1, [](int, int) {
