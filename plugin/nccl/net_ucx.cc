@@ -19,13 +19,14 @@
 // listener (no answer by SQUALL_TIMEOUT_S) all fail connect in bounded time.
 //
 // Data. Tagged messages, tag = connection (20 bits) | sequence (20) | NCCL
-// tag (low 24). The sender numbers its sends; the receiver's k-th posted
-// receive owns the next n sequence numbers (n buffers of a grouped receive),
-// probes UCX for each with the NCCL-tag bits masked off, puts each message in
-// the free buffer whose tag matches, and receives it straight there. Probing
-// first gives the length: a receive larger than the send is fine, a send
-// larger than its receive fails the connection instead of truncating.
-// Zero-byte messages are ordinary messages. Requests progress in test().
+// tag (low 24); the connection field is scrambled with a per-process random
+// key and the sequence starts at a value taken from the listener's nonce
+// (firstSequence), so nobody outside the two ends can predict a tag. The sender numbers its sends;
+// the receiver's k-th posted receive owns the next n sequence numbers (n buffers of a grouped
+// receive), probes UCX for each with the NCCL-tag bits masked off, puts each message in the free
+// buffer whose tag matches, and receives it straight there. Probing first gives the length: a
+// receive larger than the send is fine, a send larger than its receive fails the connection instead
+// of truncating. Zero-byte messages are ordinary messages. Requests progress in test().
 //
 // Failure. Endpoints use UCX's peer error handling: a dead peer fails the
 // endpoint, UCX fails what is in flight on it, and receives with nothing
@@ -65,6 +66,17 @@ constexpr uint32_t kSequenceMask = (1u << kSequenceBits) - 1;
 constexpr size_t kMaxOutstanding = static_cast<size_t>(nccl_abi::kMaxRequests) * kMaxRecvs;
 constexpr auto kCloseTimeout = std::chrono::seconds(2);
 
+// Where a connection's sequence numbers start: from the listener's nonce,
+// which only the two ends know (it travels in the handle, through NCCL's
+// bootstrap). Tag matching is worker-wide and does not check the sending
+// endpoint, so a message's tag is what tells a connection's data from a
+// forgery: an endpoint the listener refused still reaches the worker, and
+// with both the connection field and the sequence unpredictable it would
+// have to guess 40 bits to land a message in a receive.
+uint32_t firstSequence(uint64_t nonce) {
+  return static_cast<uint32_t>(nonce >> 32) & kSequenceMask;
+}
+
 ucp_tag_t makeTag(uint32_t connection, uint32_t sequence, int tag) {
   return (static_cast<ucp_tag_t>(connection) << (kSequenceBits + kTagBits)) |
          (static_cast<ucp_tag_t>(sequence & kSequenceMask) << kTagBits) |
@@ -96,6 +108,9 @@ struct State {
   ucp_worker_h worker = nullptr;
   int users = 0;
   uint32_t nextConnection = 1;
+  // Connection fields are nextConnection XOR this (random, nonzero): unique
+  // on this worker like the counter, unpredictable from outside.
+  uint32_t connectionKey = 0;
   std::map<ucp_ep_h, Endpoint*> byEp;
   std::vector<std::unique_ptr<Endpoint>> endpoints;
   std::vector<void*> closing;  // endpoint-close requests
@@ -284,12 +299,16 @@ std::map<const void*, std::unique_ptr<PendingConnect>>& connects() {
 struct Request;
 
 struct Conn : NetObject {
-  Conn(bool isSend, Endpoint* endpoint, uint32_t conn)
-      : NetObject{kPlaneUcx}, send(isSend), e(endpoint), connection(conn) {}
+  Conn(bool isSend, Endpoint* endpoint, uint32_t conn, uint64_t nonce)
+      : NetObject{kPlaneUcx},
+        send(isSend),
+        e(endpoint),
+        connection(conn),
+        sequence(firstSequence(nonce)) {}
   bool send;
   Endpoint* e;
   uint32_t connection;
-  uint32_t sequence = 0;           // the next send's, or the next receive's first
+  uint32_t sequence;               // the next send's, or the next receive's first
   std::deque<Request*> unmatched;  // receives with messages still to find, in posting order
   std::unordered_set<Request*> live;
   Status failed = Status::kOk;
@@ -471,8 +490,14 @@ Status ucxListen(const SocketAddress& address, void* handle, void** listenComm) 
   std::memcpy(&bound.storage, &attr.sockaddr, sizeof(attr.sockaddr));
   bound.length = address.length;
   l->nonce = randomNonce();
-  l->connection = state().nextConnection;
-  state().nextConnection = l->connection % ((1u << kConnectionBits) - 1) + 1;
+  State& shared = state();
+  const uint32_t fieldMask = (1u << kConnectionBits) - 1;
+  while (shared.connectionKey == 0)
+    shared.connectionKey = static_cast<uint32_t>(randomNonce()) & fieldMask;
+  do {
+    l->connection = (shared.nextConnection ^ shared.connectionKey) & fieldMask;
+    shared.nextConnection = shared.nextConnection % fieldMask + 1;
+  } while (l->connection == 0);
   writeHandle(kKindNetUcx, l->nonce, bound, l->connection, handle);
   *listenComm = l.release();
   return Status::kOk;
@@ -529,7 +554,7 @@ Status ucxConnect(void* handle, void** sendComm) {
   Status status = Status::kOk;
   if (p->e->gotHello && p->e->in.magic == kHelloMagic && p->e->in.nonce == p->nonce &&
       p->e->in.accepted == 1) {
-    auto* c = new Conn(true, p->e, p->connection);
+    auto* c = new Conn(true, p->e, p->connection, p->nonce);
     connects().erase(handle);
     *sendComm = c;
     return Status::kOk;
@@ -605,11 +630,15 @@ Status ucxAccept(void* listenComm, void** recvComm) {
       SQUALL_INFO(Subsys::kTransport,
                   "NET/Squall: refused a UCX connection that did not present this listener's "
                   "identity (a stray or a stale handle)");
-      continue;  // closed with the worker; the peer fails on the refusal
+      // Closed now (the refusal goes out first; the peer fails either on it
+      // or on the close), so it cannot keep sending into this worker.
+      drain();
+      closeEndpoint(e, false);
+      continue;
     }
     l->accepted = true;
     ++state().users;  // the connection holds the worker like the listener does
-    *recvComm = new Conn(false, e, l->connection);
+    *recvComm = new Conn(false, e, l->connection, l->nonce);
     return Status::kOk;
   }
   return Status::kOk;
