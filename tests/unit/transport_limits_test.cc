@@ -256,44 +256,59 @@ TEST_F(FakePeer, FrameLongerThanItsPostedReceiveIsAMismatchNotABuffer) {
   EXPECT_LE(conn_->unexpectedBytesHeld(), size_t{1} << 16);
 }
 
-// End to end over the tcp transport: a message 16 times the per-message
-// cap, sent while its receiver is still busy elsewhere for 300 ms, arrives
-// whole once the receive is posted (a collective's whole-buffer message must
-// not fail a job whose ranks run a little apart).
-TEST(TcpLimits, LateReceiverOfAMessageOverTheCapGetsIt) {
-  setenv("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES", "65536", 1);
+// Two ranks as threads over the transport `create` makes: rank 0 sends
+// `sent` on one tag, rank 1 posts a receive of `got` after `delay`; each
+// waits until its deadline. Returns each rank's status and error.
+struct PairResult {
+  Status status[2] = {Status::kInternal, Status::kInternal};
+  std::string error[2];
+};
+using CreateTransport = Status (*)(bootstrap::Bootstrap&, std::unique_ptr<Transport>*);
+PairResult sendOnce(CreateTransport create, const std::vector<uint8_t>& sent,
+                    std::vector<uint8_t>* got, std::chrono::milliseconds delay,
+                    std::chrono::seconds senderWait) {
   testing::ThreadBootstrapGroup group(2);
-  std::vector<std::string> errors(2);
-  std::vector<Status> results(2, Status::kInternal);
-  std::vector<uint8_t> got(size_t{1} << 20, 0);
+  PairResult result;
   std::vector<std::thread> threads;
   threads.reserve(2);
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       testing::ThreadBootstrap boot(&group, r);
       std::unique_ptr<Transport> t;
-      if (createTcpTransport(boot, &t) != Status::kOk) {
-        errors[r] = lastError();
+      if (create(boot, &t) != Status::kOk) {
+        result.error[r] = lastError();
         boot.barrier();
         return;
       }
       RequestPtr request;
-      std::vector<uint8_t> big(got.size(), 0x6b);
       if (r == 0) {
-        results[r] = t->send(1, tagOf(6, 0), big.data(), big.size(), &request);
+        result.status[r] = t->send(1, tagOf(6, 0), sent.data(), sent.size(), &request);
       } else {
-        std::this_thread::sleep_for(300ms);
-        results[r] = t->recv(0, tagOf(6, 0), got.data(), got.size(), &request);
+        std::this_thread::sleep_for(delay);
+        result.status[r] = t->recv(0, tagOf(6, 0), got->data(), got->size(), &request);
       }
       RequestPtr requests[] = {std::move(request)};
-      if (results[r] == Status::kOk) results[r] = t->waitAll(requests, Clock::now() + 20s);
-      errors[r] = lastError();
+      if (result.status[r] == Status::kOk)
+        result.status[r] = t->waitAll(requests, Clock::now() + (r == 1 ? 20s : senderWait));
+      result.error[r] = lastError();
       boot.barrier();
     });
   for (auto& t : threads) t.join();
+  return result;
+}
+
+// End to end over the tcp transport: a message 16 times the per-message
+// cap, sent while its receiver is still busy elsewhere for 300 ms, arrives
+// whole once the receive is posted (a collective's whole-buffer message must
+// not fail a job whose ranks run a little apart).
+TEST(TcpLimits, LateReceiverOfAMessageOverTheCapGetsIt) {
+  setenv("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES", "65536", 1);
+  const std::vector<uint8_t> big(size_t{1} << 20, 0x6b);
+  std::vector<uint8_t> got(big.size(), 0);
+  const PairResult r = sendOnce(createTcpTransport, big, &got, 300ms, 20s);
   unsetenv("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES");
-  EXPECT_EQ(results[0], Status::kOk) << errors[0];
-  EXPECT_EQ(results[1], Status::kOk) << errors[1];
+  EXPECT_EQ(r.status[0], Status::kOk) << r.error[0];
+  EXPECT_EQ(r.status[1], Status::kOk) << r.error[1];
   EXPECT_EQ(got.front(), 0x6b);
   EXPECT_EQ(got.back(), 0x6b);
 }
@@ -304,41 +319,15 @@ TEST(TcpLimits, LateReceiverOfAMessageOverTheCapGetsIt) {
 TEST(UcxLimits, OversizedMismatchedMessageFailsThePeer) {
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES", "65536", 1);
-  testing::ThreadBootstrapGroup group(2);
-  std::vector<std::string> errors(2);
-  std::vector<Status> results(2, Status::kInternal);
-  std::vector<std::thread> threads;
-  threads.reserve(2);
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      testing::ThreadBootstrap boot(&group, r);
-      std::unique_ptr<Transport> t;
-      if (createUcxTransport(boot, &t) != Status::kOk) {
-        errors[r] = lastError();
-        boot.barrier();
-        return;
-      }
-      RequestPtr request;
-      std::vector<uint8_t> big(1 << 20, 7);
-      uint8_t small[16];
-      if (r == 0) {
-        results[r] = t->send(1, tagOf(5, 0), big.data(), big.size(), &request);
-      } else {
-        results[r] = t->recv(0, tagOf(5, 0), small, sizeof(small), &request);
-      }
-      RequestPtr requests[] = {std::move(request)};
-      if (results[r] == Status::kOk)
-        results[r] = t->waitAll(requests, Clock::now() + (r == 1 ? 20s : 5s));
-      errors[r] = lastError();
-      boot.barrier();
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<uint8_t> big(size_t{1} << 20, 7);
+  std::vector<uint8_t> small(16);
+  const PairResult r = sendOnce(createUcxTransport, big, &small, 0ms, 5s);
   unsetenv("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES");
-  EXPECT_EQ(results[1], Status::kRemoteError) << errors[1];
-  EXPECT_NE(errors[1].find("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES=65536"), std::string::npos)
-      << errors[1];
-  EXPECT_NE(errors[1].find("rank 0 sent a 1048576-byte UCX message"), std::string::npos)
-      << errors[1];
+  EXPECT_EQ(r.status[1], Status::kRemoteError) << r.error[1];
+  EXPECT_NE(r.error[1].find("SQUALL_UNEXPECTED_MESSAGE_MAX_BYTES=65536"), std::string::npos)
+      << r.error[1];
+  EXPECT_NE(r.error[1].find("rank 0 sent a 1048576-byte UCX message"), std::string::npos)
+      << r.error[1];
 }
 #endif
 
