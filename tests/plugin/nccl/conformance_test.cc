@@ -36,6 +36,10 @@
 
 #include "plugin/nccl/abi/net_abi.h"
 
+#ifdef SQUALL_TEST_UCX
+#include <ucp/api/ucp.h>
+#endif
+
 namespace wire = squall::nccl_abi;
 using Clock = std::chrono::steady_clock;
 
@@ -275,6 +279,31 @@ void* acceptFrom(Net& net, void* lc) {
     CHECK(Clock::now() < deadline, "accept did not finish");
   }
   return rc;
+}
+
+// The TCP port of a listen handle: the plugin's handle carries the listening
+// address at byte 16, as {family, port (host order), scope, address}.
+uint16_t handlePort(const char* handle) {
+  uint16_t port = 0;
+  std::memcpy(&port, handle + 16 + 2, sizeof(port));
+  return port;
+}
+
+std::vector<int> openStrays(uint16_t port, int count) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      fds.push_back(fd);
+    } else if (fd >= 0) {
+      close(fd);
+    }
+  }
+  return fds;
 }
 
 int threadCount() {
@@ -990,6 +1019,134 @@ TEST(NetFailure, SlowReceiverIsNotADeadOne) {
   expectAllZero(runRanks(2, body, relayPair));
 }
 
+#ifdef SQUALL_TEST_UCX
+// Sends tagged messages from a raw UCP endpoint to the listener at `port`
+// without ever presenting a hello: the tags a guessing attacker would try
+// (connection fields 1..8, sequences 0..15, NCCL tag 1). Returns once UCX
+// has sent them all (the listener's accept() loop wires the endpoint up).
+bool forgeUcxMessages(uint16_t port, const std::vector<uint8_t>& payload) {
+  ucp_config_t* config = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return false;
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  const ucs_status_t inited = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (inited != UCS_OK) return false;
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+  ucp_worker_h worker = nullptr;
+  if (ucp_worker_create(context, &wp, &worker) != UCS_OK) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // as the plugin's endpoints
+  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&a);
+  ep.sockaddr.addrlen = sizeof(a);
+  ucp_ep_h endpoint = nullptr;
+  if (ucp_ep_create(worker, &ep, &endpoint) != UCS_OK) return false;
+  std::vector<ucs_status_ptr_t> sends;
+  ucp_request_param_t send{};
+  for (uint64_t connection = 1; connection <= 8; ++connection)
+    for (uint64_t sequence = 0; sequence < 16; ++sequence) {
+      const ucp_tag_t tag = (connection << 44) | (sequence << 24) | 1;
+      ucs_status_ptr_t r = ucp_tag_send_nbx(endpoint, payload.data(), payload.size(), tag, &send);
+      if (UCS_PTR_IS_ERR(r)) return false;
+      if (r != nullptr) sends.push_back(r);
+    }
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  for (ucs_status_ptr_t r : sends) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline)
+      ucp_worker_progress(worker);
+    if (ucp_request_check_status(r) != UCS_OK) {
+      fprintf(stderr, "forged send: %s\n", ucs_status_string(ucp_request_check_status(r)));
+      return false;
+    }
+    ucp_request_free(r);
+  }
+  return true;  // the process exits with its endpoint open, as an attacker's would
+}
+
+// A stranger that reaches a UCX listener but never presents its identity
+// must not be able to land data in the accepted connection's receives by
+// guessing tags (UCX's tag matching is worker-wide and does not check the
+// sender): rank 1 forges the likely tags, then rank 2 connects with the real
+// handle and sends; rank 0's receive gets rank 2's bytes.
+TEST(NetUcx, ForgedTagsDoNotReachAReceive) {
+  const char* plane = getenv("SQUALL_NET_TRANSPORT");
+  if (plane == nullptr || strcmp(plane, "ucx") != 0)
+    GTEST_SKIP() << "the UCX data plane runs in nccl_plugin_net_ucx";
+  auto body = [](int rank, int fd) {
+    std::vector<uint8_t> payload(100, rank == 1 ? 0x66 : 0x07);
+    char handle[wire::kHandleMaxBytes];
+    if (rank == 1) {
+      readAll(fd, handle, sizeof(handle));
+      CHECK(forgeUcxMessages(handlePort(handle), payload), "forging failed to send");
+      char go = 1;
+      writeAll(fd, &go, 1);
+      return;
+    }
+    void* lib = loadPlugin();
+    auto net = openNet(lib, 11);
+    CHECK_OK(net->init());
+    if (rank == 0) {
+      void* lc = nullptr;
+      CHECK_OK(net->listen(0, handle, &lc));
+      writeAll(fd, handle, sizeof(handle));
+      void* rc = acceptFrom(*net, lc);
+      std::vector<uint8_t> got(payload.size(), 0);
+      void* data = got.data();
+      size_t cap = got.size();
+      int tag = 1;
+      void* req = nullptr;
+      CHECK_OK(net->irecv(rc, 1, &data, &cap, &tag, nullptr, &req));
+      CHECK_OK(waitRequest(*net, req, nullptr, 30));
+      CHECK(got.front() == 0x07 && got.back() == 0x07, "the receive got 0x%02x: a forged message",
+            got.front());
+      CHECK_OK(net->closeRecv(rc));
+      CHECK_OK(net->closeListen(lc));
+    } else {
+      readAll(fd, handle, sizeof(handle));
+      char go = 0;
+      readAll(fd, &go, 1);  // after the forgeries have gone out
+      void* sc = connectTo(*net, handle);
+      void* req = nullptr;
+      CHECK_OK(net->isend(sc, payload.data(), payload.size(), 1, nullptr, &req));
+      CHECK_OK(waitRequest(*net, req, nullptr, 30));
+      CHECK_OK(net->closeSend(sc));
+    }
+    CHECK_OK(net->finalize());
+  };
+  // Rank 0's handle to ranks 1 and 2; rank 1's go to rank 2.
+  auto relay = [](std::vector<Rank>& ranks) {
+    char handle[wire::kHandleMaxBytes];
+    size_t got = 0;
+    while (got < sizeof(handle)) {
+      ssize_t n = read(ranks[0].fd, handle + got, sizeof(handle) - got);
+      if (n <= 0) return;
+      got += static_cast<size_t>(n);
+    }
+    for (int r : {1, 2}) {
+      ssize_t put = write(ranks[static_cast<size_t>(r)].fd, handle, sizeof(handle));
+      (void)put;
+    }
+    char go = 0;
+    if (read(ranks[1].fd, &go, 1) == 1) {
+      ssize_t put = write(ranks[2].fd, &go, 1);
+      (void)put;
+    }
+  };
+  expectAllZero(runRanks(3, body, relay));
+}
+#endif
+
 // Garbage, stale and foreign handles fail connect, each in bounded time.
 TEST(NetFailure, BadHandlesFailConnectInBoundedTime) {
   auto codes = runRanks(1, [](int, int) {
@@ -1190,31 +1347,6 @@ float contribution(int r, size_t i) {
 // Silent connections opened to a head's rendezvous before the group forms
 // (strays): connect must still complete, and quickly.
 int gRendezvousStrays = 0;
-
-// The TCP port of a listen handle: the plugin's handle carries the listening
-// address at byte 16, as {family, port (host order), scope, address}.
-uint16_t handlePort(const char* handle) {
-  uint16_t port = 0;
-  std::memcpy(&port, handle + 16 + 2, sizeof(port));
-  return port;
-}
-
-std::vector<int> openStrays(uint16_t port, int count) {
-  std::vector<int> fds;
-  for (int i = 0; i < count; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-      fds.push_back(fd);
-    } else if (fd >= 0) {
-      close(fd);
-    }
-  }
-  return fds;
-}
 
 void collNetRanks(int nranks, int version, const char* codec) {
   auto body = [nranks, version, codec](int rank, int fd) {
