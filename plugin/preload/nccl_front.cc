@@ -56,17 +56,30 @@ void track(ncclComm_t comm) {
   gComms[comm] = std::make_unique<CommState>(policy(), n);
 }
 
-void untrack(ncclComm_t comm) {
-  std::unique_ptr<CommState> dead;
-  {
-    std::lock_guard<std::mutex> lock(gMutex);
-    auto it = gComms.find(comm);
-    if (it == gComms.end()) return;
-    dead = std::move(it->second);
-    gComms.erase(it);
-  }
-  InsideSquall inside;  // the engine borrows `comm`: gone before NCCL destroys it
-  dead.reset();
+// Takes `comm`'s state out of the registry without destroying it; with
+// `only`, just that state (a communicator NCCL has made at the same address
+// since keeps its own).
+std::unique_ptr<CommState> detach(ncclComm_t comm, const CommState* only = nullptr) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  if (it == gComms.end() || (only != nullptr && it->second.get() != only)) return nullptr;
+  std::unique_ptr<CommState> state = std::move(it->second);
+  gComms.erase(it);
+  return state;
+}
+
+const CommState* peek(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  return it == gComms.end() ? nullptr : it->second.get();
+}
+
+// Destroys a detached state: its compressors and engine free device memory,
+// which waits for the device.
+void drop(std::unique_ptr<CommState> state) {
+  if (state == nullptr) return;
+  InsideSquall inside;
+  state.reset();
 }
 
 bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
@@ -175,15 +188,23 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
 SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const RealNccl& real = realNccl();
   if (real.commDestroy == nullptr) return missing();
-  untrack(comm);
+  // The engine borrows `comm`: it goes before NCCL destroys it. Destroy waits
+  // for the communicator's work to finish anyway, so waiting here first costs
+  // nothing.
+  drop(detach(comm));
   return real.commDestroy(comm);
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const RealNccl& real = realNccl();
   if (real.commAbort == nullptr) return missing();
-  untrack(comm);
-  return real.commAbort(comm);
+  // NCCL's abort first: freeing the engine's device memory waits for the
+  // device, whose kernels may be waiting for a dead peer until the abort
+  // releases them. The engine does not touch `comm` when it is destroyed.
+  const CommState* state = peek(comm);
+  const ncclResult_t r = real.commAbort(comm);
+  if (state != nullptr) drop(detach(comm, state));
+  return r;
 }
 
 SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,

@@ -37,6 +37,7 @@ int standinMakeComm(void**, int);
 int standinLogged(void);
 const Logged* standinCall(int);
 int standinGroups(void);
+void standinProbeAbort(int);
 
 enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
 enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
@@ -94,7 +95,12 @@ static int child(void) {
   call(4096, kFloat32, kSum, untracked); /* communicator: not made through the interposer */
   call(4096, kFloat32, kSum, one);       /* communicator: one rank */
   CHECK(ncclCommDestroy(a) == 0, "destroy");
+  /* The stand-in's abort probes, through the interposer, whether `c` is still
+   * tracked while NCCL aborts it: eligible (no_engine), not communicator. */
+  standinProbeAbort(1);
   CHECK(ncclCommAbort(c) == 0, "abort");
+  standinProbeAbort(0);
+  made_ = standinLogged();
   /* A new communicator, perhaps at a freed one's address, starts afresh. */
   CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init again");
   call(4096, kFloat32, kSum, a); /* eligible */
@@ -127,8 +133,8 @@ int main(void) {
   rmdir(dir);
   printf("%s", text);
   const char* expect[] = {"\"calls_compressed\": 0",
-                          "\"calls_passed\": 16",
-                          "\"no_engine\": 7",
+                          "\"calls_passed\": 17",
+                          "\"no_engine\": 8",
                           "\"op\": 2",
                           "\"dtype\": 2",
                           "\"small\": 1",

@@ -2,6 +2,8 @@
  * machine without a GPU: communicators are plain records, ncclAllReduce copies
  * its input and logs its arguments, so the test can check that every call it
  * made arrived unchanged. Only the entry points the interposer resolves. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,7 +69,20 @@ EXPORT int ncclCommDestroy(void* comm) {
   free(comm);
   return 0;
 }
+static int probeAbort_;
 EXPORT int ncclCommAbort(void* comm) {
+  /* The probe: an eligible allreduce on the communicator being aborted, made
+   * through whatever ncclAllReduce the process resolves (the interposer's),
+   * tells the test's report whether the interposer still tracked the
+   * communicator when NCCL's abort ran (it must: the state is dropped after). */
+  if (probeAbort_) {
+    static float probe[4096];
+    int (*allReduce)(const void*, void*, size_t, int, int, void*, void*) = NULL;
+    void* symbol = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+    memcpy(&allReduce, &symbol,
+           sizeof symbol); /* POSIX's way round ISO C's object/function split */
+    if (allReduce != NULL) allReduce(probe, probe, 4096, 7, 0, comm, NULL);
+  }
   free(comm);
   return 0;
 }
@@ -93,4 +108,5 @@ EXPORT int ncclCommUserRank(void* comm, int* r) {
 EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 0); }
 EXPORT int standinLogged(void) { return logged_; }
 EXPORT const Logged* standinCall(int i) { return &log_[i]; }
+EXPORT void standinProbeAbort(int on) { probeAbort_ = on; }
 EXPORT int standinGroups(void) { return groupStarts_ * 1000 + groupEnds_; }
