@@ -21,9 +21,13 @@ namespace squall::preload {
 namespace {
 
 struct CommState {
-  CommState(const Policy& p, int n)
-      : nranks(n), steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
-  int nranks;
+  explicit CommState(const Policy& p)
+      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  // 0 while `pending`: NCCL handed the communicator out before it was ready
+  // (non-blocking init, or init inside a group) and refuses to say its size
+  // until then.
+  int nranks = 0;
+  bool pending = true;
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
@@ -42,18 +46,40 @@ ncclResult_t missing() {
   return nccl_abi::kSystemError;
 }
 
-void track(ncclComm_t comm) {
+// Learns a ready communicator's size (and the report's fallback rank).
+bool resolve(ncclComm_t comm, CommState* s) {
   const RealNccl& real = realNccl();
   int n = 0, rank = -1;
-  if (comm == nullptr || real.commCount == nullptr ||
-      real.commCount(comm, &n) != nccl_abi::kSuccess)
-    return;
+  if (real.commCount == nullptr || real.commCount(comm, &n) != nccl_abi::kSuccess) return false;
   // The report is named by the launcher's rank; without one, by the rank in
   // the first communicator (torch's first is the world).
   if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl_abi::kSuccess)
     Report::get().setFallbackRank(rank);
+  s->nranks = n;
+  s->pending = false;
+  return true;
+}
+
+// `ready`: the init returned ncclSuccess outside a group. Otherwise NCCL
+// refuses every query until the communicator is ready, and the state stays
+// pending until its first collective: NCCL accepts that only on a ready
+// communicator, so every rank resolves its state at the same call.
+void track(ncclComm_t comm, bool ready) {
+  if (comm == nullptr) return;
+  auto state = std::make_unique<CommState>(policy());
+  if (ready) resolve(comm, state.get());
   std::lock_guard<std::mutex> lock(gMutex);
-  gComms[comm] = std::make_unique<CommState>(policy(), n);
+  gComms[comm] = std::move(state);
+}
+
+// Under gMutex, at a collective on a pending communicator.
+void resolvePending(ncclComm_t comm, CommState* s) {
+  const RealNccl& real = realNccl();
+  ncclResult_t async = nccl_abi::kInProgress;
+  if (real.commGetAsyncError != nullptr &&
+      (real.commGetAsyncError(comm, &async) != nccl_abi::kSuccess || async != nccl_abi::kSuccess))
+    return;  // not ready (NCCL fails the call) or failed: still pending
+  resolve(comm, s);
 }
 
 // Takes `comm`'s state out of the registry without destroying it; with
@@ -151,7 +177,8 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
   const RealNccl& real = realNccl();
   if (real.commInitRank == nullptr) return missing();
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
-  if (r == nccl_abi::kSuccess && !insideSquall()) track(*comm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
@@ -161,7 +188,8 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
   if (real.commInitRankConfig == nullptr) return missing();
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
   // ncclInProgress (non-blocking init) still hands out the communicator.
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall()) track(*comm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
@@ -181,7 +209,7 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
       !insideSquall())
-    track(*newcomm);
+    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
@@ -224,6 +252,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   std::unique_lock<std::mutex> lock(gMutex);
   auto it = gComms.find(comm);
   CommState* s = it == gComms.end() ? nullptr : it->second.get();
+  if (s != nullptr && s->pending) resolvePending(comm, s);
   const int nranks = s != nullptr ? s->nranks : 0;
   const uint64_t fullBytes =
       nranks > 1

@@ -39,6 +39,7 @@ RealNccl load() {
   resolve(handle, "ncclGroupEnd", &t.groupEnd);
   resolve(handle, "ncclCommCount", &t.commCount);
   resolve(handle, "ncclCommUserRank", &t.commUserRank);
+  resolve(handle, "ncclCommGetAsyncError", &t.commGetAsyncError);
   t.found = t.allReduce != nullptr;
   return t;
 }

@@ -22,6 +22,7 @@ struct RealNccl {
   ncclResult_t (*groupEnd)() = nullptr;
   ncclResult_t (*commCount)(ncclComm_t, int*) = nullptr;
   ncclResult_t (*commUserRank)(ncclComm_t, int*) = nullptr;
+  ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
   bool found = false;  // ncclAllReduce was resolved
 };
 

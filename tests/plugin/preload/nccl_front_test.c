@@ -38,6 +38,8 @@ int standinLogged(void);
 const Logged* standinCall(int);
 int standinGroups(void);
 void standinProbeAbort(int);
+void standinNonBlocking(int);
+void standinReady(void*);
 
 enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
 enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
@@ -68,7 +70,7 @@ static void call(size_t count, int dtype, int op, void* comm) {
 static int child(void) {
   UniqueId id;
   memset(&id, 0, sizeof id);
-  void *a, *b, *c, *one, *untracked;
+  void *a, *b, *c, *one, *untracked, *nb, *g, *gs;
   CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
   CHECK(ncclCommInitRankConfig(&b, 1, id, 0, NULL) == 0, "init config");
   CHECK(ncclCommSplit(a, 0, 1, &c, NULL) == 0, "split");
@@ -94,6 +96,22 @@ static int child(void) {
   call(4096, kFloat32, kSum, c);         /* eligible: the split is tracked */
   call(4096, kFloat32, kSum, untracked); /* communicator: not made through the interposer */
   call(4096, kFloat32, kSum, one);       /* communicator: one rank */
+  /* Communicators handed out before they are ready: a non-blocking init
+   * (ncclInProgress), and an init and a split inside a group. NCCL refuses
+   * ncclCommCount on them until then; the interposer learns their size at
+   * their first collective. */
+  standinNonBlocking(1);
+  CHECK(ncclCommInitRankConfig(&nb, 2, id, 0, NULL) == 7, "non-blocking init");
+  standinNonBlocking(0);
+  CHECK(ncclGroupStart() == 0, "group");
+  CHECK(ncclCommInitRank(&g, 2, id, 0) == 0, "init in a group");
+  CHECK(ncclCommSplit(a, 0, 1, &gs, NULL) == 0, "split in a group");
+  CHECK(ncclGroupEnd() == 0, "group end");
+  standinReady(nb);
+  call(4096, kFloat32, kSum, nb); /* eligible */
+  call(4096, kFloat32, kSum, g);  /* eligible */
+  call(4096, kFloat32, kSum, gs); /* eligible */
+  CHECK(ncclCommDestroy(nb) == 0 && ncclCommDestroy(g) == 0 && ncclCommDestroy(gs) == 0, "destroy");
   CHECK(ncclCommDestroy(a) == 0, "destroy");
   /* The stand-in's abort probes, through the interposer, whether `c` is still
    * tracked while NCCL aborts it: eligible (no_engine), not communicator. */
@@ -133,8 +151,8 @@ int main(void) {
   rmdir(dir);
   printf("%s", text);
   const char* expect[] = {"\"calls_compressed\": 0",
-                          "\"calls_passed\": 17",
-                          "\"no_engine\": 8",
+                          "\"calls_passed\": 20",
+                          "\"no_engine\": 11",
                           "\"op\": 2",
                           "\"dtype\": 2",
                           "\"small\": 1",

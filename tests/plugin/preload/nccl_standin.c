@@ -9,8 +9,11 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* A communicator made inside a group, or with standinNonBlocking(1) (a
+ * config with blocking = 0), is not ready until the group ends or the test
+ * says so; NCCL refuses queries and collectives on it until then. */
 typedef struct {
-  int nranks, rank;
+  int nranks, rank, ready;
 } Comm;
 typedef struct {
   char internal[128];
@@ -26,7 +29,8 @@ typedef struct {
 } Logged;
 
 static Logged log_[256];
-static int logged_, groupStarts_, groupEnds_;
+static int logged_, groupStarts_, groupEnds_, groupDepth_, nonBlocking_, nInGroup_;
+static Comm* inGroup_[64];
 
 static size_t typeBytes(int t) {
   return t <= 1 ? 1 : t == 6 || t == 9 ? 2 : t == 4 || t == 5 || t == 8 ? 8 : 4;
@@ -34,6 +38,7 @@ static size_t typeBytes(int t) {
 
 EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
                          void* stream) {
+  if (!((Comm*)comm)->ready) return 5; /* ncclInvalidUsage */
   if (logged_ < 256) log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream};
   if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
   return 0;
@@ -42,8 +47,10 @@ static int make(void** comm, int nranks, int rank) {
   Comm* c = malloc(sizeof(Comm));
   c->nranks = nranks;
   c->rank = rank;
+  c->ready = groupDepth_ == 0 && !nonBlocking_;
+  if (groupDepth_ > 0 && nInGroup_ < 64) inGroup_[nInGroup_++] = c;
   *comm = c;
-  return 0;
+  return nonBlocking_ ? 7 : 0; /* ncclInProgress */
 }
 EXPORT int ncclCommInitRank(void** comm, int nranks, UniqueId id, int rank) {
   (void)id;
@@ -88,18 +95,29 @@ EXPORT int ncclCommAbort(void* comm) {
 }
 EXPORT int ncclGroupStart(void) {
   ++groupStarts_;
+  ++groupDepth_;
   return 0;
 }
 EXPORT int ncclGroupEnd(void) {
   ++groupEnds_;
+  if (groupDepth_ > 0 && --groupDepth_ == 0) {
+    for (int i = 0; i < nInGroup_; ++i) inGroup_[i]->ready = 1;
+    nInGroup_ = 0;
+  }
   return 0;
 }
 EXPORT int ncclCommCount(void* comm, int* n) {
+  if (!((Comm*)comm)->ready) return 4; /* ncclInvalidArgument, as NCCL 2.28 */
   *n = ((Comm*)comm)->nranks;
   return 0;
 }
 EXPORT int ncclCommUserRank(void* comm, int* r) {
+  if (!((Comm*)comm)->ready) return 4;
   *r = ((Comm*)comm)->rank;
+  return 0;
+}
+EXPORT int ncclCommGetAsyncError(void* comm, int* state) {
+  *state = ((Comm*)comm)->ready ? 0 : 7;
   return 0;
 }
 
@@ -109,4 +127,6 @@ EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 
 EXPORT int standinLogged(void) { return logged_; }
 EXPORT const Logged* standinCall(int i) { return &log_[i]; }
 EXPORT void standinProbeAbort(int on) { probeAbort_ = on; }
+EXPORT void standinNonBlocking(int on) { nonBlocking_ = on; }
+EXPORT void standinReady(void* comm) { ((Comm*)comm)->ready = 1; }
 EXPORT int standinGroups(void) { return groupStarts_ * 1000 + groupEnds_; }
