@@ -172,6 +172,15 @@ SQUALL_EXPORT ncclResult_t ncclGroupEnd() {
   return real.groupEnd();
 }
 
+// Ends the group like ncclGroupEnd, computing what it would launch without
+// launching it.
+SQUALL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  const RealNccl& real = realNccl();
+  if (real.groupSimulateEnd == nullptr) return missing();
+  if (tGroupDepth > 0) --tGroupDepth;
+  return real.groupSimulateEnd(simInfo);
+}
+
 SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                             int rank) {
   const RealNccl& real = realNccl();
@@ -190,6 +199,30 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
   // ncclInProgress (non-blocking init) still hands out the communicator.
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
     track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  return r;
+}
+
+// torch's init above TORCH_NCCL_RANKS_PER_ROOT (128) ranks.
+SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank,
+                                                    int nIds, ncclUniqueId* ids,
+                                                    ncclConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.commInitRankScalable == nullptr) return missing();
+  const ncclResult_t r = real.commInitRankScalable(comm, nranks, rank, nIds, ids, config);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nExcluded,
+                                          ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
+  const RealNccl& real = realNccl();
+  if (real.commShrink == nullptr) return missing();
+  const ncclResult_t r = real.commShrink(comm, excluded, nExcluded, newcomm, config, flags);
+  // An excluded rank gets no communicator (NULL).
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
+      !insideSquall())
+    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 

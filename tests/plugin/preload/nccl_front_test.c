@@ -29,6 +29,9 @@ int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
 int ncclCommInitRank(void**, int, UniqueId, int);
 int ncclCommInitRankConfig(void**, int, UniqueId, int, void*);
 int ncclCommSplit(void*, int, int, void**, void*);
+int ncclCommInitRankScalable(void**, int, int, int, UniqueId*, void*);
+int ncclCommShrink(void*, int*, int, void**, void*, int);
+int ncclGroupSimulateEnd(void*);
 int ncclCommDestroy(void*);
 int ncclCommAbort(void*);
 int ncclGroupStart(void);
@@ -70,7 +73,7 @@ static void call(size_t count, int dtype, int op, void* comm) {
 static int child(void) {
   UniqueId id;
   memset(&id, 0, sizeof id);
-  void *a, *b, *c, *one, *untracked, *nb, *g, *gs;
+  void *a, *b, *c, *one, *untracked, *nb, *g, *gs, *sc, *sh;
   CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
   CHECK(ncclCommInitRankConfig(&b, 1, id, 0, NULL) == 0, "init config");
   CHECK(ncclCommSplit(a, 0, 1, &c, NULL) == 0, "split");
@@ -112,6 +115,19 @@ static int child(void) {
   call(4096, kFloat32, kSum, g);  /* eligible */
   call(4096, kFloat32, kSum, gs); /* eligible */
   CHECK(ncclCommDestroy(nb) == 0 && ncclCommDestroy(g) == 0 && ncclCommDestroy(gs) == 0, "destroy");
+  /* torch's init above TORCH_NCCL_RANKS_PER_ROOT ranks, and a shrink. */
+  UniqueId ids[2];
+  memset(ids, 0, sizeof ids);
+  int excluded = 1;
+  CHECK(ncclCommInitRankScalable(&sc, 2, 1, 2, ids, NULL) == 0, "scalable init");
+  CHECK(ncclCommShrink(a, &excluded, 1, &sh, NULL, 0) == 0, "shrink");
+  call(4096, kFloat32, kSum, sc); /* eligible */
+  call(4096, kFloat32, kSum, sh); /* communicator: one rank left */
+  CHECK(ncclCommDestroy(sc) == 0 && ncclCommDestroy(sh) == 0, "destroy");
+  /* A simulated group end closes the group like ncclGroupEnd. */
+  char simInfo[32] = {0};
+  CHECK(ncclGroupStart() == 0 && ncclGroupSimulateEnd(simInfo) == 0, "simulated group");
+  call(4096, kFloat32, kSum, a); /* eligible, not group */
   CHECK(ncclCommDestroy(a) == 0, "destroy");
   /* The stand-in's abort probes, through the interposer, whether `c` is still
    * tracked while NCCL aborts it: eligible (no_engine), not communicator. */
@@ -151,13 +167,13 @@ int main(void) {
   rmdir(dir);
   printf("%s", text);
   const char* expect[] = {"\"calls_compressed\": 0",
-                          "\"calls_passed\": 20",
-                          "\"no_engine\": 11",
+                          "\"calls_passed\": 23",
+                          "\"no_engine\": 13",
                           "\"op\": 2",
                           "\"dtype\": 2",
                           "\"small\": 1",
                           "\"group\": 2",
-                          "\"communicator\": 2",
+                          "\"communicator\": 3",
                           "\"rank\": 5"};
   for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i)
     CHECK(strstr(text, expect[i]) != NULL, "the report lacks %s", expect[i]);
