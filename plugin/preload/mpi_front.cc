@@ -9,9 +9,13 @@
 // attribute on MPI_COMM_SELF, deleted first thing in MPI_Finalize while MPI
 // still works, tears down every Squall communicator and writes the report.
 //
-// Calls may come from any thread (Horovod calls from its background thread);
-// one lock serialises the compressed path, which MPI's rules already make
-// one collective at a time per communicator.
+// Calls may come from any thread (Horovod calls from its background thread,
+// MPI_THREAD_MULTIPLE programs from several). A short lock guards the
+// registry; each communicator's state has its own lock, held through its
+// collective (MPI's rules already make that one at a time per communicator),
+// so that threads reducing on different communicators never wait for each
+// other: one lock for all would deadlock ranks whose threads enter two
+// communicators in different orders.
 #include <mpi.h>
 
 #include <memory>
@@ -31,6 +35,7 @@ namespace {
 struct CommState {
   explicit CommState(const Policy& p)
       : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  std::mutex mutex;  // the fields below, and this communicator's compressed call
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
@@ -38,7 +43,7 @@ struct CommState {
   bool engineFailed = false;
 };
 
-std::mutex gMutex;           // the compressed path and the registry
+std::mutex gMutex;           // the registry: keyvals, gLive, gFinalized
 std::mutex gGraveyardMutex;  // states of freed communicators, destroyed later
 std::vector<CommState*> gGraveyard;
 std::set<CommState*> gLive;
@@ -70,6 +75,7 @@ int finalizing(MPI_Comm, int, void*, void*) {
   InsideSquall inside;
   drainGraveyard();
   for (CommState* s : gLive) {  // still attached to live communicators: keep the shell
+    std::lock_guard<std::mutex> stateLock(s->mutex);
     s->residuals.clear();
     s->engine.reset();
     s->engineFailed = true;
@@ -166,17 +172,23 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
           ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * typeBytes(datatype))
           : 0;
 
-  std::unique_lock<std::mutex> lock(gMutex, std::defer_lock);
+  std::unique_lock<std::mutex> lock;  // the state's
   CommState* state = nullptr;
   int64_t offset = 0;
   if (placed && verdict != Verdict::kCommunicator) {
-    lock.lock();
-    if (gFinalized) {
+    {
+      std::lock_guard<std::mutex> registry(gMutex);
+      if (!gFinalized) {
+        setUp();
+        drainGraveyard();
+        state = stateOf(comm);
+      }
+    }
+    // `state` lives until `comm` is freed, which MPI forbids during a call on it.
+    if (state == nullptr) {
       if (verdict == Verdict::kCompress) verdict = Verdict::kEngine;
     } else {
-      setUp();
-      drainGraveyard();
-      state = stateOf(comm);
+      lock = std::unique_lock<std::mutex>(state->mutex);
       verdict = decide(*state, facts.count, verdict == Verdict::kSmall, nranks, &offset);
     }
   }

@@ -26,6 +26,7 @@ struct CommState {
   // 0 while `pending`: NCCL handed the communicator out before it was ready
   // (non-blocking init, or init inside a group) and refuses to say its size
   // until then.
+  std::mutex mutex;  // the fields below, and this communicator's compressed call
   int nranks = 0;
   bool pending = true;
   int64_t eligible = 0;
@@ -35,8 +36,12 @@ struct CommState {
   bool engineFailed = false;
 };
 
+// The registry's lock, held only to look a state up: each state has its own,
+// so that threads reducing on different communicators never wait for each
+// other. A call holds a reference to its state, which a concurrent abort
+// (torch's watchdog aborts from another thread) may take out of the registry.
 std::mutex gMutex;
-std::map<ncclComm_t, std::unique_ptr<CommState>> gComms;
+std::map<ncclComm_t, std::shared_ptr<CommState>> gComms;
 thread_local int tGroupDepth = 0;
 
 ncclResult_t missing() {
@@ -66,13 +71,13 @@ bool resolve(ncclComm_t comm, CommState* s) {
 // communicator, so every rank resolves its state at the same call.
 void track(ncclComm_t comm, bool ready) {
   if (comm == nullptr) return;
-  auto state = std::make_unique<CommState>(policy());
+  auto state = std::make_shared<CommState>(policy());
   if (ready) resolve(comm, state.get());
   std::lock_guard<std::mutex> lock(gMutex);
   gComms[comm] = std::move(state);
 }
 
-// Under gMutex, at a collective on a pending communicator.
+// Under the state's lock, at a collective on a pending communicator.
 void resolvePending(ncclComm_t comm, CommState* s) {
   const RealNccl& real = realNccl();
   ncclResult_t async = nccl_abi::kInProgress;
@@ -85,24 +90,24 @@ void resolvePending(ncclComm_t comm, CommState* s) {
 // Takes `comm`'s state out of the registry without destroying it; with
 // `only`, just that state (a communicator NCCL has made at the same address
 // since keeps its own).
-std::unique_ptr<CommState> detach(ncclComm_t comm, const CommState* only = nullptr) {
+std::shared_ptr<CommState> detach(ncclComm_t comm, const CommState* only = nullptr) {
   std::lock_guard<std::mutex> lock(gMutex);
   auto it = gComms.find(comm);
   if (it == gComms.end() || (only != nullptr && it->second.get() != only)) return nullptr;
-  std::unique_ptr<CommState> state = std::move(it->second);
+  std::shared_ptr<CommState> state = std::move(it->second);
   gComms.erase(it);
   return state;
 }
 
-const CommState* peek(ncclComm_t comm) {
+std::shared_ptr<CommState> peek(ncclComm_t comm) {
   std::lock_guard<std::mutex> lock(gMutex);
   auto it = gComms.find(comm);
-  return it == gComms.end() ? nullptr : it->second.get();
+  return it == gComms.end() ? nullptr : it->second;
 }
 
 // Destroys a detached state: its compressors and engine free device memory,
 // which waits for the device.
-void drop(std::unique_ptr<CommState> state) {
+void drop(std::shared_ptr<CommState> state) {
   if (state == nullptr) return;
   InsideSquall inside;
   state.reset();
@@ -262,9 +267,12 @@ SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   // NCCL's abort first: freeing the engine's device memory waits for the
   // device, whose kernels may be waiting for a dead peer until the abort
   // releases them. The engine does not touch `comm` when it is destroyed.
-  const CommState* state = peek(comm);
+  std::shared_ptr<CommState> state = peek(comm);
   const ncclResult_t r = real.commAbort(comm);
-  if (state != nullptr) drop(detach(comm, state));
+  if (state != nullptr) {
+    detach(comm, state.get());
+    drop(std::move(state));
+  }
   return r;
 }
 
@@ -282,9 +290,15 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   Verdict verdict = policy().judge(facts);
   if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
 
-  std::unique_lock<std::mutex> lock(gMutex);
-  auto it = gComms.find(comm);
-  CommState* s = it == gComms.end() ? nullptr : it->second.get();
+  std::shared_ptr<CommState> held;
+  {
+    std::lock_guard<std::mutex> registry(gMutex);
+    auto it = gComms.find(comm);
+    if (it != gComms.end()) held = it->second;
+  }
+  std::unique_lock<std::mutex> lock;  // released before `held`
+  if (held != nullptr) lock = std::unique_lock<std::mutex>(held->mutex);
+  CommState* s = held.get();
   if (s != nullptr && s->pending) resolvePending(comm, s);
   const int nranks = s != nullptr ? s->nranks : 0;
   const uint64_t fullBytes =
@@ -331,7 +345,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     }
   }
   if (verdict != Verdict::kCompress) {
-    lock.unlock();
+    if (lock.owns_lock()) lock.unlock();
     Report::get().passed(verdict, fullBytes);
     return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   }
