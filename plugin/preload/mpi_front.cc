@@ -140,6 +140,46 @@ Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offs
   return Verdict::kCompress;
 }
 
+// True when every rank of `comm` says `mine`: every rank calls this at the
+// same call, since every rank reaches the same decision before it.
+bool everyRank(MPI_Comm comm, bool mine) {
+  int in = mine ? 1 : 0, out = 0;
+  return PMPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && out == 1;
+}
+
+// Starts `state`'s engine on every rank of `comm` or on none: a rank that
+// compressed while another passed the call through would run a different
+// collective. The ranks agree twice: before the engine's collective set-up,
+// on what each can check alone (a rank that failed there would skip a
+// collective the others enter), and after it, on whether it worked.
+bool startEngine(MPI_Comm comm, CommState* state) {
+  core::CommConfig config;
+  bool ready = core::CommConfig::fromEnvironment(&config) == Status::kOk;
+  if (ready) {
+    // Squall's MPI transport runs only where MPI allows this thread to.
+    int level = MPI_THREAD_SINGLE, isMain = 0;
+    PMPI_Query_thread(&level);
+    PMPI_Is_thread_main(&isMain);
+    ready = level >= MPI_THREAD_SERIALIZED || isMain;
+    if (!ready)
+      SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                  "MPI was initialised below MPI_THREAD_SERIALIZED and this call comes from "
+                  "another thread than the one that initialised it; initialise MPI with "
+                  "MPI_THREAD_SERIALIZED or make the calls from the main thread");
+  }
+  const bool allReady = everyRank(comm, ready);
+  const bool made = allReady && core::Comm::fromMpi(&comm, config, &state->engine) == Status::kOk;
+  if (allReady && everyRank(comm, made)) return true;
+  state->residuals.clear();
+  state->engine.reset();
+  // The cause was logged where it was found, on the rank that found it.
+  SQUALL_WARN(Subsys::kApi,
+              "the interposer passes this communicator's allreduces through at full "
+              "precision on every rank: %s could not start Squall's engine",
+              (allReady ? made : ready) ? "another rank" : "this rank");
+  return false;
+}
+
 }  // namespace
 }  // namespace squall::preload
 
@@ -194,13 +234,7 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
   }
   if (verdict == Verdict::kCompress && !state->engine) {
     InsideSquall inside;
-    core::CommConfig config;
-    if (core::CommConfig::fromEnvironment(&config) != Status::kOk ||
-        core::Comm::fromMpi(&comm, config, &state->engine) != Status::kOk) {
-      SQUALL_WARN(Subsys::kApi,
-                  "the interposer passes this communicator's allreduces through "
-                  "at full precision: %s",
-                  lastError().c_str());
+    if (!startEngine(comm, state)) {
       state->engineFailed = true;
       verdict = Verdict::kEngine;
     }
