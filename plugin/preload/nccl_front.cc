@@ -51,6 +51,14 @@ ncclResult_t missing() {
   return nccl_abi::kSystemError;
 }
 
+// Destroys a detached state: its compressors and engine free device memory,
+// which waits for the device.
+void drop(std::shared_ptr<CommState> state) {
+  if (state == nullptr) return;
+  InsideSquall inside;
+  state.reset();
+}
+
 // Learns a ready communicator's size (and the report's fallback rank).
 bool resolve(ncclComm_t comm, CommState* s) {
   const RealNccl& real = realNccl();
@@ -73,8 +81,14 @@ void track(ncclComm_t comm, bool ready) {
   if (comm == nullptr) return;
   auto state = std::make_shared<CommState>(policy());
   if (ready) resolve(comm, state.get());
-  std::lock_guard<std::mutex> lock(gMutex);
-  gComms[comm] = std::move(state);
+  std::shared_ptr<CommState> stale;  // of a communicator freed behind our back
+  {
+    std::lock_guard<std::mutex> lock(gMutex);
+    std::shared_ptr<CommState>& slot = gComms[comm];
+    stale = std::move(slot);
+    slot = std::move(state);
+  }
+  drop(std::move(stale));
 }
 
 // Under the state's lock, at a collective on a pending communicator.
@@ -103,14 +117,6 @@ std::shared_ptr<CommState> peek(ncclComm_t comm) {
   std::lock_guard<std::mutex> lock(gMutex);
   auto it = gComms.find(comm);
   return it == gComms.end() ? nullptr : it->second;
-}
-
-// Destroys a detached state: its compressors and engine free device memory,
-// which waits for the device.
-void drop(std::shared_ptr<CommState> state) {
-  if (state == nullptr) return;
-  InsideSquall inside;
-  state.reset();
 }
 
 bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
