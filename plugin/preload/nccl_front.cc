@@ -44,11 +44,14 @@ std::mutex gMutex;
 std::map<ncclComm_t, std::shared_ptr<CommState>> gComms;
 thread_local int tGroupDepth = 0;
 
-ncclResult_t missing() {
+// `name` is absent from the real NCCL: none was found, or it is older than
+// the entry point (ncclCommInitRankScalable needs 2.23, ncclCommShrink 2.27).
+ncclResult_t missing(const char* name) {
   SQUALL_WARN(Subsys::kApi,
-              "the interposer has no real NCCL to call; set "
-              "SQUALL_NCCL_LIBRARY to the real libnccl.so.2");
-  return nccl_abi::kSystemError;
+              "the interposer finds no %s in the real NCCL (%s); set SQUALL_NCCL_LIBRARY to "
+              "the real libnccl.so.2, one recent enough for %s",
+              name, realNccl().found ? "it is older than this call" : "no NCCL was found", name);
+  return realNccl().found ? nccl_abi::kInvalidUsage : nccl_abi::kSystemError;
 }
 
 // Destroys a detached state: its compressors and engine free device memory,
@@ -171,14 +174,14 @@ using namespace squall::preload;
 
 SQUALL_EXPORT ncclResult_t ncclGroupStart() {
   const RealNccl& real = realNccl();
-  if (real.groupStart == nullptr) return missing();
+  if (real.groupStart == nullptr) return missing("ncclGroupStart");
   ++tGroupDepth;
   return real.groupStart();
 }
 
 SQUALL_EXPORT ncclResult_t ncclGroupEnd() {
   const RealNccl& real = realNccl();
-  if (real.groupEnd == nullptr) return missing();
+  if (real.groupEnd == nullptr) return missing("ncclGroupEnd");
   if (tGroupDepth > 0) --tGroupDepth;
   return real.groupEnd();
 }
@@ -187,7 +190,7 @@ SQUALL_EXPORT ncclResult_t ncclGroupEnd() {
 // launching it.
 SQUALL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
   const RealNccl& real = realNccl();
-  if (real.groupSimulateEnd == nullptr) return missing();
+  if (real.groupSimulateEnd == nullptr) return missing("ncclGroupSimulateEnd");
   if (tGroupDepth > 0) --tGroupDepth;
   return real.groupSimulateEnd(simInfo);
 }
@@ -195,7 +198,7 @@ SQUALL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
 SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                             int rank) {
   const RealNccl& real = realNccl();
-  if (real.commInitRank == nullptr) return missing();
+  if (real.commInitRank == nullptr) return missing("ncclCommInitRank");
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
     track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
@@ -205,7 +208,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
 SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                                   int rank, ncclConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.commInitRankConfig == nullptr) return missing();
+  if (real.commInitRankConfig == nullptr) return missing("ncclCommInitRankConfig");
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
   // ncclInProgress (non-blocking init) still hands out the communicator.
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
@@ -218,7 +221,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks
                                                     int nIds, ncclUniqueId* ids,
                                                     ncclConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.commInitRankScalable == nullptr) return missing();
+  if (real.commInitRankScalable == nullptr) return missing("ncclCommInitRankScalable");
   const ncclResult_t r = real.commInitRankScalable(comm, nranks, rank, nIds, ids, config);
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
     track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
@@ -228,7 +231,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks
 SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nExcluded,
                                           ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
   const RealNccl& real = realNccl();
-  if (real.commShrink == nullptr) return missing();
+  if (real.commShrink == nullptr) return missing("ncclCommShrink");
   const ncclResult_t r = real.commShrink(comm, excluded, nExcluded, newcomm, config, flags);
   // An excluded rank gets no communicator (NULL).
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
@@ -239,7 +242,7 @@ SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nE
 
 SQUALL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   const RealNccl& real = realNccl();
-  if (real.commInitAll == nullptr) return missing();
+  if (real.commInitAll == nullptr) return missing("ncclCommInitAll");
   const ncclResult_t r = real.commInitAll(comms, ndev, devlist);
   // One process drives every rank of these: its calls come one rank at a time
   // inside a group, so they pass through; they are not tracked.
@@ -249,7 +252,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const in
 SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                          ncclConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.commSplit == nullptr) return missing();
+  if (real.commSplit == nullptr) return missing("ncclCommSplit");
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
       !insideSquall())
@@ -259,7 +262,7 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
 
 SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const RealNccl& real = realNccl();
-  if (real.commDestroy == nullptr) return missing();
+  if (real.commDestroy == nullptr) return missing("ncclCommDestroy");
   // The engine borrows `comm`: it goes before NCCL destroys it. Destroy waits
   // for the communicator's work to finish anyway, so waiting here first costs
   // nothing.
@@ -269,7 +272,7 @@ SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 
 SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const RealNccl& real = realNccl();
-  if (real.commAbort == nullptr) return missing();
+  if (real.commAbort == nullptr) return missing("ncclCommAbort");
   // NCCL's abort first: freeing the engine's device memory waits for the
   // device, whose kernels may be waiting for a dead peer until the abort
   // releases them. The engine does not touch `comm` when it is destroyed.
@@ -286,7 +289,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                          cudaStream_t stream) {
   const RealNccl& real = realNccl();
-  if (real.allReduce == nullptr) return missing();
+  if (real.allReduce == nullptr) return missing("ncclAllReduce");
   if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
     Report::get().passed(Verdict::kReentry, 0);
     return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
