@@ -9,9 +9,13 @@
 // attribute on MPI_COMM_SELF, deleted first thing in MPI_Finalize while MPI
 // still works, tears down every Squall communicator and writes the report.
 //
-// Calls may come from any thread (Horovod calls from its background thread);
-// one lock serialises the compressed path, which MPI's rules already make
-// one collective at a time per communicator.
+// Calls may come from any thread (Horovod calls from its background thread,
+// MPI_THREAD_MULTIPLE programs from several). A short lock guards the
+// registry; each communicator's state has its own lock, held through its
+// collective (MPI's rules already make that one at a time per communicator),
+// so that threads reducing on different communicators never wait for each
+// other: one lock for all would deadlock ranks whose threads enter two
+// communicators in different orders.
 #include <mpi.h>
 
 #include <memory>
@@ -31,6 +35,7 @@ namespace {
 struct CommState {
   explicit CommState(const Policy& p)
       : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  std::mutex mutex;  // the fields below, and this communicator's compressed call
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
@@ -38,7 +43,7 @@ struct CommState {
   bool engineFailed = false;
 };
 
-std::mutex gMutex;           // the compressed path and the registry
+std::mutex gMutex;           // the registry: keyvals, gLive, gFinalized
 std::mutex gGraveyardMutex;  // states of freed communicators, destroyed later
 std::vector<CommState*> gGraveyard;
 std::set<CommState*> gLive;
@@ -70,6 +75,7 @@ int finalizing(MPI_Comm, int, void*, void*) {
   InsideSquall inside;
   drainGraveyard();
   for (CommState* s : gLive) {  // still attached to live communicators: keep the shell
+    std::lock_guard<std::mutex> stateLock(s->mutex);
     s->residuals.clear();
     s->engine.reset();
     s->engineFailed = true;
@@ -134,6 +140,46 @@ Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offs
   return Verdict::kCompress;
 }
 
+// True when every rank of `comm` says `mine`: every rank calls this at the
+// same call, since every rank reaches the same decision before it.
+bool everyRank(MPI_Comm comm, bool mine) {
+  int in = mine ? 1 : 0, out = 0;
+  return PMPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm) == MPI_SUCCESS && out == 1;
+}
+
+// Starts `state`'s engine on every rank of `comm` or on none: a rank that
+// compressed while another passed the call through would run a different
+// collective. The ranks agree twice: before the engine's collective set-up,
+// on what each can check alone (a rank that failed there would skip a
+// collective the others enter), and after it, on whether it worked.
+bool startEngine(MPI_Comm comm, CommState* state) {
+  core::CommConfig config;
+  bool ready = core::CommConfig::fromEnvironment(&config) == Status::kOk;
+  if (ready) {
+    // Squall's MPI transport runs only where MPI allows this thread to.
+    int level = MPI_THREAD_SINGLE, isMain = 0;
+    PMPI_Query_thread(&level);
+    PMPI_Is_thread_main(&isMain);
+    ready = level >= MPI_THREAD_SERIALIZED || isMain;
+    if (!ready)
+      SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                  "MPI was initialised below MPI_THREAD_SERIALIZED and this call comes from "
+                  "another thread than the one that initialised it; initialise MPI with "
+                  "MPI_THREAD_SERIALIZED or make the calls from the main thread");
+  }
+  const bool allReady = everyRank(comm, ready);
+  const bool made = allReady && core::Comm::fromMpi(&comm, config, &state->engine) == Status::kOk;
+  if (allReady && everyRank(comm, made)) return true;
+  state->residuals.clear();
+  state->engine.reset();
+  // The cause was logged where it was found, on the rank that found it.
+  SQUALL_WARN(Subsys::kApi,
+              "the interposer passes this communicator's allreduces through at full "
+              "precision on every rank: %s could not start Squall's engine",
+              (allReady ? made : ready) ? "another rank" : "this rank");
+  return false;
+}
+
 }  // namespace
 }  // namespace squall::preload
 
@@ -166,29 +212,29 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
           ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * typeBytes(datatype))
           : 0;
 
-  std::unique_lock<std::mutex> lock(gMutex, std::defer_lock);
+  std::unique_lock<std::mutex> lock;  // the state's
   CommState* state = nullptr;
   int64_t offset = 0;
   if (placed && verdict != Verdict::kCommunicator) {
-    lock.lock();
-    if (gFinalized) {
+    {
+      std::lock_guard<std::mutex> registry(gMutex);
+      if (!gFinalized) {
+        setUp();
+        drainGraveyard();
+        state = stateOf(comm);
+      }
+    }
+    // `state` lives until `comm` is freed, which MPI forbids during a call on it.
+    if (state == nullptr) {
       if (verdict == Verdict::kCompress) verdict = Verdict::kEngine;
     } else {
-      setUp();
-      drainGraveyard();
-      state = stateOf(comm);
+      lock = std::unique_lock<std::mutex>(state->mutex);
       verdict = decide(*state, facts.count, verdict == Verdict::kSmall, nranks, &offset);
     }
   }
   if (verdict == Verdict::kCompress && !state->engine) {
     InsideSquall inside;
-    core::CommConfig config;
-    if (core::CommConfig::fromEnvironment(&config) != Status::kOk ||
-        core::Comm::fromMpi(&comm, config, &state->engine) != Status::kOk) {
-      SQUALL_WARN(Subsys::kApi,
-                  "the interposer passes this communicator's allreduces through "
-                  "at full precision: %s",
-                  lastError().c_str());
+    if (!startEngine(comm, state)) {
       state->engineFailed = true;
       verdict = Verdict::kEngine;
     }

@@ -10,7 +10,8 @@
 extern "C" {
 typedef int ncclResult_t;  // ncclSuccess = 0
 typedef struct ncclComm* ncclComm_t;
-typedef struct ncclConfigOpaque ncclConfig_t;  // only passed through
+typedef struct ncclConfigOpaque ncclConfig_t;    // only passed through
+typedef struct ncclSimInfoOpaque ncclSimInfo_t;  // only passed through
 typedef struct {
   char internal[128];
 } ncclUniqueId;

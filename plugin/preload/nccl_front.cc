@@ -21,9 +21,14 @@ namespace squall::preload {
 namespace {
 
 struct CommState {
-  CommState(const Policy& p, int n)
-      : nranks(n), steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
-  int nranks;
+  explicit CommState(const Policy& p)
+      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  // 0 while `pending`: NCCL handed the communicator out before it was ready
+  // (non-blocking init, or init inside a group) and refuses to say its size
+  // until then.
+  std::mutex mutex;  // the fields below, and this communicator's compressed call
+  int nranks = 0;
+  bool pending = true;
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
@@ -31,42 +36,90 @@ struct CommState {
   bool engineFailed = false;
 };
 
+// The registry's lock, held only to look a state up: each state has its own,
+// so that threads reducing on different communicators never wait for each
+// other. A call holds a reference to its state, which a concurrent abort
+// (torch's watchdog aborts from another thread) may take out of the registry.
 std::mutex gMutex;
-std::map<ncclComm_t, std::unique_ptr<CommState>> gComms;
+std::map<ncclComm_t, std::shared_ptr<CommState>> gComms;
 thread_local int tGroupDepth = 0;
 
-ncclResult_t missing() {
+// `name` is absent from the real NCCL: none was found, or it is older than
+// the entry point (ncclCommInitRankScalable needs 2.23, ncclCommShrink 2.27).
+ncclResult_t missing(const char* name) {
   SQUALL_WARN(Subsys::kApi,
-              "the interposer has no real NCCL to call; set "
-              "SQUALL_NCCL_LIBRARY to the real libnccl.so.2");
-  return nccl_abi::kSystemError;
+              "the interposer finds no %s in the real NCCL (%s); set SQUALL_NCCL_LIBRARY to "
+              "the real libnccl.so.2, one recent enough for %s",
+              name, realNccl().found ? "it is older than this call" : "no NCCL was found", name);
+  return realNccl().found ? nccl_abi::kInvalidUsage : nccl_abi::kSystemError;
 }
 
-void track(ncclComm_t comm) {
+// Destroys a detached state: its compressors and engine free device memory,
+// which waits for the device.
+void drop(std::shared_ptr<CommState> state) {
+  if (state == nullptr) return;
+  InsideSquall inside;
+  state.reset();
+}
+
+// Learns a ready communicator's size (and the report's fallback rank).
+bool resolve(ncclComm_t comm, CommState* s) {
   const RealNccl& real = realNccl();
   int n = 0, rank = -1;
-  if (comm == nullptr || real.commCount == nullptr ||
-      real.commCount(comm, &n) != nccl_abi::kSuccess)
-    return;
+  if (real.commCount == nullptr || real.commCount(comm, &n) != nccl_abi::kSuccess) return false;
   // The report is named by the launcher's rank; without one, by the rank in
   // the first communicator (torch's first is the world).
   if (real.commUserRank != nullptr && real.commUserRank(comm, &rank) == nccl_abi::kSuccess)
     Report::get().setFallbackRank(rank);
-  std::lock_guard<std::mutex> lock(gMutex);
-  gComms[comm] = std::make_unique<CommState>(policy(), n);
+  s->nranks = n;
+  s->pending = false;
+  return true;
 }
 
-void untrack(ncclComm_t comm) {
-  std::unique_ptr<CommState> dead;
+// `ready`: the init returned ncclSuccess outside a group. Otherwise NCCL
+// refuses every query until the communicator is ready, and the state stays
+// pending until its first collective: NCCL accepts that only on a ready
+// communicator, so every rank resolves its state at the same call.
+void track(ncclComm_t comm, bool ready) {
+  if (comm == nullptr) return;
+  auto state = std::make_shared<CommState>(policy());
+  if (ready) resolve(comm, state.get());
+  std::shared_ptr<CommState> stale;  // of a communicator freed behind our back
   {
     std::lock_guard<std::mutex> lock(gMutex);
-    auto it = gComms.find(comm);
-    if (it == gComms.end()) return;
-    dead = std::move(it->second);
-    gComms.erase(it);
+    std::shared_ptr<CommState>& slot = gComms[comm];
+    stale = std::move(slot);
+    slot = std::move(state);
   }
-  InsideSquall inside;  // the engine borrows `comm`: gone before NCCL destroys it
-  dead.reset();
+  drop(std::move(stale));
+}
+
+// Under the state's lock, at a collective on a pending communicator.
+void resolvePending(ncclComm_t comm, CommState* s) {
+  const RealNccl& real = realNccl();
+  ncclResult_t async = nccl_abi::kInProgress;
+  if (real.commGetAsyncError != nullptr &&
+      (real.commGetAsyncError(comm, &async) != nccl_abi::kSuccess || async != nccl_abi::kSuccess))
+    return;  // not ready (NCCL fails the call) or failed: still pending
+  resolve(comm, s);
+}
+
+// Takes `comm`'s state out of the registry without destroying it; with
+// `only`, just that state (a communicator NCCL has made at the same address
+// since keeps its own).
+std::shared_ptr<CommState> detach(ncclComm_t comm, const CommState* only = nullptr) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  if (it == gComms.end() || (only != nullptr && it->second.get() != only)) return nullptr;
+  std::shared_ptr<CommState> state = std::move(it->second);
+  gComms.erase(it);
+  return state;
+}
+
+std::shared_ptr<CommState> peek(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  return it == gComms.end() ? nullptr : it->second;
 }
 
 bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
@@ -121,40 +174,75 @@ using namespace squall::preload;
 
 SQUALL_EXPORT ncclResult_t ncclGroupStart() {
   const RealNccl& real = realNccl();
-  if (real.groupStart == nullptr) return missing();
+  if (real.groupStart == nullptr) return missing("ncclGroupStart");
   ++tGroupDepth;
   return real.groupStart();
 }
 
 SQUALL_EXPORT ncclResult_t ncclGroupEnd() {
   const RealNccl& real = realNccl();
-  if (real.groupEnd == nullptr) return missing();
+  if (real.groupEnd == nullptr) return missing("ncclGroupEnd");
   if (tGroupDepth > 0) --tGroupDepth;
   return real.groupEnd();
+}
+
+// Ends the group like ncclGroupEnd, computing what it would launch without
+// launching it.
+SQUALL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo) {
+  const RealNccl& real = realNccl();
+  if (real.groupSimulateEnd == nullptr) return missing("ncclGroupSimulateEnd");
+  if (tGroupDepth > 0) --tGroupDepth;
+  return real.groupSimulateEnd(simInfo);
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                             int rank) {
   const RealNccl& real = realNccl();
-  if (real.commInitRank == nullptr) return missing();
+  if (real.commInitRank == nullptr) return missing("ncclCommInitRank");
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
-  if (r == nccl_abi::kSuccess && !insideSquall()) track(*comm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                                   int rank, ncclConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.commInitRankConfig == nullptr) return missing();
+  if (real.commInitRankConfig == nullptr) return missing("ncclCommInitRankConfig");
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
   // ncclInProgress (non-blocking init) still hands out the communicator.
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall()) track(*comm);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  return r;
+}
+
+// torch's init above TORCH_NCCL_RANKS_PER_ROOT (128) ranks.
+SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks, int rank,
+                                                    int nIds, ncclUniqueId* ids,
+                                                    ncclConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.commInitRankScalable == nullptr) return missing("ncclCommInitRankScalable");
+  const ncclResult_t r = real.commInitRankScalable(comm, nranks, rank, nIds, ids, config);
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
+    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nExcluded,
+                                          ncclComm_t* newcomm, ncclConfig_t* config, int flags) {
+  const RealNccl& real = realNccl();
+  if (real.commShrink == nullptr) return missing("ncclCommShrink");
+  const ncclResult_t r = real.commShrink(comm, excluded, nExcluded, newcomm, config, flags);
+  // An excluded rank gets no communicator (NULL).
+  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
+      !insideSquall())
+    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   const RealNccl& real = realNccl();
-  if (real.commInitAll == nullptr) return missing();
+  if (real.commInitAll == nullptr) return missing("ncclCommInitAll");
   const ncclResult_t r = real.commInitAll(comms, ndev, devlist);
   // One process drives every rank of these: its calls come one rank at a time
   // inside a group, so they pass through; they are not tracked.
@@ -164,33 +252,44 @@ SQUALL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const in
 SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                          ncclConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.commSplit == nullptr) return missing();
+  if (real.commSplit == nullptr) return missing("ncclCommSplit");
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
   if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
       !insideSquall())
-    track(*newcomm);
+    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
   return r;
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const RealNccl& real = realNccl();
-  if (real.commDestroy == nullptr) return missing();
-  untrack(comm);
+  if (real.commDestroy == nullptr) return missing("ncclCommDestroy");
+  // The engine borrows `comm`: it goes before NCCL destroys it. Destroy waits
+  // for the communicator's work to finish anyway, so waiting here first costs
+  // nothing.
+  drop(detach(comm));
   return real.commDestroy(comm);
 }
 
 SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const RealNccl& real = realNccl();
-  if (real.commAbort == nullptr) return missing();
-  untrack(comm);
-  return real.commAbort(comm);
+  if (real.commAbort == nullptr) return missing("ncclCommAbort");
+  // NCCL's abort first: freeing the engine's device memory waits for the
+  // device, whose kernels may be waiting for a dead peer until the abort
+  // releases them. The engine does not touch `comm` when it is destroyed.
+  std::shared_ptr<CommState> state = peek(comm);
+  const ncclResult_t r = real.commAbort(comm);
+  if (state != nullptr) {
+    detach(comm, state.get());
+    drop(std::move(state));
+  }
+  return r;
 }
 
 SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                          cudaStream_t stream) {
   const RealNccl& real = realNccl();
-  if (real.allReduce == nullptr) return missing();
+  if (real.allReduce == nullptr) return missing("ncclAllReduce");
   if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
     Report::get().passed(Verdict::kReentry, 0);
     return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
@@ -200,9 +299,16 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   Verdict verdict = policy().judge(facts);
   if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
 
-  std::unique_lock<std::mutex> lock(gMutex);
-  auto it = gComms.find(comm);
-  CommState* s = it == gComms.end() ? nullptr : it->second.get();
+  std::shared_ptr<CommState> held;
+  {
+    std::lock_guard<std::mutex> registry(gMutex);
+    auto it = gComms.find(comm);
+    if (it != gComms.end()) held = it->second;
+  }
+  std::unique_lock<std::mutex> lock;  // released before `held`
+  if (held != nullptr) lock = std::unique_lock<std::mutex>(held->mutex);
+  CommState* s = held.get();
+  if (s != nullptr && s->pending) resolvePending(comm, s);
   const int nranks = s != nullptr ? s->nranks : 0;
   const uint64_t fullBytes =
       nranks > 1
@@ -248,7 +354,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     }
   }
   if (verdict != Verdict::kCompress) {
-    lock.unlock();
+    if (lock.owns_lock()) lock.unlock();
     Report::get().passed(verdict, fullBytes);
     return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   }

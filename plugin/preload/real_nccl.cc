@@ -31,14 +31,18 @@ RealNccl load() {
   resolve(handle, "ncclAllReduce", &t.allReduce);
   resolve(handle, "ncclCommInitRank", &t.commInitRank);
   resolve(handle, "ncclCommInitRankConfig", &t.commInitRankConfig);
+  resolve(handle, "ncclCommInitRankScalable", &t.commInitRankScalable);
+  resolve(handle, "ncclCommShrink", &t.commShrink);
   resolve(handle, "ncclCommInitAll", &t.commInitAll);
   resolve(handle, "ncclCommSplit", &t.commSplit);
   resolve(handle, "ncclCommDestroy", &t.commDestroy);
   resolve(handle, "ncclCommAbort", &t.commAbort);
   resolve(handle, "ncclGroupStart", &t.groupStart);
   resolve(handle, "ncclGroupEnd", &t.groupEnd);
+  resolve(handle, "ncclGroupSimulateEnd", &t.groupSimulateEnd);
   resolve(handle, "ncclCommCount", &t.commCount);
   resolve(handle, "ncclCommUserRank", &t.commUserRank);
+  resolve(handle, "ncclCommGetAsyncError", &t.commGetAsyncError);
   t.found = t.allReduce != nullptr;
   return t;
 }

@@ -14,14 +14,20 @@ struct RealNccl {
                             cudaStream_t) = nullptr;
   ncclResult_t (*commInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
+  ncclResult_t (*commInitRankScalable)(ncclComm_t*, int, int, int, ncclUniqueId*,
+                                       ncclConfig_t*) = nullptr;  // NCCL 2.23+
+  ncclResult_t (*commShrink)(ncclComm_t, int*, int, ncclComm_t*, ncclConfig_t*,
+                             int) = nullptr;  // NCCL 2.27+
   ncclResult_t (*commInitAll)(ncclComm_t*, int, const int*) = nullptr;
   ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
   ncclResult_t (*commDestroy)(ncclComm_t) = nullptr;
   ncclResult_t (*commAbort)(ncclComm_t) = nullptr;
   ncclResult_t (*groupStart)() = nullptr;
   ncclResult_t (*groupEnd)() = nullptr;
+  ncclResult_t (*groupSimulateEnd)(ncclSimInfo_t*) = nullptr;  // NCCL 2.22+
   ncclResult_t (*commCount)(ncclComm_t, int*) = nullptr;
   ncclResult_t (*commUserRank)(ncclComm_t, int*) = nullptr;
+  ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
   bool found = false;  // ncclAllReduce was resolved
 };
 

@@ -17,7 +17,8 @@ mpirun set a rank), patches torch before the script starts:
 * ``--slowmo TAU``: every torch optimizer is wrapped in
   ``squall.optim.SlowMo(opt, tau=TAU)``, and DDP models get a hook that
   leaves gradients local (SlowMo averages the parameters itself);
-* ``--preload``: ``LD_PRELOAD`` gets libsquall-preload.so (the interposer).
+* ``--preload``: ``LD_PRELOAD`` gets libsquall-preload-nccl.so (the NCCL
+  interposer: it needs no MPI, so it loads into torchrun and every worker).
 
 The Squall communicator is made with ``squall.init()`` over the script's
 default process group, on first need. One line at start says what changed.
@@ -48,7 +49,7 @@ def _parser():
                         "(default 100)")
     p.add_argument("--codec", default="onebit", help="codec (default onebit)")
     p.add_argument("--preload", action="store_true",
-                   help="set LD_PRELOAD to the interposer (libsquall-preload.so)")
+                   help="set LD_PRELOAD to the NCCL interposer (libsquall-preload-nccl.so)")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the launch command, after --")
     return p
@@ -56,9 +57,9 @@ def _parser():
 
 def _preload_library():
     here = os.path.dirname(os.path.realpath(_lib.path))
-    for candidate in (os.path.join(here, "libsquall-preload.so"),
+    for candidate in (os.path.join(here, "libsquall-preload-nccl.so"),
                       os.path.join(here, "..", "..", "plugin", "preload",
-                                   "libsquall-preload.so")):
+                                   "libsquall-preload-nccl.so")):
         if os.path.exists(candidate):
             return os.path.normpath(candidate)
     return None
@@ -91,7 +92,7 @@ def plan(args):
         said.append(f"every optimizer -> squall.optim.SlowMo(tau={args.slowmo}); DDP keeps "
                     "gradients local")
     if args.preload:
-        said.append("LD_PRELOAD=libsquall-preload.so")
+        said.append("LD_PRELOAD=libsquall-preload-nccl.so")
     if not said:
         said.append("nothing (no option given)")
     return config, "squallrun: " + "; ".join(said)
@@ -115,7 +116,7 @@ def main(argv=None):
     if args.preload:
         lib = _preload_library()
         if lib is None:
-            raise SystemExit("squallrun: --preload: libsquall-preload.so is not next to "
+            raise SystemExit("squallrun: --preload: libsquall-preload-nccl.so is not next to "
                              f"{_lib.path}; build it (meson -Dpreload=enabled) or set LD_PRELOAD")
         env["LD_PRELOAD"] = " ".join(x for x in (lib, env.get("LD_PRELOAD")) if x)
     print(line, flush=True)

@@ -86,7 +86,7 @@ def test_squallrun_preload():
                        capture_output=True, text=True, env=env, timeout=60)
     lib = run._preload_library()
     if lib is None:  # this build has no interposer: said so, nothing run
-        assert r.returncode != 0 and "libsquall-preload.so is not next to" in r.stderr
+        assert r.returncode != 0 and "libsquall-preload-nccl.so is not next to" in r.stderr
     else:
         assert r.returncode == 0 and f"LD_PRELOAD={lib}" in r.stdout, r.stderr
-        assert r.stdout.startswith("squallrun: LD_PRELOAD=libsquall-preload.so")
+        assert r.stdout.startswith("squallrun: LD_PRELOAD=libsquall-preload-nccl.so")

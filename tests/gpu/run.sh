@@ -183,14 +183,14 @@ else
 fi
 # ---- end of the NCCL plugin step
 
-# ---- interposer (plugin/preload): torch DDP over NCCL under libsquall-preload.so,
+# ---- interposer (plugin/preload): torch DDP over NCCL under libsquall-preload-nccl.so,
 # 2 processes sharing the GPU (distinct NCCL_HOSTID, NCCL_MNNVL_ENABLE=0):
 # DDP's gradient allreduces compressed (reports non-empty), ranks bit-identical,
 # loss close to the uncompressed run's. Needs CUDA torch, like the step above.
-preload_lib="$build/plugin/preload/libsquall-preload.so"
+preload_lib="$build/plugin/preload/libsquall-preload-nccl.so"
 [[ $preload_lib == /* ]] || preload_lib="$PWD/$preload_lib"
 if [[ ! -f $preload_lib ]]; then
-  note "SKIP: preload-ddp: $preload_lib was not built (needs MPI)"
+  note "SKIP: preload-ddp: $preload_lib was not built (meson -Dpreload=disabled?)"
 elif timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
   step preload-ddp 120 "$py" tests/plugin/preload/ddp_gpu.py "$preload_lib" "$out" || true
   grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-ddp.log" | tee -a "$summary" || true

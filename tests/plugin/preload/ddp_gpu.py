@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch DDP over NCCL under libsquall-preload.so: 2 processes sharing GPU 0.
+"""torch DDP over NCCL under libsquall-preload-nccl.so: 2 processes sharing GPU 0.
 
   ddp_gpu.py LIB OUT_DIR          (the driver; run by tests/gpu/run.sh)
 

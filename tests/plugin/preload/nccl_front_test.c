@@ -29,6 +29,9 @@ int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
 int ncclCommInitRank(void**, int, UniqueId, int);
 int ncclCommInitRankConfig(void**, int, UniqueId, int, void*);
 int ncclCommSplit(void*, int, int, void**, void*);
+int ncclCommInitRankScalable(void**, int, int, int, UniqueId*, void*);
+int ncclCommShrink(void*, int*, int, void**, void*, int);
+int ncclGroupSimulateEnd(void*);
 int ncclCommDestroy(void*);
 int ncclCommAbort(void*);
 int ncclGroupStart(void);
@@ -37,6 +40,9 @@ int standinMakeComm(void**, int);
 int standinLogged(void);
 const Logged* standinCall(int);
 int standinGroups(void);
+void standinProbeAbort(int);
+void standinNonBlocking(int);
+void standinReady(void*);
 
 enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
 enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
@@ -67,7 +73,7 @@ static void call(size_t count, int dtype, int op, void* comm) {
 static int child(void) {
   UniqueId id;
   memset(&id, 0, sizeof id);
-  void *a, *b, *c, *one, *untracked;
+  void *a, *b, *c, *one, *untracked, *nb, *g, *gs, *sc, *sh;
   CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
   CHECK(ncclCommInitRankConfig(&b, 1, id, 0, NULL) == 0, "init config");
   CHECK(ncclCommSplit(a, 0, 1, &c, NULL) == 0, "split");
@@ -93,8 +99,42 @@ static int child(void) {
   call(4096, kFloat32, kSum, c);         /* eligible: the split is tracked */
   call(4096, kFloat32, kSum, untracked); /* communicator: not made through the interposer */
   call(4096, kFloat32, kSum, one);       /* communicator: one rank */
+  /* Communicators handed out before they are ready: a non-blocking init
+   * (ncclInProgress), and an init and a split inside a group. NCCL refuses
+   * ncclCommCount on them until then; the interposer learns their size at
+   * their first collective. */
+  standinNonBlocking(1);
+  CHECK(ncclCommInitRankConfig(&nb, 2, id, 0, NULL) == 7, "non-blocking init");
+  standinNonBlocking(0);
+  CHECK(ncclGroupStart() == 0, "group");
+  CHECK(ncclCommInitRank(&g, 2, id, 0) == 0, "init in a group");
+  CHECK(ncclCommSplit(a, 0, 1, &gs, NULL) == 0, "split in a group");
+  CHECK(ncclGroupEnd() == 0, "group end");
+  standinReady(nb);
+  call(4096, kFloat32, kSum, nb); /* eligible */
+  call(4096, kFloat32, kSum, g);  /* eligible */
+  call(4096, kFloat32, kSum, gs); /* eligible */
+  CHECK(ncclCommDestroy(nb) == 0 && ncclCommDestroy(g) == 0 && ncclCommDestroy(gs) == 0, "destroy");
+  /* torch's init above TORCH_NCCL_RANKS_PER_ROOT ranks, and a shrink. */
+  UniqueId ids[2];
+  memset(ids, 0, sizeof ids);
+  int excluded = 1;
+  CHECK(ncclCommInitRankScalable(&sc, 2, 1, 2, ids, NULL) == 0, "scalable init");
+  CHECK(ncclCommShrink(a, &excluded, 1, &sh, NULL, 0) == 0, "shrink");
+  call(4096, kFloat32, kSum, sc); /* eligible */
+  call(4096, kFloat32, kSum, sh); /* communicator: one rank left */
+  CHECK(ncclCommDestroy(sc) == 0 && ncclCommDestroy(sh) == 0, "destroy");
+  /* A simulated group end closes the group like ncclGroupEnd. */
+  char simInfo[32] = {0};
+  CHECK(ncclGroupStart() == 0 && ncclGroupSimulateEnd(simInfo) == 0, "simulated group");
+  call(4096, kFloat32, kSum, a); /* eligible, not group */
   CHECK(ncclCommDestroy(a) == 0, "destroy");
+  /* The stand-in's abort probes, through the interposer, whether `c` is still
+   * tracked while NCCL aborts it: eligible (no_engine), not communicator. */
+  standinProbeAbort(1);
   CHECK(ncclCommAbort(c) == 0, "abort");
+  standinProbeAbort(0);
+  made_ = standinLogged();
   /* A new communicator, perhaps at a freed one's address, starts afresh. */
   CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init again");
   call(4096, kFloat32, kSum, a); /* eligible */
@@ -127,13 +167,13 @@ int main(void) {
   rmdir(dir);
   printf("%s", text);
   const char* expect[] = {"\"calls_compressed\": 0",
-                          "\"calls_passed\": 16",
-                          "\"no_engine\": 7",
+                          "\"calls_passed\": 23",
+                          "\"no_engine\": 13",
                           "\"op\": 2",
                           "\"dtype\": 2",
                           "\"small\": 1",
                           "\"group\": 2",
-                          "\"communicator\": 2",
+                          "\"communicator\": 3",
                           "\"rank\": 5"};
   for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i)
     CHECK(strstr(text, expect[i]) != NULL, "the report lacks %s", expect[i]);

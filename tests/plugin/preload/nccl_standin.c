@@ -2,13 +2,18 @@
  * machine without a GPU: communicators are plain records, ncclAllReduce copies
  * its input and logs its arguments, so the test can check that every call it
  * made arrived unchanged. Only the entry points the interposer resolves. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* A communicator made inside a group, or with standinNonBlocking(1) (a
+ * config with blocking = 0), is not ready until the group ends or the test
+ * says so; NCCL refuses queries and collectives on it until then. */
 typedef struct {
-  int nranks, rank;
+  int nranks, rank, ready;
 } Comm;
 typedef struct {
   char internal[128];
@@ -24,7 +29,8 @@ typedef struct {
 } Logged;
 
 static Logged log_[256];
-static int logged_, groupStarts_, groupEnds_;
+static int logged_, groupStarts_, groupEnds_, groupDepth_, nonBlocking_, nInGroup_;
+static Comm* inGroup_[64];
 
 static size_t typeBytes(int t) {
   return t <= 1 ? 1 : t == 6 || t == 9 ? 2 : t == 4 || t == 5 || t == 8 ? 8 : 4;
@@ -32,6 +38,7 @@ static size_t typeBytes(int t) {
 
 EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
                          void* stream) {
+  if (!((Comm*)comm)->ready) return 5; /* ncclInvalidUsage */
   if (logged_ < 256) log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream};
   if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
   return 0;
@@ -40,8 +47,10 @@ static int make(void** comm, int nranks, int rank) {
   Comm* c = malloc(sizeof(Comm));
   c->nranks = nranks;
   c->rank = rank;
+  c->ready = groupDepth_ == 0 && !nonBlocking_;
+  if (groupDepth_ > 0 && nInGroup_ < 64) inGroup_[nInGroup_++] = c;
   *comm = c;
-  return 0;
+  return nonBlocking_ ? 7 : 0; /* ncclInProgress */
 }
 EXPORT int ncclCommInitRank(void** comm, int nranks, UniqueId id, int rank) {
   (void)id;
@@ -63,28 +72,77 @@ EXPORT int ncclCommSplit(void* comm, int color, int key, void** out, void* confi
   const Comm* c = comm;
   return make(out, c->nranks, key % c->nranks);
 }
+EXPORT int ncclCommInitRankScalable(void** comm, int nranks, int rank, int nIds, UniqueId* ids,
+                                    void* config) {
+  (void)nIds;
+  (void)ids;
+  (void)config;
+  return make(comm, nranks, rank);
+}
+EXPORT int ncclCommShrink(void* comm, int* exclude, int nExclude, void** out, void* config,
+                          int flags) {
+  (void)exclude;
+  (void)config;
+  (void)flags;
+  const Comm* c = comm;
+  return make(out, c->nranks - nExclude, 0);
+}
 EXPORT int ncclCommDestroy(void* comm) {
   free(comm);
   return 0;
 }
+static int probeAbort_;
 EXPORT int ncclCommAbort(void* comm) {
+  /* The probe: an eligible allreduce on the communicator being aborted, made
+   * through whatever ncclAllReduce the process resolves (the interposer's),
+   * tells the test's report whether the interposer still tracked the
+   * communicator when NCCL's abort ran (it must: the state is dropped after). */
+  if (probeAbort_) {
+    static float probe[4096];
+    int (*allReduce)(const void*, void*, size_t, int, int, void*, void*) = NULL;
+    void* symbol = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+    memcpy(&allReduce, &symbol,
+           sizeof symbol); /* POSIX's way round ISO C's object/function split */
+    if (allReduce != NULL) allReduce(probe, probe, 4096, 7, 0, comm, NULL);
+  }
   free(comm);
   return 0;
 }
 EXPORT int ncclGroupStart(void) {
   ++groupStarts_;
+  ++groupDepth_;
+  return 0;
+}
+static int endGroup(void) {
+  if (groupDepth_ > 0 && --groupDepth_ == 0) {
+    for (int i = 0; i < nInGroup_; ++i) inGroup_[i]->ready = 1;
+    nInGroup_ = 0;
+  }
   return 0;
 }
 EXPORT int ncclGroupEnd(void) {
   ++groupEnds_;
-  return 0;
+  return endGroup();
+}
+/* Ends the group as ncclGroupEnd does, launching nothing. (Not through
+ * ncclGroupEnd: that call would bind to the interposer's.) */
+EXPORT int ncclGroupSimulateEnd(void* simInfo) {
+  (void)simInfo;
+  --groupStarts_;
+  return endGroup();
 }
 EXPORT int ncclCommCount(void* comm, int* n) {
+  if (!((Comm*)comm)->ready) return 4; /* ncclInvalidArgument, as NCCL 2.28 */
   *n = ((Comm*)comm)->nranks;
   return 0;
 }
 EXPORT int ncclCommUserRank(void* comm, int* r) {
+  if (!((Comm*)comm)->ready) return 4;
   *r = ((Comm*)comm)->rank;
+  return 0;
+}
+EXPORT int ncclCommGetAsyncError(void* comm, int* state) {
+  *state = ((Comm*)comm)->ready ? 0 : 7;
   return 0;
 }
 
@@ -93,4 +151,7 @@ EXPORT int ncclCommUserRank(void* comm, int* r) {
 EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 0); }
 EXPORT int standinLogged(void) { return logged_; }
 EXPORT const Logged* standinCall(int i) { return &log_[i]; }
+EXPORT void standinProbeAbort(int on) { probeAbort_ = on; }
+EXPORT void standinNonBlocking(int on) { nonBlocking_ = on; }
+EXPORT void standinReady(void* comm) { ((Comm*)comm)->ready = 1; }
 EXPORT int standinGroups(void) { return groupStarts_ * 1000 + groupEnds_; }
