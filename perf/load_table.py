@@ -79,9 +79,9 @@ def main():
               + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in lrates.items()) + " Gelem/s")
     print()
     builds = sorted({k[1] for k in times})
-    print("| link | ranks | size | transport | build | bound ms | quiet ms | x bound | "
+    print("| link | ranks | size | transport | build | runs | bound ms | quiet ms | x bound | "
           "loaded ms | x bound | stretch | fp32 quiet ms | fp32 loaded ms | fp32 stretch |")
-    print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     cells = sorted({(k[2], k[3], k[5], k[4]) for k in times},
                    key=lambda c: (bound.parse_rate(c[0]), c[1], c[3] != "tcp", c[2]))
     for rate, n, nbytes, transport in cells:
@@ -102,7 +102,8 @@ def main():
             xl = f"{statistics.median(lo) / b_ms:.2f}" if lo else "-"
             st = f"{statistics.median(lo) / statistics.median(q):.2f}" if q and lo else "-"
             fp = transport == "tcp"
-            print(f"| {rate} | {n} | {bound.human(nbytes)} | {transport} | {build} | {b_ms:.1f} | "
+            print(f"| {rate} | {n} | {bound.human(nbytes)} | {transport} | {build} | {len(q)}+{len(lo)} | "
+                  f"{b_ms:.1f} | "
                   f"{fmt_ms(q)} | {xq} | {fmt_ms(lo)} | {xl} | {st} | "
                   f"{fmt_ms(fq) if fp else '-'} | {fmt_ms(fl) if fp else '-'} | "
                   f"{fstretch if fp else '-'} |")

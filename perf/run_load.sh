@@ -5,15 +5,18 @@
 #
 #   perf/run_load.sh [--out DIR] [--builds "new=build"] [--rates "1gbit 10gbit"]
 #                    [--ranks "2 4"] [-b 64M] [-e 256M] [--iters 5] [--repeat 5]
-#                    [--busy 2] [--ucx "4:1gbit"] [--no-fp32]
+#                    [--busy 2] [--ucx "4:1gbit"] [--no-fp32] [--fp32-max 64M]
+#                    [--tcp-builds "new"] [--first-repeat 1]
 #
 # One repeat runs every cell once, in this order, so that a burst of load from
 # elsewhere lands on one repeat of every cell, not on every repeat of one:
 #   for load in quiet loaded:
 #     codec_bench (the codec's rates in those conditions)
-#     for each rate, rank count: every build's compressed run (tcp), then the
-#       fp32 ring (the first build, --vs none, 3 iterations)
+#     for each rate, rank count: the compressed run (tcp) of every build named
+#       in --tcp-builds (default all), then the fp32 ring (the first build,
+#       --vs none, 3 iterations, sizes up to --fp32-max, default -e)
 #     for each --ucx ranks:rate: every build's compressed run over ucx
+# --first-repeat numbers the repeats from there (to add repeats to a DIR).
 # "quiet" runs everything at nice -15 (other work on the machine at nice 0 or
 # above barely gets the CPU); "loaded" starts --busy busy-loop processes at
 # nice 0 and runs the benchmark at nice 0 too, so it gets its fair share and
@@ -36,6 +39,9 @@ repeat=5
 busy=2
 ucx="4:1gbit"
 fp32=1
+fp32_max=
+tcp_builds=
+first_repeat=1
 while (($#)); do
   case $1 in
     --out) out=$2; shift 2 ;;
@@ -49,6 +55,9 @@ while (($#)); do
     --busy) busy=$2; shift 2 ;;
     --ucx) ucx=$2; shift 2 ;;
     --no-fp32) fp32=0; shift ;;
+    --fp32-max) fp32_max=$2; shift 2 ;;
+    --tcp-builds) tcp_builds=$2; shift 2 ;;
+    --first-repeat) first_repeat=$2; shift 2 ;;
     *) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
@@ -83,10 +92,11 @@ start_load() {
 cell() {
   local load=$1 build=$2 dir=$3 rate=$4 n=$5 transport=$6 rep=$7
   shift 7
-  local name=${load}_${build}_${rate}_n${n}_${transport}_$rep prio=-15 rc=0
+  local name=${load}_${build}_${rate}_n${n}_${transport}_$rep prio=-15 rc=0 top=$max
+  [[ $build == fp32 && -n $fp32_max ]] && top=$fp32_max
   [[ $load == quiet ]] || prio=0
   nice -n "$prio" perf/links.sh --rate "$rate" --ranks "$n" -- "$dir/perf/squall_perf" \
-    -b "$min" -e "$max" -f 4 --transport "$transport" --json "$out/$name.json" --times "$@" \
+    -b "$min" -e "$top" -f 4 --transport "$transport" --json "$out/$name.json" --times "$@" \
     >"$out/$name.txt" 2>"$out/$name.err" || rc=$?
   ((rc == 77)) && exit 77
   ((rc == 0)) || { echo "run_load.sh: $name failed ($rc)" >&2; tail -5 "$out/$name.err" >&2; }
@@ -94,7 +104,7 @@ cell() {
 }
 
 machine start
-for ((rep = 1; rep <= repeat; rep++)); do
+for ((rep = first_repeat; rep < first_repeat + repeat; rep++)); do
   for load in quiet loaded; do
     [[ $load == loaded ]] && start_load
     prio=-15
@@ -104,6 +114,7 @@ for ((rep = 1; rep <= repeat; rep++)); do
     for rate in $rates; do
       for n in $ranks_list; do
         for b in $builds; do
+          [[ -z $tcp_builds || " $tcp_builds " == *" ${b%%=*} "* ]] || continue
           cell "$load" "${b%%=*}" "${b#*=}" "$rate" "$n" tcp "$rep" -n "$iters" -w 1
         done
         ((fp32)) && cell "$load" fp32 "$first" "$rate" "$n" tcp "$rep" -n 3 -w 0 --vs none

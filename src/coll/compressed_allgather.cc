@@ -125,10 +125,6 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       stats.bytesSent += result.bytes;
       ++stats.messagesSent;
     }
-    // A transport without a progress thread (UCX) moves bytes only when
-    // asked: without this, what did not leave at posting waited for the
-    // end of the encode, and the wire no longer overlapped it.
-    SQUALL_TRY(ctx.transport->progress());
   }
   // Output only on success: everything has arrived and left, and every
   // piece is checked, before the first output element is written.

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -626,79 +625,6 @@ TEST_P(CompressedAllReduce, DISABLED_Timing) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     std::printf("fp32 ring allreduce n=%d N=%zu: %.1f ms\n", kN, kCount, s * 1e3);
-  }
-}
-
-// A transport without a progress thread (UCX) moves bytes only inside
-// progress(): the all-gather algorithm must call it between segments, or its
-// sends wait for the end of the encode and the wire stops overlapping it.
-class ProgressCountingTransport final : public transport::Transport {
- public:
-  explicit ProgressCountingTransport(std::unique_ptr<transport::Transport> inner)
-      : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  const char* name() const override { return "progress-counting"; }
-  Status send(int peer, const transport::Tag& tag, const void* data, size_t bytes,
-              transport::RequestPtr* request) override {
-    progressAtLastSend_ = progressCalls_;
-    return inner_->send(peer, tag, data, bytes, request);
-  }
-  Status recv(int peer, const transport::Tag& tag, void* data, size_t bytes,
-              transport::RequestPtr* request) override {
-    return inner_->recv(peer, tag, data, bytes, request);
-  }
-  Status progress() override {
-    ++progressCalls_;
-    return inner_->progress();
-  }
-  Status waitForActivity(transport::Deadline until) override {
-    return inner_->waitForActivity(until);
-  }
-  // progress() calls made before the last send was posted.
-  int progressBeforeLastSend() const { return progressAtLastSend_; }
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
-  int progressCalls_ = 0;
-  int progressAtLastSend_ = 0;
-};
-
-TEST(CompressedAllReduceProgress, AllGatherProgressesTheTransportBetweenSegments) {
-  constexpr int kN = 2;
-  constexpr size_t kSegment = 4096;  // elements: two onebit blocks
-  constexpr size_t kSegments = 8;
-  std::vector<std::unique_ptr<transport::Transport>> local;
-  ASSERT_EQ(transport::createLocalTransports(kN, &local), Status::kOk);
-  std::vector<std::unique_ptr<ProgressCountingTransport>> counting;
-  for (auto& t : local)
-    counting.push_back(std::make_unique<ProgressCountingTransport>(std::move(t)));
-  coll::Options options = testing::testOptions();
-  options.compressedAlgo = CompressedAlgo::kAllGather;
-  options.segmentBytes = kSegment * sizeof(float);
-  std::vector<std::unique_ptr<Communicator>> comms;
-  for (auto& t : counting) comms.push_back(std::make_unique<Communicator>(t.get(), options));
-  const codec::Spec spec = specOf(codec::CodecId::kOnebit, 2048);
-  std::vector<std::unique_ptr<CompressedState>> states(kN);
-  for (auto& s : states)
-    ASSERT_EQ(CompressedState::create(kN, kSegment * kSegments, spec, &s), Status::kOk);
-  auto inputs = randomInputs(kN, kSegment * kSegments, 11);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kN; ++r) {
-    threads.emplace_back([&, r] {
-      EXPECT_EQ(comms[r]->compressedAllReduce(inputs[r].data(), inputs[r].data(), DataType::kF32,
-                                              ReduceOp::kSum, states[r].get()),
-                Status::kOk)
-          << lastError();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  comms.clear();
-  for (int r = 0; r < kN; ++r) {
-    EXPECT_EQ(states[r]->lastStats().segments, kSegments);
-    // Once after each segment's sends: the last segment's come after 7.
-    EXPECT_GE(counting[r]->progressBeforeLastSend(), static_cast<int>(kSegments) - 1)
-        << "rank " << r;
   }
 }
 
