@@ -49,6 +49,7 @@ struct Args {
   int np = 0;      // spawn this many local ranks
   std::string json;
   squallTransport_t transport = squallTransportDefault;
+  bool times = false;  // print every iteration's time, per rank (to see a bimodal spread)
 };
 
 [[noreturn]] void usage(const char* argv0, const char* problem) {
@@ -57,6 +58,7 @@ struct Args {
                "usage: %s [-np N] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP] [-c 0|1]\n"
                "          [-d float|half|bfloat16] [-o sum|avg] [--codec SPEC] [--block B]\n"
                "          [--vs none] [--transport ucx|tcp] [--json FILE]\n"
+               "          [--times]\n"
                "sizes accept K, M, G suffixes; SPEC as in squallCodecSpecParse\n",
                argv0);
   std::exit(2);
@@ -118,6 +120,8 @@ Args parseArgs(int argc, char** argv) {
       a.vs = value();
     else if (f == "--json")
       a.json = value();
+    else if (f == "--times")
+      a.times = true;
     else if (f == "-d") {
       std::string d = value();
       if (d == "float")
@@ -234,6 +238,13 @@ double timeIt(const Args& a, squallComm_t comm, Call&& call) {
     const double t0 = now();
     call();
     times.push_back(now() - t0);
+  }
+  if (a.times) {
+    int rank = 0;
+    CHECK(squallCommRank(comm, &rank));
+    std::fprintf(stderr, "# times ms, rank %d:", rank);
+    for (double t : times) std::fprintf(stderr, " %.1f", t * 1e3);
+    std::fprintf(stderr, "\n");
   }
   return maxOverRanks(median(times), comm);
 }

@@ -18,6 +18,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <vector>
@@ -93,6 +94,13 @@ class TcpTransport final : public Transport {
 
   ~TcpTransport() override {
     progress_.reset();  // joins the thread
+    SQUALL_INFO(Subsys::kTransport,
+                "rank %d: tcp waits slept %llu times for %.1f ms in all (%llu ran into the "
+                "cap); the progress thread woke %llu times",
+                core_->rank, static_cast<unsigned long long>(waits_.sleeps),
+                std::chrono::duration<double, std::milli>(waits_.slept).count(),
+                static_cast<unsigned long long>(waits_.capped),
+                static_cast<unsigned long long>(serves_.load(std::memory_order_relaxed)));
     std::vector<int> fds;
     {
       std::lock_guard<std::mutex> lock(core_->mutex);
@@ -147,8 +155,12 @@ class TcpTransport final : public Transport {
     if (core_->generation == seen_) {
       // The cap bounds the cost of a wakeup missed by a second thread that
       // shares this transport (seen_ is per transport, not per thread).
-      Deadline cap = std::min(until, Clock::now() + std::chrono::milliseconds(100));
-      core_->activity.wait_until(lock, cap, [&] { return core_->generation != seen_; });
+      const Deadline asleep = Clock::now();
+      Deadline cap = std::min(until, asleep + std::chrono::milliseconds(100));
+      if (!core_->activity.wait_until(lock, cap, [&] { return core_->generation != seen_; }))
+        ++waits_.capped;
+      ++waits_.sleeps;
+      waits_.slept += Clock::now() - asleep;
     }
     seen_ = core_->generation;
     return Status::kOk;
@@ -178,6 +190,7 @@ class TcpTransport final : public Transport {
   }
 
   void serve(const uint32_t* ids, int count) {
+    serves_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(core_->mutex);
     for (int i = 0; i < count; ++i)
       core_->with(static_cast<int>(ids[i]), [](Connection& c) { c.progress(); });
@@ -187,6 +200,13 @@ class TcpTransport final : public Transport {
   std::unique_ptr<tcp::ProgressThread> progress_;
   const std::chrono::microseconds spin_;
   uint64_t seen_ = ~0ull;
+  // How the waits went, said at INFO when the transport closes (guarded by
+  // core_->mutex; serves_ is the progress thread's).
+  struct WaitCounts {
+    uint64_t sleeps = 0, capped = 0;
+    Clock::duration slept{};
+  } waits_;
+  std::atomic<uint64_t> serves_{0};
 };
 
 }  // namespace

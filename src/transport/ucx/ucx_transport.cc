@@ -154,6 +154,12 @@ class UcxTransport final : public Transport {
   uint64_t activity_ = 0;       // bumped whenever a request moves
   uint64_t seenActivity_ = 0;   // activity_ when waitForActivity last returned
   int emptyWakeups_ = 0;        // wakeups in a row that moved nothing
+  // How the waits went, said at INFO when the transport closes: sleeps that
+  // ran into their timeout are wakeups UCX never signalled.
+  struct WaitCounts {
+    uint64_t sleeps = 0, timeouts = 0, naps = 0;
+    Clock::duration slept{};
+  } waits_;
   bool shuttingDown_ = false;
   const bool peerFailure_ = paramBool(Param::kUcxPeerFailure);
   const size_t maxMessageBytes_ =
@@ -330,6 +336,13 @@ Status UcxTransport::wireUp(std::chrono::milliseconds timeout) {
 
 UcxTransport::~UcxTransport() {
   shuttingDown_ = true;
+  SQUALL_INFO(Subsys::kTransport,
+              "rank %d: UCX waits slept %llu times for %.1f ms in all, %llu ran into their "
+              "timeout, %llu naps after empty wakeups",
+              rank_, static_cast<unsigned long long>(waits_.sleeps),
+              std::chrono::duration<double, std::milli>(waits_.slept).count(),
+              static_cast<unsigned long long>(waits_.timeouts),
+              static_cast<unsigned long long>(waits_.naps));
   if (worker_ != nullptr) {
     // Requests still pending are a caller bug; cancel them so UCX lets go of
     // their buffers before the worker disappears.
@@ -620,7 +633,11 @@ Status UcxTransport::waitForActivity(Deadline until) {
     auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
     pollfd fd{efd_, POLLIN, 0};
     int timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 1, kMaxSleep.count()));
+    const Deadline asleep = Clock::now();
     int ready = poll(&fd, 1, timeout);
+    ++waits_.sleeps;
+    waits_.slept += Clock::now() - asleep;
+    if (ready == 0) ++waits_.timeouts;
     if (ready < 0 && errno != EINTR) {
       return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                          "rank %d could not wait on its UCX event descriptor: %s", rank_,
@@ -631,8 +648,10 @@ Status UcxTransport::waitForActivity(Deadline until) {
     // few such empty wakeups, nap briefly so the wait does not turn into a
     // spin.
     if (ready == 0) emptyWakeups_ = 0;
-    if (ready > 0 && ++emptyWakeups_ > kEmptyWakeupsBeforeNap)
+    if (ready > 0 && ++emptyWakeups_ > kEmptyWakeupsBeforeNap) {
+      ++waits_.naps;
       std::this_thread::sleep_for(std::min<Clock::duration>(kNap, until - Clock::now()));
+    }
     break;
   }
   seenActivity_ = activity_;
