@@ -88,11 +88,20 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
     return static_cast<uint32_t>(phaseStep * segments + k);
   };
 
+  // Where reduce-scatter step s's segment k lands. Out of place, in `out`
+  // itself: chunk (r - s - 1) of `out` is touched by nothing before it, and
+  // the reduction then writes out = in (op) out in place, so every receive
+  // of the phase can be posted at the start, no scratch is touched and the
+  // left neighbour's messages land where they are reduced however far ahead
+  // of this rank it runs. In place the input is in the way: the scratch (two
+  // chunks, alternating by step) takes them, one step posted ahead.
+  const bool inPlace = in == out;
   std::vector<uint8_t>& scratch = *ctx.scratch;
   const size_t chunkBytes = longest * esize;
-  if (scratch.size() < 2 * chunkBytes) scratch.resize(2 * chunkBytes);
-  auto incoming = [&](size_t s, size_t k) {
-    return scratch.data() + (s % 2) * chunkBytes + k * seg * esize;
+  if (inPlace && scratch.size() < 2 * chunkBytes) scratch.resize(2 * chunkBytes);
+  auto incoming = [&](size_t s, int chunk, size_t k) {
+    return inPlace ? scratch.data() + (s % 2) * chunkBytes + k * seg * esize
+                   : buffer + segFirst(chunk, k) * esize;
   };
 
   std::vector<transport::RequestPtr> received(steps * segments), gathered(steps * segments);
@@ -105,37 +114,54 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
     sends.emplace_back();
     return ctx.send(right, step, from + segFirst(chunk, k) * esize, m * esize, &sends.back());
   };
-  auto postGatherReceives = [&](size_t s) -> Status {
-    const int chunk = wrap(r - static_cast<int>(s));
-    for (size_t k = 0; k < segments; ++k) {
-      SQUALL_TRY(ctx.recv(left, stepOf(steps + s, k), buffer + segFirst(chunk, k) * esize,
-                          segSize(chunk, k) * esize, &gathered[s * segments + k]));
-    }
-    return Status::kOk;
-  };
   auto postReduceReceives = [&](size_t s) -> Status {
     const int chunk = wrap(r - static_cast<int>(s) - 1);
     for (size_t k = 0; k < segments; ++k) {
-      SQUALL_TRY(ctx.recv(left, stepOf(s, k), incoming(s, k), segSize(chunk, k) * esize,
+      SQUALL_TRY(ctx.recv(left, stepOf(s, k), incoming(s, chunk, k), segSize(chunk, k) * esize,
                           &received[s * segments + k]));
     }
     return Status::kOk;
   };
+  // All-gather step s's segment k lands in place, in chunk (r - s), which
+  // reduce-scatter step s sends (its segment k is rsSends[s * segments + k]):
+  // its receive is posted as soon as that send has left, so the left
+  // neighbour's all-gather messages, which can start while this rank is
+  // still reducing, rarely arrive before their receive (an unexpected
+  // message costs the transport a growing buffer and a copy). Out of place
+  // step 0's chunk is never sent from `out`: posted at the start.
+  size_t gatherPosted = 0;  // receives posted, in (step, segment) order
+  auto postGather = [&](size_t i) -> Status {
+    const size_t s = i / segments, k = i % segments;
+    const int chunk = wrap(r - static_cast<int>(s));
+    return ctx.recv(left, stepOf(steps + s, k), buffer + segFirst(chunk, k) * esize,
+                    segSize(chunk, k) * esize, &gathered[i]);
+  };
+  auto postReadyGathers = [&]() -> Status {
+    while (gatherPosted < gathered.size() &&
+           (gatherPosted < rsSends.size() && rsSends[gatherPosted]->done()))
+      SQUALL_TRY(postGather(gatherPosted++));
+    return Status::kOk;
+  };
 
   // Reduce-scatter.
-  const bool inPlace = in == out;
-  SQUALL_TRY(postReduceReceives(0));
-  if (!inPlace) SQUALL_TRY(postGatherReceives(0));
+  if (inPlace) {
+    SQUALL_TRY(postReduceReceives(0));
+  } else {
+    for (size_t s = 0; s < steps; ++s) SQUALL_TRY(postReduceReceives(s));
+    for (; gatherPosted < segments; ++gatherPosted) SQUALL_TRY(postGather(gatherPosted));
+  }
   for (size_t k = 0; k < segments; ++k) SQUALL_TRY(post(rsSends, stepOf(0, k), r, k, source));
   const int owned = wrap(r + 1);
   for (size_t s = 0; s < steps; ++s) {
     // Step s - 1 has reduced all of its scratch half: step s + 1 may reuse it.
-    if (s + 1 < steps) SQUALL_TRY(postReduceReceives(s + 1));
+    if (inPlace && s + 1 < steps) SQUALL_TRY(postReduceReceives(s + 1));
     const int chunk = wrap(r - static_cast<int>(s) - 1);
     for (size_t k = 0; k < segments; ++k) {
+      SQUALL_TRY(postReadyGathers());
       SQUALL_TRY(ctx.waitAll({&received[s * segments + k], 1}));
       const size_t offset = segFirst(chunk, k) * esize;
-      combine(dtype, op, buffer + offset, source + offset, incoming(s, k), segSize(chunk, k));
+      combine(dtype, op, buffer + offset, source + offset, incoming(s, chunk, k),
+              segSize(chunk, k));
       if (s + 1 < steps) {
         SQUALL_TRY(post(rsSends, stepOf(s + 1, k), chunk, k, buffer));
       } else {  // chunk == owned: fully reduced, and the all-gather's first message
@@ -145,17 +171,22 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
     }
   }
 
-  // All-gather: received chunks land in place, so the reduce-scatter's sends
-  // (which read those chunks) must have left first.
-  SQUALL_TRY(ctx.waitAll(rsSends));
-  for (size_t s = inPlace ? 0 : 1; s < steps; ++s) SQUALL_TRY(postGatherReceives(s));
+  // All-gather. A receive not posted yet waits for the send that reads its
+  // segment first.
   for (size_t s = 0; s < steps; ++s) {
     const int chunk = wrap(r - static_cast<int>(s));
     for (size_t k = 0; k < segments; ++k) {
-      SQUALL_TRY(ctx.waitAll({&gathered[s * segments + k], 1}));
+      const size_t i = s * segments + k;
+      SQUALL_TRY(postReadyGathers());
+      while (gatherPosted <= i) {
+        SQUALL_TRY(ctx.waitAll({&rsSends[gatherPosted], 1}));
+        SQUALL_TRY(postGather(gatherPosted++));
+      }
+      SQUALL_TRY(ctx.waitAll({&gathered[i], 1}));
       if (s + 1 < steps) SQUALL_TRY(post(agSends, stepOf(steps + s + 1, k), chunk, k, buffer));
     }
   }
+  SQUALL_TRY(ctx.waitAll(rsSends));
   return ctx.waitAll(agSends);
 }
 
