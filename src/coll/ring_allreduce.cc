@@ -71,9 +71,10 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
   const auto steps = static_cast<size_t>(n - 1);
   // A chunk is cut into at most ringMaxSegments segments (the segment grows
   // with the buffer): every segment costs this rank a wakeup, and on a
-  // loaded machine a wakeup waits for a time slice, so 128 segments of 1 MiB
-  // per chunk made a 256 MiB call at 2 ranks wait more than it worked. The
-  // pipeline needs only a few segments in flight to keep the wire busy.
+  // loaded machine a wakeup waits for a time slice. 128 segments of 1 MiB
+  // per chunk made a 256 MiB call at 2 ranks wait more than it worked, and
+  // 4 segments beat 16 in every loopback cell of an interleaved test
+  // (docs/benchmarks.md). The pipeline needs only a few segments in flight.
   const size_t cap = ctx.options->ringMaxSegments;
   const size_t minSeg = std::max<size_t>(
       {1, (longest * 2 * steps) >> 31, cap == 0 ? size_t{1} : (longest + cap - 1) / cap});
