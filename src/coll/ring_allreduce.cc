@@ -72,8 +72,8 @@ Status ringAllReduce(const OpContext& ctx, const void* in, void* out, size_t cou
   // A chunk is cut into at most ringMaxSegments segments (the segment grows
   // with the buffer): every segment costs this rank a wakeup, and on a
   // loaded machine a wakeup waits for a time slice. 128 segments of 1 MiB
-  // per chunk made a 256 MiB call at 2 ranks wait more than it worked, and
-  // 4 segments beat 16 in every loopback cell of an interleaved test
+  // per chunk made a 256 MiB call at 2 ranks wait more than it worked. 4 and
+  // 16 traded places between interleaved tests on a loaded machine
   // (docs/benchmarks.md). The pipeline needs only a few segments in flight.
   const size_t cap = ctx.options->ringMaxSegments;
   const size_t minSeg = std::max<size_t>(
