@@ -32,7 +32,7 @@ struct Options {
   size_t allReduceRingBytes = 262144;                     // SQUALL_ALLREDUCE_RING_BYTES
   CompressedAlgo compressedAlgo = CompressedAlgo::kAuto;  // SQUALL_COMPRESSED_ALGO
   size_t segmentBytes = 1 << 20;                          // SQUALL_SEGMENT_BYTES; 0: one
-  size_t ringMaxSegments = 4;                             // SQUALL_RING_MAX_SEGMENTS (0: no cap)
+  size_t ringMaxSegments = 16;                            // SQUALL_RING_MAX_SEGMENTS (0: no cap)
   double netMbps = 10000.0;                               // SQUALL_NET_MBPS
   double netLatencyUs = 50.0;                             // SQUALL_NET_LATENCY_US
 
