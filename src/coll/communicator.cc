@@ -134,6 +134,8 @@ Options Options::fromEnvironment() {
                 compressed.c_str());
   const int64_t segment = paramInt(Param::kSegmentBytes);
   if (segment >= 0) o.segmentBytes = static_cast<size_t>(segment);
+  const int64_t ringSegments = paramInt(Param::kRingMaxSegments);
+  if (ringSegments >= 0) o.ringMaxSegments = static_cast<size_t>(ringSegments);
   const int64_t mbps = paramInt(Param::kNetMbps);
   if (mbps > 0)
     o.netMbps = static_cast<double>(mbps);

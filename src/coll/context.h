@@ -32,9 +32,9 @@ struct Options {
   size_t allReduceRingBytes = 262144;                     // SQUALL_ALLREDUCE_RING_BYTES
   CompressedAlgo compressedAlgo = CompressedAlgo::kAuto;  // SQUALL_COMPRESSED_ALGO
   size_t segmentBytes = 1 << 20;                          // SQUALL_SEGMENT_BYTES; 0: one
-  size_t ringMaxSegments = 16;  // segments per ring chunk at most (0: no cap; tests)
-  double netMbps = 10000.0;     // SQUALL_NET_MBPS
-  double netLatencyUs = 50.0;   // SQUALL_NET_LATENCY_US
+  size_t ringMaxSegments = 16;                            // SQUALL_RING_MAX_SEGMENTS (0: no cap)
+  double netMbps = 10000.0;                               // SQUALL_NET_MBPS
+  double netLatencyUs = 50.0;                             // SQUALL_NET_LATENCY_US
 
   // alpha / beta of the network model: the bytes one message latency is worth.
   double latencyBytes() const { return netLatencyUs * 1e-6 * netMbps * 1e6 / 8.0; }
