@@ -4,6 +4,7 @@ of their return values. A join timeout kills stragglers."""
 
 import datetime
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -22,7 +23,31 @@ ENV = {
 }
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
+    """A port for MASTER_PORT that is free, and whose Squall offset
+    (MASTER_PORT + SQUALL_PORT_OFFSET, 17) is free too. Taken below the
+    kernel's ephemeral range: a port the kernel just handed out for bind(0)
+    is where it hands out the next ones, so MASTER_PORT + 17 could be taken by
+    any connection the test makes meanwhile."""
+    high = _ephemeral_low() - 18
+    for _ in range(200):
+        port = random.randint(10000, max(10001, high))
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as a, \
+                    socket.socket(socket.AF_INET, socket.SOCK_STREAM) as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 17))
+            return port
+        except OSError:
+            continue
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
