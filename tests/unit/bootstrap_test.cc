@@ -43,6 +43,7 @@ class BootstrapTest : public ::testing::Test {
 // Runs fn(rank) on one thread per rank.
 void onThreads(int nranks, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) threads.emplace_back(fn, r);
   for (std::thread& t : threads) t.join();
 }
@@ -527,16 +528,18 @@ TEST_F(BootstrapTest, ProcessesAndAKilledPeer) {
     // Round 1: everyone with everyone.
     std::vector<int> in(kRanks, -1);
     std::vector<int> out(kRanks);
-    std::vector<RequestPtr> requests(2 * kRanks);
+    std::vector<RequestPtr> requests(size_t{2} * kRanks);
     for (int p = 0; p < kRanks; ++p) {
       out[static_cast<size_t>(p)] = rank * 100 + p;
-      net->recv(p, Tag{1, 0, {}}, &in[static_cast<size_t>(p)], sizeof(int), &requests[2 * p]);
-      net->send(p, Tag{1, 0, {}}, &out[static_cast<size_t>(p)], sizeof(int), &requests[2 * p + 1]);
+      net->recv(p, Tag{1, 0, {}}, &in[static_cast<size_t>(p)], sizeof(int),
+                &requests[2 * static_cast<size_t>(p)]);
+      net->send(p, Tag{1, 0, {}}, &out[static_cast<size_t>(p)], sizeof(int),
+                &requests[2 * static_cast<size_t>(p) + 1]);
     }
     check(net->waitAll(requests, transport::Clock::now() + 5s) == Status::kOk, "round 1");
     for (int p = 0; p < kRanks; ++p) check(in[static_cast<size_t>(p)] == p * 100 + rank, "data");
     requests.clear();
-    requests.resize(2 * kRanks);
+    requests.resize(size_t{2} * kRanks);
     // Round 2: the victim dies instead of sending.
     std::vector<char> big(1 << 20, 'x');
     std::vector<std::vector<char>> bigIn(kRanks, std::vector<char>(1 << 20));
@@ -546,20 +549,24 @@ TEST_F(BootstrapTest, ProcessesAndAKilledPeer) {
     }
     for (int p = 0; p < kRanks; ++p) {
       net->recv(p, Tag{2, 0, {}}, bigIn[static_cast<size_t>(p)].data(), big.size(),
-                &requests[2 * p]);
-      net->send(p, Tag{2, 0, {}}, big.data(), big.size(), &requests[2 * p + 1]);
+                &requests[2 * static_cast<size_t>(p)]);
+      net->send(p, Tag{2, 0, {}}, big.data(), big.size(),
+                &requests[2 * static_cast<size_t>(p) + 1]);
     }
     auto start = transport::Clock::now();
     Status status = net->waitAll(requests, start + 5s);
     check(status == Status::kRemoteError, "round 2 fails with kRemoteError");
     check(transport::Clock::now() - start < 3s, "promptly");
-    check(requests[2 * kVictim]->done() && requests[2 * kVictim]->status() == Status::kRemoteError,
+    check(requests[size_t{2} * kVictim]->done() &&
+              requests[size_t{2} * kVictim]->status() == Status::kRemoteError,
           "the receive from the victim failed");
     for (int p = 0; p < kRanks; ++p) {
       if (p == kVictim) continue;
       // Requests with the survivors are unaffected.
-      while (!requests[2 * p]->done()) net->waitForActivity(transport::Clock::now() + 100ms);
-      check(requests[2 * p]->status() == Status::kOk, "receive from a survivor");
+      while (!requests[2 * static_cast<size_t>(p)]->done())
+        net->waitForActivity(transport::Clock::now() + 100ms);
+      check(requests[2 * static_cast<size_t>(p)]->status() == Status::kOk,
+            "receive from a survivor");
     }
     // Later requests with the victim fail at once.
     RequestPtr late;

@@ -105,7 +105,7 @@ std::vector<std::string> runRanks(int n, const std::function<Env(int)>& envOf, c
 }
 
 // Ranks r*L .. r*L + L-1 on host r (or `hostOf` when given).
-std::function<Env(int)> hosts(int local, Env extra = {}) {
+std::function<Env(int)> hosts(int local, const Env& extra = {}) {
   return [=](int r) {
     Env e = extra;
     e.emplace_back("SQUALL_HOSTID", "host" + std::to_string(r / local));
@@ -352,7 +352,7 @@ std::string nonFinite(Comm& comm, int rank) {
   bad = x0;
   if (rank == 3) {
     const float nan = std::nanf("");
-    std::memcpy(bad.data() + 4 * 4321, &nan, 4);
+    std::memcpy(bad.data() + size_t{4} * 4321, &nan, 4);
   }
   auto call = [&](Compressor& c, std::vector<uint8_t>& in, std::vector<uint8_t>& o) {
     return comm.compressedAllReduce(in.data(), o.data(), DataType::kF32, ReduceOp::kSum, c);
