@@ -17,17 +17,22 @@ constexpr size_t kKeyBytes = 64;
 
 std::array<char, kKeyBytes> machineKey() {
   std::array<char, kKeyBytes> key{};
-  std::string text;
-  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
-  if (!std::getline(bootId, text) || text.empty()) {
-    char host[kKeyBytes] = {};
-    if (gethostname(host, sizeof(host) - 1) == 0) text = std::string("host ") + host;
-  }
+  const std::string text = machineId();
   std::memcpy(key.data(), text.data(), std::min(text.size(), kKeyBytes - 1));
   return key;
 }
 
 }  // namespace
+
+std::string machineId() {
+  std::string text;
+  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
+  if (!std::getline(bootId, text) || text.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0) text = std::string("host ") + host;
+  }
+  return text;
+}
 
 Status countLocalRanks(Bootstrap& bootstrap, int* localRanks) {
   // The machine key, then the CPUs this rank may run on: ranks bound to

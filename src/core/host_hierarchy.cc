@@ -1,15 +1,14 @@
 #include "src/core/host_hierarchy.h"
 
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
+#include "src/bootstrap/local_ranks.h"
 #include "src/common/params.h"
 
 namespace squall::core {
@@ -51,12 +50,7 @@ size_t windowParam() {
 std::string hostKey() {
   const std::string id = paramString(Param::kHostId);
   if (!id.empty()) return "id:" + id;
-  std::string boot;
-  std::ifstream bootId("/proc/sys/kernel/random/boot_id");
-  if (!std::getline(bootId, boot) || boot.empty()) {
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) == 0) boot = std::string("host ") + host;
-  }
+  const std::string boot = bootstrap::machineId();
   struct stat st {};
   const unsigned long long netns =
       ::stat("/proc/self/ns/net", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
