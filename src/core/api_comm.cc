@@ -170,6 +170,9 @@ squallComm::~squallComm() {
 namespace squall::core {
 
 void chargeSkippedCalls(Comm& c) {
+  // Every collective passes here: the registry lock only when there is a
+  // charge to pin.
+  if (tSkipped.count == 0) return;
   if (!chargeable()) tSkipped.count = 0;  // no longer certain where they belong
   for (; tSkipped.count > 0; --tSkipped.count) {
     // Described, sent to the peers by the refusal, then cleared: this call
