@@ -94,6 +94,16 @@ void track(ncclComm_t comm, bool ready) {
   drop(std::move(stale));
 }
 
+// After an init or split that returned `r`: whether NCCL handed out a
+// communicator (ncclInProgress hands it out unready, as does anything inside
+// a group), and if so, tracks it. Squall's own engine's communicators are
+// not tracked.
+void trackHandedOut(ncclResult_t r, const ncclComm_t* comm) {
+  if ((r != nccl_abi::kSuccess && r != nccl_abi::kInProgress) || comm == nullptr || insideSquall())
+    return;
+  track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+}
+
 // Under the state's lock, at a collective on a pending communicator.
 void resolvePending(ncclComm_t comm, CommState* s) {
   const RealNccl& real = realNccl();
@@ -200,8 +210,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
   const RealNccl& real = realNccl();
   if (real.commInitRank == nullptr) return missing("ncclCommInitRank");
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
-    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  trackHandedOut(r, comm);
   return r;
 }
 
@@ -210,9 +219,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
   const RealNccl& real = realNccl();
   if (real.commInitRankConfig == nullptr) return missing("ncclCommInitRankConfig");
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
-  // ncclInProgress (non-blocking init) still hands out the communicator.
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
-    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  trackHandedOut(r, comm);
   return r;
 }
 
@@ -223,8 +230,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks
   const RealNccl& real = realNccl();
   if (real.commInitRankScalable == nullptr) return missing("ncclCommInitRankScalable");
   const ncclResult_t r = real.commInitRankScalable(comm, nranks, rank, nIds, ids, config);
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && !insideSquall())
-    track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  trackHandedOut(r, comm);
   return r;
 }
 
@@ -234,9 +240,7 @@ SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nE
   if (real.commShrink == nullptr) return missing("ncclCommShrink");
   const ncclResult_t r = real.commShrink(comm, excluded, nExcluded, newcomm, config, flags);
   // An excluded rank gets no communicator (NULL).
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
-      !insideSquall())
-    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  trackHandedOut(r, newcomm);
   return r;
 }
 
@@ -254,9 +258,7 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
   const RealNccl& real = realNccl();
   if (real.commSplit == nullptr) return missing("ncclCommSplit");
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
-  if ((r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) && newcomm != nullptr &&
-      !insideSquall())
-    track(*newcomm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  trackHandedOut(r, newcomm);
   return r;
 }
 
