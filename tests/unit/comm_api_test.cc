@@ -207,6 +207,25 @@ TEST_P(CommApi, OneRanksBadArgumentFailsThePeerAtOnce) {
   });
 }
 
+// Rank 1 calls an allreduce with a NULL communicator (refused at once); the
+// others' allreduce on `comm` fails, naming the NULL communicator, before
+// their deadline of `timeoutSeconds`: rank 1's next collective charged it.
+void skipOnRankOne(squallComm_t comm, int rank, int timeoutSeconds) {
+  std::vector<float> x(1000, 1.0f);
+  const auto begin = std::chrono::steady_clock::now();
+  if (rank == 1) {
+    EXPECT_EQ(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, nullptr),
+              squallInvalidArgument);
+    return;
+  }
+  EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
+            squallSuccess);
+  const std::string error = squallGetLastError();
+  EXPECT_NE(error.find("NULL communicator"), std::string::npos) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(timeoutSeconds - 1))
+      << "the peers only found out at their deadline";
+}
+
 // A rank that passes a NULL communicator cannot reach its peers. Its next
 // call on the communicator fails the skipped operation for them (at once,
 // naming the NULL communicator) and then runs in step: the sequence numbers
@@ -217,20 +236,7 @@ TEST_P(CommApi, ANullCommunicatorOnOneRankLeavesThePeersUsable) {
   runRanks(
       kRanks,
       [&](squallComm_t comm, int rank) {
-        std::vector<float> x(1000, 1.0f);
-        const auto begin = std::chrono::steady_clock::now();
-        if (rank == 1) {
-          EXPECT_EQ(
-              squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, nullptr),
-              squallInvalidArgument);
-        } else {
-          EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
-                    squallSuccess);
-          const std::string error = squallGetLastError();
-          EXPECT_NE(error.find("NULL communicator"), std::string::npos) << error;
-          EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(kTimeout - 1))
-              << "the peers only found out at their deadline";
-        }
+        skipOnRankOne(comm, rank, kTimeout);
         for (int call = 0; call < 3; ++call) {
           std::vector<float> y(1000, static_cast<float>(rank + 1));
           EXPECT_EQ(squallAllReduce(y.data(), y.data(), y.size(), squallFloat32, squallSum, comm),
@@ -304,17 +310,7 @@ TEST_P(CommApi, AnOptimizerStepChargesASkippedCall) {
         std::vector<float> params(256, 1.0f), grads(256, 0.5f);
         ASSERT_EQ(squallOptimizerCreate(comm, params.size(), &config, &opt), squallSuccess)
             << squallGetLastError();
-        std::vector<float> x(100, 1.0f);
-        const auto begin = std::chrono::steady_clock::now();
-        if (rank == 1) {
-          EXPECT_EQ(
-              squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, nullptr),
-              squallInvalidArgument);
-        } else {
-          EXPECT_NE(squallAllReduce(x.data(), x.data(), x.size(), squallFloat32, squallSum, comm),
-                    squallSuccess);
-          EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(kTimeout - 1));
-        }
+        skipOnRankOne(comm, rank, kTimeout);
         EXPECT_EQ(squallOptimizerStep(opt, params.data(), grads.data(), 0.0f), squallSuccess)
             << "rank " << rank << ": " << squallGetLastError();
         EXPECT_OK(squallOptimizerDestroy(opt));
