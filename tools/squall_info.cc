@@ -50,5 +50,10 @@ int main(int argc, char** argv) {
               c.reason.c_str());
   std::printf("codec threads: %d per call (%d cores in this process's affinity mask)\n",
               squall::codec::codecThreads(), squall::codec::affinityCores());
+  unsigned caps = 0;
+  squallGetCapabilities(&caps);
+  std::printf("built with: GPU path (CUDA, NCCL at run time) %s, UCX (at run time) %s\n",
+              (caps & squallCapabilityDevice) != 0 ? "yes" : "no",
+              (caps & squallCapabilityUcx) != 0 ? "yes" : "no");
   return 0;
 }

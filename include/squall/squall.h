@@ -70,6 +70,15 @@ typedef enum {
 /* Writes SQUALL_VERSION_CODE of the loaded library. */
 SQUALL_API squallResult_t squallGetVersion(int* version);
 
+/* What this build of the library has, as a bitwise OR of
+ * squallCapability_t. A capability says the code is there; whether a GPU,
+ * an NCCL or UCX is present is decided when a call needs it. */
+typedef enum {
+  squallCapabilityDevice = 1, /* CUDA kernels and communicators from NCCL */
+  squallCapabilityUcx = 2,    /* the UCX transport (libucp is opened at run time) */
+} squallCapability_t;
+SQUALL_API squallResult_t squallGetCapabilities(unsigned* capabilities);
+
 /* A short constant name for a result code ("invalid argument"). */
 SQUALL_API const char* squallGetErrorString(squallResult_t result);
 

@@ -5,6 +5,7 @@
 
 #include "src/codec/codec.h"
 #include "src/core/api.h"
+#include "src/core/engine.h"
 
 using squall::Status;
 using squall::Subsys;
@@ -116,6 +117,21 @@ Status parseSpec(const char* text, codec::Spec* spec) {
 }  // namespace
 
 extern "C" {
+
+squallResult_t squallGetCapabilities(unsigned* capabilities) {
+#ifdef SQUALL_HAVE_UCX
+  constexpr unsigned kUcx = squallCapabilityUcx;
+#else
+  constexpr unsigned kUcx = 0;
+#endif
+  return SQUALL_API_GUARD({
+    SQUALL_REQUIRE(capabilities != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                   "the capabilities pointer is NULL");
+    const unsigned device = squallCapabilityDevice;
+    *capabilities = kUcx | (squall::core::devicePathBuilt() ? device : 0u);
+    return Status::kOk;
+  });
+}
 
 squallResult_t squallGetVersion(int* version) {
   return SQUALL_API_GUARD({

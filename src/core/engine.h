@@ -43,6 +43,9 @@ Status createHostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
 
 // nccl_engine.cc with CUDA and NCCL; engine_stub.cc (kUnsupported) without.
 Status createNcclEngine(void* ncclComm, std::unique_ptr<Engine>* out);
+// Whether this build has the GPU path (nccl_engine.cc: true, engine_stub.cc:
+// false); whether a GPU and an NCCL are there is decided at run time.
+bool devicePathBuilt();
 
 // Device buffers on a host engine, staged through host memory (host_staging.cc
 // with CUDA and NCCL; engine_stub.cc, kUnsupported, without).

@@ -14,6 +14,8 @@ Status gpuPathMissing(const char* what) {
 
 }  // namespace
 
+bool devicePathBuilt() { return false; }
+
 Status createNcclEngine(void*, std::unique_ptr<Engine>*) {
   return gpuPathMissing("squallCommInitFromNccl");
 }

@@ -25,8 +25,10 @@ int main(void) {
   size_t capacity, written, i;
   void* wire;
   int version;
+  unsigned capabilities;
   for (i = 0; i < kCount; ++i) input[i] = (float)sin((double)i);
   CHECK(squallGetVersion(&version));
+  CHECK(squallGetCapabilities(&capabilities));
   CHECK(squallResidualCreate(kCount, &residual));
   CHECK(squallEncodedSize(&spec, kCount, &capacity));
   wire = malloc(capacity);

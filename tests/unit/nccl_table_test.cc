@@ -4,7 +4,12 @@
 // that an NCCL failure becomes the Status the table promises (described
 // once, naming the call), and that a library that cannot be loaded is
 // kUnsupported with a message instead of a crash.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <limits.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <string>
 #include <vector>
@@ -66,6 +71,7 @@ constexpr Table kFake = {
       return record({"broadcast", n, t, -1, root, s});
     },
     "fake NCCL",
+    nullptr,  // getVersion
 };
 
 int gDummyComm;
@@ -188,9 +194,31 @@ TEST_F(NcclTableTest, AMissingLibraryIsUnsupported) {
   EXPECT_NE(lastError().find("ncclGetErrorString"), std::string::npos) << lastError();
 }
 
+// The NCCL to check against: SQUALL_TEST_NCCL_LIBRARY (meson sets the
+// toolkit's; scripts/pypi_torch.sh the nvidia-nccl-cu13 wheel's), else the
+// soname. SQUALL_TEST_NCCL_VERSION, when set, is the version it must report.
+std::string realLibrary() {
+  const char* path = std::getenv("SQUALL_TEST_NCCL_LIBRARY");
+  return path != nullptr && *path != '\0' ? path : "libnccl.so.2";
+}
+
+void expectVersion(const Table& t) {
+  ASSERT_NE(t.getVersion, nullptr) << "ncclGetVersion is not resolved";
+  int version = 0;
+  ASSERT_EQ(t.getVersion(&version), nccl_abi::kSuccess);
+  const char* want = std::getenv("SQUALL_TEST_NCCL_VERSION");
+  const std::string got = std::to_string(version / 10000) + "." +
+                          std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
+  if (want != nullptr && *want != '\0') {
+    EXPECT_EQ(got, want);
+  }
+  std::printf("NCCL %s from %s\n", got.c_str(), t.origin);
+}
+
 TEST_F(NcclTableTest, TheRealLibraryResolvesEveryEntry) {
   Table t{};
-  if (loadTable("libnccl.so.2", &t) != Status::kOk) {
+  const std::string path = realLibrary();
+  if (loadTable(path.c_str(), &t) != Status::kOk) {
     GTEST_SKIP() << "no NCCL on this machine: " << lastError();
   }
   for (const void* entry :
@@ -203,6 +231,25 @@ TEST_F(NcclTableTest, TheRealLibraryResolvesEveryEntry) {
     EXPECT_NE(entry, nullptr);
   }
   EXPECT_STREQ(t.getErrorString(nccl_abi::kSuccess), "no error");
+  expectVersion(t);
+}
+
+// Run alone (its own meson test): the process-wide table is resolved once.
+// A process that has an NCCL already (torch's) gets that copy, even where
+// SQUALL_NCCL_LIBRARY names a library that does not exist.
+TEST(NcclTableResolution, TheLoadedCopyComesFirst) {
+  const std::string path = realLibrary();
+  void* loaded = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (loaded == nullptr) GTEST_SKIP() << "no NCCL on this machine: " << dlerror();
+  ASSERT_EQ(setenv("SQUALL_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1), 0);
+  const Table* t = nullptr;
+  ASSERT_EQ(ncclTable(&t), Status::kOk) << lastError();
+  char resolved[PATH_MAX];
+  ASSERT_NE(realpath(path.c_str(), resolved), nullptr);
+  char origin[PATH_MAX];
+  ASSERT_NE(realpath(t->origin, origin), nullptr) << t->origin;
+  EXPECT_STREQ(origin, resolved);
+  expectVersion(*t);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #include "src/transport/nccl/nccl_table.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <mutex>
 #include <string>
 
+#include "src/common/log.h"
 #include "src/common/params.h"
 
 namespace squall::transport::nccl {
@@ -13,27 +15,58 @@ namespace {
 
 std::atomic<const Table*> gInstalled{nullptr};
 
+constexpr const char* kSoname = "libnccl.so.2";
+
 template <typename Fn>
 bool resolve(void* lib, const char* name, Fn* out) {
   *out = reinterpret_cast<Fn>(dlsym(lib, name));
   return *out != nullptr;
 }
 
-}  // namespace
+Status openFailed(const char* path) {
+  const char* why = dlerror();
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kTransport,
+                     "the NCCL library %s could not be loaded (%s); install NCCL (a CUDA build "
+                     "of torch brings it: import torch first), put the folder holding "
+                     "libnccl.so.2 on LD_LIBRARY_PATH, or name the library in SQUALL_NCCL_LIBRARY",
+                     path, why != nullptr ? why : "no reason given");
+}
 
-Status loadTable(const char* path, Table* out) {
-  SQUALL_REQUIRE(path != nullptr && out != nullptr, Status::kInvalidArgument, Subsys::kTransport,
-                 "loadTable needs a library path and an output table");
+// The file a handle was loaded from, for the log ("" when unknown).
+std::string fileOf(void* lib) {
+  struct link_map* map = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) != 0 || map == nullptr || map->l_name == nullptr)
+    return "";
+  return map->l_name;
+}
+
+// The process's NCCL, in the order the header gives. `how` says which rule
+// found it, for the log.
+Status openProcessNccl(void** lib, std::string* how) {
   // Never closed: NCCL's communicators and the table outlive any caller.
-  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* why = dlerror();
-    return SQUALL_FAIL(Status::kUnsupported, Subsys::kTransport,
-                       "the NCCL library %s could not be loaded (%s); install NCCL, put the "
-                       "folder holding libnccl.so.2 on LD_LIBRARY_PATH, or name the library in "
-                       "SQUALL_NCCL_LIBRARY",
-                       path, why != nullptr ? why : "no reason given");
+  if (void* loaded = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD); loaded != nullptr) {
+    *lib = loaded;
+    *how = "the copy already loaded in this process";
+    return Status::kOk;
   }
+  const std::string named = paramString(Param::kNcclLibrary);
+  if (!named.empty() && named != kSoname) {
+    if (void* chosen = dlopen(named.c_str(), RTLD_NOW | RTLD_LOCAL); chosen != nullptr) {
+      *lib = chosen;
+      *how = "SQUALL_NCCL_LIBRARY";
+      return Status::kOk;
+    }
+    return openFailed(named.c_str());
+  }
+  if (void* found = dlopen(kSoname, RTLD_NOW | RTLD_LOCAL); found != nullptr) {
+    *lib = found;
+    *how = "the loader's search for libnccl.so.2";
+    return Status::kOk;
+  }
+  return openFailed(kSoname);
+}
+
+Status fillTable(void* lib, const char* path, Table* out) {
   Table t{};
   const char* missing = nullptr;
   auto need = [&](const char* name, auto* fn) {
@@ -54,9 +87,21 @@ Status loadTable(const char* path, Table* out) {
                  "the NCCL library %s has no %s; Squall needs NCCL 2.7 or newer "
                  "(point SQUALL_NCCL_LIBRARY at one)",
                  path, missing);
+  resolve(lib, "ncclGetVersion", &t.getVersion);
   t.origin = path;
   *out = t;
   return Status::kOk;
+}
+
+}  // namespace
+
+Status loadTable(const char* path, Table* out) {
+  SQUALL_REQUIRE(path != nullptr && out != nullptr, Status::kInvalidArgument, Subsys::kTransport,
+                 "loadTable needs a library path and an output table");
+  // Never closed: NCCL's communicators and the table outlive any caller.
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return openFailed(path);
+  return fillTable(lib, path, out);
 }
 
 Status ncclTable(const Table** out) {
@@ -74,10 +119,22 @@ Status ncclTable(const Table** out) {
   static bool ready = false;
   std::lock_guard<std::mutex> lock(mutex);
   if (!ready) {
-    origin = paramString(Param::kNcclLibrary);
+    void* lib = nullptr;
+    std::string how;
+    SQUALL_TRY(openProcessNccl(&lib, &how));
+    origin = fileOf(lib);
+    if (origin.empty()) origin = kSoname;
     Table t{};
-    SQUALL_TRY(loadTable(origin.c_str(), &t));
-    t.origin = origin.c_str();
+    SQUALL_TRY(fillTable(lib, origin.c_str(), &t));
+    int version = 0;
+    if (t.getVersion != nullptr && t.getVersion(&version) == nccl_abi::kSuccess) {
+      // 2.9 and newer encode major*10000 + minor*100 + patch.
+      SQUALL_INFO(Subsys::kTransport, "NCCL %d.%d.%d from %s (%s)", version / 10000,
+                  version / 100 % 100, version % 100, origin.c_str(), how.c_str());
+    } else {
+      SQUALL_INFO(Subsys::kTransport, "NCCL of unknown version from %s (%s)", origin.c_str(),
+                  how.c_str());
+    }
     loaded = t;
     ready = true;
   }

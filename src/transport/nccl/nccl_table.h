@@ -1,12 +1,15 @@
 // The NCCL entry points Squall calls, as one table resolved at run time.
 //
-// Nothing in Squall includes nccl.h or calls an NCCL symbol directly: every
-// call goes through the table returned by ncclTable(). By default the table is
-// filled by dlsym on the NCCL library's own handle (SQUALL_NCCL_LIBRARY,
-// libnccl.so.2 by default; dlopen of a soname returns the copy already loaded,
-// e.g. torch's), so that an LD_PRELOAD interposer exporting ncclAllReduce
-// does not catch Squall's own calls. Such an interposer, or the CPU emulation
-// in tests/gpu/emu, may install a table of its own instead.
+// Nothing in Squall includes nccl.h, links libnccl or calls an NCCL symbol
+// directly: every call goes through the table returned by ncclTable(). By
+// default the table is filled by dlsym on the NCCL library's own handle, so
+// that an LD_PRELOAD interposer exporting ncclAllReduce does not catch
+// Squall's own calls. The library is, in order: the libnccl.so.2 the process
+// has already loaded (torch's, from its nvidia-nccl wheel), the one
+// SQUALL_NCCL_LIBRARY names, and the soname through the loader's search.
+// Communicators from one NCCL copy must only be used with that copy, which is
+// why the loaded one comes first. Such an interposer, or the CPU emulation in
+// tests/gpu/emu, may install a table of its own instead.
 //
 // The signatures follow NCCL's C ABI with its enums as int and its handles
 // (ncclComm_t, cudaStream_t) as void*: the same registers and sizes, so the
@@ -36,10 +39,13 @@ struct Table {
                    void* stream);
   // Where the entries came from, for messages ("libnccl.so.2", "CPU emulation").
   const char* origin;
+  // Optional entries (NULL where the library or a stand-in lacks them).
+  int (*getVersion)(int* version);
 };
 
 // The active table: the installed one, else NCCL's library resolved on first
-// use. kUnsupported, saying what to install, when no NCCL can be loaded.
+// use (the version found is logged once, at INFO). kUnsupported, saying what
+// to install, when no NCCL can be loaded.
 Status ncclTable(const Table** out);
 
 // Makes `table` (every entry set; it must outlive its use) the active table;

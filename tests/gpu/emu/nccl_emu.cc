@@ -209,7 +209,8 @@ int broadcast(const void* sendbuff, void* recvbuff, size_t count, int datatype, 
 
 constexpr Table kTable = {errorString, commCount, commUserRank, commAbort,
                           groupStart,  groupEnd,  send,         recv,
-                          allGather,   allReduce, broadcast,    "CPU emulation of NCCL"};
+                          allGather,   allReduce, broadcast,    "CPU emulation of NCCL",
+                          nullptr};
 
 }  // namespace
 
