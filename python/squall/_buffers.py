@@ -12,10 +12,7 @@ import ctypes
 from . import _cuda, _lib
 from ._lib import SquallInvalidArgument, SquallInvalidUsage
 
-try:  # torch is optional: numpy arrays work without it
-    import torch
-except ImportError:  # pragma: no cover - torch is installed where the tests run
-    torch = None
+torch = _lib.optional_torch()  # optional: numpy arrays work without it
 
 try:
     import numpy as np

@@ -7,12 +7,10 @@ functions, so the dispatch logic can be tested on machines without a GPU
 
 import contextlib
 
+from . import _lib
 from ._lib import SquallUnsupported
 
-try:
-    import torch
-except ImportError:  # pragma: no cover - torch is installed where the tests run
-    torch = None
+torch = _lib.optional_torch()
 
 
 def device_of(t):

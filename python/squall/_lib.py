@@ -309,10 +309,40 @@ for _name, (_res, _args) in _GPU.items():
 _HAVE_GPU_SYMBOLS = all(hasattr(lib, n) for n in _GPU
                         if HAVE_OPTIM or n != "squallOptimizerStepOnStream")
 
-# The library was built with its GPU path (api_device.cc) exactly when it links
-# NCCL, so NCCL's symbols resolve through its handle (dlsym searches a
-# library's dependencies). Asking the library itself would log a warning.
-HAVE_GPU = _HAVE_GPU_SYMBOLS and hasattr(lib, "ncclCommInitRank")
+# squallCapability_t
+CAPABILITY_DEVICE, CAPABILITY_UCX = 1, 2
+
+
+def capabilities():
+    """What the loaded library was built with (squallGetCapabilities), as a
+    bitwise OR of the CAPABILITY_* values."""
+    if not hasattr(lib, "squallGetCapabilities"):
+        # Libraries before the query linked NCCL exactly when they had the GPU
+        # path, so NCCL's symbols resolved through their handle.
+        return CAPABILITY_DEVICE if hasattr(lib, "ncclCommInitRank") else 0
+    query = lib.squallGetCapabilities
+    query.restype, query.argtypes = c_result, [ctypes.POINTER(ctypes.c_uint)]
+    caps = ctypes.c_uint()
+    return caps.value if query(ctypes.byref(caps)) == 0 else 0
+
+
+HAVE_GPU = _HAVE_GPU_SYMBOLS and bool(capabilities() & CAPABILITY_DEVICE)
+
+
+def optional_torch():
+    """torch, or None where it is not installed.
+
+    Any other failure to import it is raised, not swallowed: a torch whose
+    import failed half way stays half-initialised, and every later
+    ``import torch`` in the process then fails with a message that hides the
+    first one's cause."""
+    try:
+        import torch
+    except ModuleNotFoundError as e:
+        if e.name != "torch":
+            raise
+        return None
+    return torch
 
 
 def last_error():

@@ -2,14 +2,16 @@
 the full-precision allreduce of an NCCL-backed communicator need.
 
 The ncclComm_t must come from the NCCL library that libsquall calls, so
-:func:`load` takes, in order: the NCCL that libsquall links (its symbols
-resolve through libsquall's handle), else ``libnccl.so.2`` by soname. In a
-process that has imported a CUDA build of torch, dlopen by soname returns the
-copy torch loaded, and libsquall's own dependency on libnccl.so.2 resolved to
-that same copy when it was loaded after torch.
+:func:`load` looks for it in the order libsquall's own table does
+(src/transport/nccl/nccl_table.h): the ``libnccl.so.2`` the process has
+already loaded, then ``$SQUALL_NCCL_LIBRARY``, then the soname through the
+loader's search. torch is imported first where it is installed: a CUDA
+build of torch loads the NCCL of its nvidia-nccl wheel, and that is the copy
+both must use.
 """
 
 import ctypes
+import os
 
 from . import _lib
 from ._lib import (SquallError, SquallInProgress, SquallInvalidArgument, SquallInvalidUsage,
@@ -152,10 +154,16 @@ def load():
 
 
 def _open():
-    if hasattr(_lib.lib, "ncclCommInitRank"):
-        return Nccl(_lib.lib, f"the NCCL linked by {_lib.path}")
+    _lib.optional_torch()
     errors = []
-    for name in SONAMES:
+    try:
+        return Nccl(ctypes.CDLL(SONAMES[0], mode=os.RTLD_NOLOAD | os.RTLD_NOW),
+                    f"{SONAMES[0]}, already loaded in this process")
+    except OSError:
+        pass  # not loaded yet
+    named = os.environ.get("SQUALL_NCCL_LIBRARY", "")
+    candidates = [named] if named and named != SONAMES[0] else list(SONAMES)
+    for name in candidates:
         try:
             handle = ctypes.CDLL(name)
         except OSError as e:
@@ -164,5 +172,5 @@ def _open():
         return Nccl(handle, name)
     raise SquallUnsupported(
         "squall: cannot load NCCL (" + "; ".join(errors) + "). CUDA builds of torch ship "
-        "libnccl.so.2 (the nvidia-nccl-cu* wheel): import torch before squall, or put the folder "
-        "holding libnccl.so.2 on LD_LIBRARY_PATH")
+        "libnccl.so.2 (the nvidia-nccl-cu13 wheel): install one, put the folder holding "
+        "libnccl.so.2 on LD_LIBRARY_PATH, or name the library in SQUALL_NCCL_LIBRARY")

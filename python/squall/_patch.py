@@ -169,8 +169,10 @@ def install():
     if config.get("optimizer") == "apmsqueeze":
         def replacement(name, coupled_decay):
             def make(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                     weight_decay=0.0 if coupled_decay else 1e-2, amsgrad=False, **kwargs):
-                if coupled_decay and weight_decay:
+                     weight_decay=0.0 if coupled_decay else 1e-2, amsgrad=False,
+                     decoupled_weight_decay=not coupled_decay, **kwargs):
+                # torch 2.x's Adam(decoupled_weight_decay=True) is AdamW.
+                if not decoupled_weight_decay and weight_decay:
                     raise squall.SquallUnsupported(
                         f"squallrun: torch.optim.Adam(weight_decay={weight_decay}) adds the decay "
                         "to the gradient (L2); APMSqueeze decays the weights (AdamW). Use "

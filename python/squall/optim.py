@@ -93,8 +93,12 @@ def _ddp_modules_over(params):
     if ddp_type is None:
         return []
     ids = {id(p) for p in params}
+    # type(o), not isinstance: isinstance also reads o.__class__, and some
+    # objects torch keeps alive warn when that is read (torch 2.x's deprecated
+    # torch.distributed.reduce_op raises a FutureWarning), which fails a job
+    # run under -W error.
     return [o for o in gc.get_objects()
-            if isinstance(o, ddp_type) and not getattr(o, "_squall_local_hook", False)
+            if issubclass(type(o), ddp_type) and not getattr(o, "_squall_local_hook", False)
             and any(id(p) in ids for p in o.module.parameters())]
 
 

@@ -1,6 +1,7 @@
 """Installed by squallrun on PYTHONPATH: patches torch in worker processes
 (squall/_patch.py), then runs the sitecustomize this one hides, if any."""
 
+import importlib.machinery
 import importlib.util
 import os
 import sys
