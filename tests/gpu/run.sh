@@ -20,13 +20,15 @@
 #   SQUALL_GPU_PYTHON  Python for the binding's test (default: /usr/bin/python3)
 #   SQUALL_GPU_STEPS   comma-separated steps to run after the build (default: all):
 #                      cpu-unit-tests, gpu-codec-tests, gpu-bench, nccl-allreduce-tests,
-#                      python-gpu-tests, gpu-allreduce-bench, nccl-plugin, preload-ddp
+#                      python-gpu-tests, gpu-allreduce-bench, nccl-plugin, preload-ddp,
+#                      ddp-net-plugin
 # Budget: configure + build take at most 180 s; the other steps' limits add up
-# to 690 s (190 of them the NCCL plugin's, 120 the interposer's DDP step), plus
-# 60 s for the torch checks. A device call is capped at 600 s, so on a cold
-# machine split the run in two calls that reuse the build directory, e.g.
+# to 810 s (190 of them the NCCL plugin's, 120 each the two DDP steps over
+# torch's own NCCL), plus 90 s for the torch checks. A device call is capped at
+# 600 s, so on a cold machine split the run in two calls that reuse the build
+# directory, e.g.
 #   SQUALL_GPU_STEPS=cpu-unit-tests,gpu-codec-tests,gpu-bench,nccl-allreduce-tests,gpu-allreduce-bench
-#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp
+#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp,ddp-net-plugin
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -198,6 +200,21 @@ else
   note "SKIP: preload-ddp: $py has no CUDA torch with a GPU"
 fi
 # ---- end of the interposer step
+
+# ---- the same DDP job with NCCL_NET_PLUGIN=libnccl-net-squall.so: torch's own
+# NCCL (its nvidia-nccl wheel, nothing on LD_LIBRARY_PATH) loads the plugin, at
+# ABI v12 from NCCL 2.30 on; the job finishes with identical replicas.
+plugin_abs="$plugin_so"
+[[ $plugin_abs == /* ]] || plugin_abs="$PWD/$plugin_abs"
+if [[ ! -f $plugin_abs ]]; then
+  note "SKIP: ddp-net-plugin: $plugin_abs was not built"
+elif timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  step ddp-net-plugin 120 "$py" tests/plugin/preload/ddp_gpu.py --net-plugin "$plugin_abs" "$out" || true
+  grep -E '^(PASS|FAIL)|^torch |^rank [01]: ' "$out/ddp-net-plugin.log" | tee -a "$summary" || true
+else
+  note "SKIP: ddp-net-plugin: $py has no CUDA torch with a GPU"
+fi
+# ---- end of the net plugin DDP step
 
 if [[ $failed -eq 0 ]]; then
   note "PASS: all GPU checks"

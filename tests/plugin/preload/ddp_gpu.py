@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """torch DDP over NCCL under libsquall-preload-nccl.so: 2 processes sharing GPU 0.
 
-  ddp_gpu.py LIB OUT_DIR          (the driver; run by tests/gpu/run.sh)
+  ddp_gpu.py LIB OUT_DIR                      (the driver; run by tests/gpu/run.sh)
+  ddp_gpu.py --net-plugin PLUGIN OUT_DIR      (the same job over libnccl-net-squall.so)
+
+Both use the NCCL that torch bundles (its nvidia-nccl wheel), with nothing on
+LD_LIBRARY_PATH.
 
 The driver trains the same small model twice, each time as 2 processes on the
 one GPU (distinct NCCL_HOSTID so NCCL accepts two ranks on one device, and
@@ -10,6 +14,12 @@ the interposed run compressed DDP's gradient allreduces (every rank's report
 non-empty, calls_compressed > 0 and fewer bytes than at full precision), that
 its final loss is within 10% of the uncompressed run's, and that both ranks
 hold bit-identical parameters. Prints PASS/FAIL lines; exit 0 only on PASS.
+
+With --net-plugin the job runs once with NCCL_NET_PLUGIN=PLUGIN and
+NCCL_NET=squall (Squall's net transport carries every byte between the two
+ranks, at full precision): NCCL's log must show the plugin loaded, at ABI v12
+where torch's NCCL is 2.30 or newer, the job must finish, and the ranks must
+hold identical parameters.
 """
 import json
 import os
@@ -60,31 +70,72 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(lib, out_dir, tag):
+def run(lib, out_dir, tag, extra_env=None):
     out = pathlib.Path(out_dir) / f"ddp-{tag}.json"
     port = free_port()
-    procs = []
+    procs, logs = [], []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    NCCL_HOSTID=f"squall-preload-{rank}", NCCL_MNNVL_ENABLE="0",
                    SQUALL_PRELOAD_REPORT=str(pathlib.Path(out_dir) / f"report-{tag}"),
-                   SQUALL_PRELOAD_MIN_BYTES="4096", SQUALL_DEBUG="INFO")
+                   SQUALL_PRELOAD_MIN_BYTES="4096", SQUALL_DEBUG="INFO", **(extra_env or {}))
         if lib:
             env["LD_PRELOAD"] = lib
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(out)], env=env))
+        log = pathlib.Path(out_dir) / f"ddp-{tag}.{rank}.log"
+        logs.append(log)
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(out)],
+                                          env=env, stdout=f, stderr=subprocess.STDOUT))
     codes = [p.wait(timeout=240) for p in procs]
+    for log in logs:
+        sys.stdout.write(log.read_text()[-4000:])
     if any(codes):
-        raise SystemExit(f"FAIL: preload-ddp {tag}: workers exited with {codes}")
-    return json.loads(out.read_text())
+        raise SystemExit(f"FAIL: ddp {tag}: workers exited with {codes}")
+    result = json.loads(out.read_text())
+    result["logs"] = [log.read_text() for log in logs]
+    return result
+
+
+def net_plugin(plugin, out_dir):
+    import torch
+    nccl = torch.cuda.nccl.version()
+    want = "v12" if tuple(nccl) >= (2, 30, 0) else None
+    print(f"torch {torch.__version__}, its NCCL {'.'.join(map(str, nccl))}")
+    mine = run(None, out_dir, "net", {
+        "NCCL_NET_PLUGIN": plugin, "NCCL_NET": "squall", "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET", "SQUALL_NET_TRANSPORT": "tcp",
+        "SQUALL_SOCKET_IFNAME": "lo"})
+    failed = []
+    for rank, log in enumerate(mine.pop("logs")):
+        loaded = [line for line in log.splitlines()
+                  if "net plugin" in line.lower() and "squall" in line.lower()]
+        print(f"rank {rank}: " + (loaded[0].strip() if loaded else "no plugin line"))
+        if not loaded:
+            failed.append(f"rank {rank}: NCCL's log does not show the plugin loaded")
+        elif want and not any(want in line for line in loaded):
+            failed.append(f"rank {rank}: NCCL {nccl} loaded the plugin, but not at {want}")
+        if "using network squall" not in log.lower():
+            failed.append(f"rank {rank}: NCCL's log does not show it using the squall network")
+    if not (mine["identical"] and mine["finite"]):
+        failed.append(f"ranks' parameters differ or are not finite: {mine}")
+    for f in failed:
+        print("FAIL: ddp-net-plugin:", f)
+    if not failed:
+        print(f"PASS: ddp-net-plugin ({mine})")
+    return 1 if failed else 0
 
 
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":
         return worker(sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[1] == "--net-plugin":
+        return net_plugin(os.path.abspath(sys.argv[2]), sys.argv[3])
     lib, out_dir = os.path.abspath(sys.argv[1]), sys.argv[2]
     base = run(None, out_dir, "off")
     mine = run(lib, out_dir, "on")
+    base.pop("logs")
+    mine.pop("logs")
     print(f"uncompressed: {base}\ninterposed: {mine}")
     failed = []
     for rank in range(2):
