@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "dlopen %s: %s\n", plugin, dlerror());
     return 1;
   }
-  auto* t = static_cast<wire::CollNetV11*>(dlsym(lib, "ncclCollNetPlugin_v11"));
+  auto* t = static_cast<wire::CollNetV12*>(dlsym(lib, "ncclCollNetPlugin_v12"));
+  if (t == nullptr) die("no ncclCollNetPlugin_v12");
   void* ctx = nullptr;
   SQUALL_BENCH_OK(t->init(&ctx, 1, squall::bench::pluginLogger));
   char handle[wire::kHandleMaxBytes];

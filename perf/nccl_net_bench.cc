@@ -141,8 +141,8 @@ double runPlugin(const Options& o, int rank, int control) {
     fprintf(stderr, "nccl_net_bench: dlopen %s: %s\n", o.plugin, dlerror());
     exit(1);
   }
-  auto* t = static_cast<wire::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
-  if (t == nullptr) die("no ncclNetPlugin_v11");
+  auto* t = static_cast<wire::NetV12*>(dlsym(lib, "ncclNetPlugin_v12"));
+  if (t == nullptr) die("no ncclNetPlugin_v12");
   void* ctx = nullptr;
   wire::CommConfig config{-1};
   SQUALL_BENCH_OK(t->init(&ctx, 1, &config, squall::bench::pluginLogger, nullptr));

@@ -1,4 +1,4 @@
-// What NCCL sees: the exported net and CollNet tables, v8 to v11, each a set
+// What NCCL sees: the exported net and CollNet tables, v8 to v12, each a set
 // of thin adapters over the one implementation in net.cc / collnet.cc.
 // Adapters only convert argument shapes (int and size_t sizes, a context
 // argument or not, SGE lists); the Status of the implementation becomes an
@@ -6,6 +6,7 @@
 // into NCCL. Squall's log lines go to NCCL's logger once NCCL hands us one.
 #include <cstdarg>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <new>
 
@@ -129,11 +130,20 @@ template <typename P>
 Status fillV9(int dev, P* props) {
   SQUALL_TRY(fillCommon(dev, props));
   props->forceFlush = 0;
+  // Every device is a physical NIC of its own (makeVDevice is NULL), and
+  // the unused slots are zero whatever the version's width (4 or 8).
   props->vProps.ndevs = 1;
   props->vProps.devs[0] = dev;
-  for (int i = 1; i < kMaxDevsPerNic; ++i) props->vProps.devs[i] = 0;
+  for (size_t i = 1; i < std::size(props->vProps.devs); ++i) props->vProps.devs[i] = 0;
   props->maxP2pBytes = kMaxNetBytes;
   props->maxCollBytes = kMaxNetBytes;
+  return Status::kOk;
+}
+
+template <typename P>
+Status fillV11(int dev, P* props) {
+  SQUALL_TRY(fillV9(dev, props));
+  props->maxMultiRequestSize = 1;
   return Status::kOk;
 }
 
@@ -144,9 +154,17 @@ Result getPropertiesV9(int dev, PropertiesV9* p) {
   return guarded([&] { return fillV9(dev, p); });
 }
 Result getPropertiesV11(int dev, PropertiesV11* p) {
+  return guarded([&] { return fillV11(dev, p); });
+}
+// From v12 on NCCL uses this struct as it is (for older tables its adapter
+// sets the rail and the plane, for the net though not for CollNet), so both
+// are written: an interface has neither, and "undefined" leaves the NIC's
+// placement to NCCL's own topology.
+Result getPropertiesV12(int dev, PropertiesV12* p) {
   return guarded([&] {
-    SQUALL_TRY(fillV9(dev, p));
-    p->maxMultiRequestSize = 1;
+    SQUALL_TRY(fillV11(dev, p));
+    p->railId = kNetIdUndef;
+    p->planeId = kNetIdUndef;
     return Status::kOk;
   });
 }
@@ -162,18 +180,20 @@ Result netInitV9(Logger logger) {
 Result netInitV10(Logger logger, ProfilerCallback) {
   return guarded([&] { return initCommon("NET", 10, logger); });
 }
-Result netInitV11(void** ctx, uint64_t, CommConfig*, Logger logger, ProfilerCallback) {
+// v11 and v12: a context per communicator.
+template <int V>
+Result netInitWithContext(void** ctx, uint64_t, CommConfig*, Logger logger, ProfilerCallback) {
   return guarded([&] {
     SQUALL_REQUIRE(ctx != nullptr, Status::kInvalidArgument, Subsys::kTransport,
                    "NET/Squall: init() was given a null context pointer");
-    SQUALL_TRY(initCommon("NET", 11, logger));
+    SQUALL_TRY(initCommon("NET", V, logger));
     NetContext* c = nullptr;
     SQUALL_TRY(netInit(&c));
     *ctx = c;
     return Status::kOk;
   });
 }
-Result netFinalizeV11(void* ctx) {
+Result netFinalizeWithContext(void* ctx) {
   return guarded([&] { return netFinalize(static_cast<NetContext*>(ctx)); });
 }
 Result devicesAny(int* n) {
@@ -186,7 +206,7 @@ Result devicesAny(int* n) {
 Result listenOld(int dev, void* handle, void** listenComm) {
   return guarded([&] { return netListen(sharedContext(), dev, handle, listenComm); });
 }
-Result listenV11(void* ctx, int dev, void* handle, void** listenComm) {
+Result listenWithContext(void* ctx, int dev, void* handle, void** listenComm) {
   return guarded([&] { return netListen(static_cast<NetContext*>(ctx), dev, handle, listenComm); });
 }
 // No device offload: *devComm stays NULL.
@@ -197,7 +217,8 @@ Result connectOld(int dev, void* handle, void** sendComm, NetDeviceHandle** devC
 Result connectV10(int dev, CommConfig*, void* handle, void** sendComm, NetDeviceHandle** devComm) {
   return connectOld(dev, handle, sendComm, devComm);
 }
-Result connectV11(void* ctx, int dev, void* handle, void** sendComm, NetDeviceHandle** devComm) {
+Result connectWithContext(void* ctx, int dev, void* handle, void** sendComm,
+                          NetDeviceHandle** devComm) {
   if (devComm != nullptr) *devComm = nullptr;
   return guarded([&] { return netConnect(static_cast<NetContext*>(ctx), dev, handle, sendComm); });
 }
@@ -290,24 +311,25 @@ Result collInitOld(Logger logger) {
     return collFinalize(c);
   });
 }
-Result collInitV11(void** ctx, uint64_t, Logger logger) {
+template <int V>
+Result collInitWithContext(void** ctx, uint64_t, Logger logger) {
   return guarded([&] {
     SQUALL_REQUIRE(ctx != nullptr, Status::kInvalidArgument, Subsys::kColl,
                    "CollNet/Squall: init() was given a null context pointer");
-    SQUALL_TRY(initCommon("CollNet", 11, logger));
+    SQUALL_TRY(initCommon("CollNet", V, logger));
     CollContext* c = nullptr;
     SQUALL_TRY(collInit(&c));
     *ctx = c;
     return Status::kOk;
   });
 }
-Result collFinalizeV11(void* ctx) {
+Result collFinalizeWithContext(void* ctx) {
   return guarded([&] { return collFinalize(static_cast<CollContext*>(ctx)); });
 }
 Result collListenOld(int dev, void* handle, void** listenComm) {
   return guarded([&] { return collListen(sharedCollContext(), dev, handle, listenComm); });
 }
-Result collListenV11(void* ctx, int dev, void* handle, void** listenComm) {
+Result collListenWithContext(void* ctx, int dev, void* handle, void** listenComm) {
   return guarded(
       [&] { return collListen(static_cast<CollContext*>(ctx), dev, handle, listenComm); });
 }
@@ -377,6 +399,63 @@ Result collCloseListenAny(void* comm) {
   return guarded([&] { return collCloseListen(comm); });
 }
 
+// ---- the v11 and v12 tables -----------------------------------------------------
+
+// One table of adapters for both versions; only init (which logs the
+// version) and getProperties (the struct) tell them apart.
+template <int V, typename Table>
+constexpr Table netWithContext(decltype(Table::getProperties) getProperties) {
+  return {
+      "squall",
+      netInitWithContext<V>,
+      devicesAny,
+      getProperties,
+      listenWithContext,
+      connectWithContext,
+      acceptAny,
+      regMrAny,
+      regMrDmaBufAny,
+      deregMrAny,
+      isendV10,
+      irecvV10,
+      iflushAny,
+      testAny,
+      closeSendAny,
+      closeRecvAny,
+      closeListenAny,
+      nullptr,  // getDeviceMr
+      nullptr,  // irecvConsumed
+      nullptr,  // makeVDevice
+      netFinalizeWithContext,
+      nullptr,  // setNetAttr
+  };
+}
+
+template <int V, typename Table>
+constexpr Table collNetWithContext(decltype(Table::getProperties) getProperties) {
+  return {
+      "squall",
+      collInitWithContext<V>,
+      devicesAny,
+      getProperties,
+      collListenWithContext,
+      collConnectAny,
+      reduceSupportAny,
+      collRegMrAny,
+      regMrDmaBufAny,
+      collDeregMrAny,
+      iallreduceV9,
+      iallgatherAny<SgeV9>,
+      ireducescatterAny<SgeV9>,
+      collIflushAny,
+      collTestAny,
+      closeCollAny,
+      collCloseListenAny,
+      nullptr,  // makeVDevice
+      collFinalizeWithContext,
+  };
+}
+
 }  // namespace
 }  // namespace squall::nccl_plugin
 
@@ -386,15 +465,13 @@ namespace wire = squall::nccl_abi;
 
 #define SQUALL_EXPORT extern "C" __attribute__((visibility("default")))
 
+SQUALL_EXPORT wire::NetV12 ncclNetPlugin_v12;
+constinit wire::NetV12 ncclNetPlugin_v12 =
+    np::netWithContext<12, wire::NetV12>(np::getPropertiesV12);
+
 SQUALL_EXPORT wire::NetV11 ncclNetPlugin_v11;
-wire::NetV11 ncclNetPlugin_v11 = {
-    "squall",           np::netInitV11, np::devicesAny,   np::getPropertiesV11,
-    np::listenV11,      np::connectV11, np::acceptAny,    np::regMrAny,
-    np::regMrDmaBufAny, np::deregMrAny, np::isendV10,     np::irecvV10,
-    np::iflushAny,      np::testAny,    np::closeSendAny, np::closeRecvAny,
-    np::closeListenAny, nullptr,        nullptr,          nullptr,
-    np::netFinalizeV11, nullptr,
-};
+constinit wire::NetV11 ncclNetPlugin_v11 =
+    np::netWithContext<11, wire::NetV11>(np::getPropertiesV11);
 
 SQUALL_EXPORT wire::NetV10 ncclNetPlugin_v10;
 wire::NetV10 ncclNetPlugin_v10 = {
@@ -423,28 +500,13 @@ wire::NetV8 ncclNetPlugin_v8 = {
     np::closeListenAny, nullptr,        nullptr,
 };
 
+SQUALL_EXPORT wire::CollNetV12 ncclCollNetPlugin_v12;
+constinit wire::CollNetV12 ncclCollNetPlugin_v12 =
+    np::collNetWithContext<12, wire::CollNetV12>(np::getPropertiesV12);
+
 SQUALL_EXPORT wire::CollNetV11 ncclCollNetPlugin_v11;
-wire::CollNetV11 ncclCollNetPlugin_v11 = {
-    "squall",
-    np::collInitV11,
-    np::devicesAny,
-    np::getPropertiesV11,
-    np::collListenV11,
-    np::collConnectAny,
-    np::reduceSupportAny,
-    np::collRegMrAny,
-    np::regMrDmaBufAny,
-    np::collDeregMrAny,
-    np::iallreduceV9,
-    np::iallgatherAny<wire::SgeV9>,
-    np::ireducescatterAny<wire::SgeV9>,
-    np::collIflushAny,
-    np::collTestAny,
-    np::closeCollAny,
-    np::collCloseListenAny,
-    nullptr,
-    np::collFinalizeV11,
-};
+constinit wire::CollNetV11 ncclCollNetPlugin_v11 =
+    np::collNetWithContext<11, wire::CollNetV11>(np::getPropertiesV11);
 
 SQUALL_EXPORT wire::CollNetV10 ncclCollNetPlugin_v10;
 wire::CollNetV10 ncclCollNetPlugin_v10 = {

@@ -1,5 +1,5 @@
 // The binary interface between NCCL and an external net / CollNet plugin, as
-// NCCL 2.19 to 2.30 read it: the function tables of versions 8 to 11 and the
+// NCCL 2.20 to 2.30 read it: the function tables of versions 8 to 12 and the
 // structs they pass. Declared here from the documented layout (every size and
 // offset is pinned by a static_assert below, for LP64), so the plugin builds
 // without NCCL installed. Names carry a Squall prefix; only the exported
@@ -37,12 +37,14 @@ constexpr int kMaxRequests = 32;             // NCCL_NET_MAX_REQUESTS
 constexpr int kPtrHost = 0x1;                // NCCL_PTR_HOST
 constexpr int kPtrCuda = 0x2;                // NCCL_PTR_CUDA
 constexpr int kPtrDmaBuf = 0x4;              // NCCL_PTR_DMABUF
-constexpr int kMaxDevsPerNic = 4;            // NCCL_NET_MAX_DEVS_PER_NIC
+constexpr int kMaxDevsPerNic = 4;            // NCCL_NET_MAX_DEVS_PER_NIC, v9 to v11
+constexpr int kMaxDevsPerNicV12 = 8;         // the same, from v12 on
+constexpr int16_t kNetIdUndef = -1;          // NCCL_NET_ID_UNDEF: rail / plane not known
 constexpr size_t kMaxNetBytes = 1ull << 40;  // NCCL_MAX_NET_SIZE_BYTES
 
 enum NetDeviceType : int { kDeviceHost = 0, kDeviceUnpack = 1 };
 
-// ncclNetDeviceHandle_v7..v11_t: device offload, which this plugin never offers.
+// ncclNetDeviceHandle_v7..v12_t: device offload, which this plugin never offers.
 struct NetDeviceHandle {
   NetDeviceType netDeviceType;
   int netDeviceVersion;
@@ -51,15 +53,21 @@ struct NetDeviceHandle {
   int needsProxyProgress;
 };
 
+// A virtual NIC: the physical devices it merges.
 struct VDeviceProps {  // ncclNetVDeviceProps_v9..v11_t
   int ndevs;
   int devs[kMaxDevsPerNic];
 };
+struct VDevicePropsV12 {  // ncclNetVDeviceProps_v12_t: twice the devices
+  int ndevs;
+  int devs[kMaxDevsPerNicV12];
+};
 
-struct CommConfig {  // ncclNetCommConfig_v10/v11_t
+struct CommConfig {  // ncclNetCommConfig_v10..v12_t
   int trafficClass;
 };
 
+// v11 and v12 share these two.
 struct NetCommAttr {  // ncclNetCommAttr_v11_t
   int32_t maxConcurrentPeers;
   int32_t minConcurrentPeers;
@@ -127,13 +135,37 @@ struct PropertiesV11 {
   size_t maxCollBytes;
   int maxMultiRequestSize;
 };
+// v12: the wider vProps moves everything after it by 16 bytes, and the NIC's
+// rail and plane (kNetIdUndef when unknown) follow maxMultiRequestSize. NCCL
+// reads a v12 plugin's struct as it is, so every member must be written.
+struct PropertiesV12 {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  NetDeviceType netDeviceType;
+  int netDeviceVersion;
+  VDevicePropsV12 vProps;
+  size_t maxP2pBytes;
+  size_t maxCollBytes;
+  int maxMultiRequestSize;
+  int16_t railId;
+  int16_t planeId;
+};
 
 struct SgeV8 {
   void* mhandle;
   void* address;
   uint32_t size;
 };
-struct SgeV9 {  // also v10, v11
+struct SgeV9 {  // also v10 to v12
   void* mhandle;
   void* address;
   size_t size;
@@ -217,12 +249,15 @@ struct NetV10 {
   Result (*makeVDevice)(int* d, VDeviceProps* props);
 };
 
-struct NetV11 {
+// v11 and v12 are the same table over different properties and virtual-NIC
+// structs: every call takes the communicator's context from init.
+template <typename Properties, typename VProps>
+struct NetWithContext {
   const char* name;
   Result (*init)(void** ctx, uint64_t commId, CommConfig* config, Logger logger,
                  ProfilerCallback profiler);
   Result (*devices)(int* ndev);
-  Result (*getProperties)(int dev, PropertiesV11* props);
+  Result (*getProperties)(int dev, Properties* props);
   Result (*listen)(void* ctx, int dev, void* handle, void** listenComm);
   Result (*connect)(void* ctx, int dev, void* handle, void** sendComm,
                     NetDeviceHandle** sendDevComm);
@@ -242,10 +277,12 @@ struct NetV11 {
   Result (*closeListen)(void* listenComm);
   Result (*getDeviceMr)(void* comm, void* mhandle, void** dptrMhandle);
   Result (*irecvConsumed)(void* recvComm, int n, void* request);
-  Result (*makeVDevice)(int* d, VDeviceProps* props);
+  Result (*makeVDevice)(int* d, VProps* props);
   Result (*finalize)(void* ctx);
   Result (*setNetAttr)(void* ctx, NetAttr* attr);
 };
+using NetV11 = NetWithContext<PropertiesV11, VDeviceProps>;
+using NetV12 = NetWithContext<PropertiesV12, VDevicePropsV12>;
 
 // ---- CollNet tables ---------------------------------------------------------
 
@@ -305,11 +342,13 @@ struct CollNetV9 {
 };
 using CollNetV10 = CollNetV9;
 
-struct CollNetV11 {
+// v11 and v12, as for the net.
+template <typename Properties, typename VProps>
+struct CollNetWithContext {
   const char* name;
   Result (*init)(void** ctx, uint64_t commId, Logger logger);
   Result (*devices)(int* ndev);
-  Result (*getProperties)(int dev, PropertiesV11* props);
+  Result (*getProperties)(int dev, Properties* props);
   Result (*listen)(void* ctx, int dev, void* handle, void** listenComm);
   Result (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
   Result (*reduceSupport)(DataType dataType, RedOp redOp, int* supported);
@@ -330,9 +369,11 @@ struct CollNetV11 {
   Result (*test)(void* request, int* done, int* size);
   Result (*closeColl)(void* collComm);
   Result (*closeListen)(void* listenComm);
-  Result (*makeVDevice)(int* d, VDeviceProps* props);
+  Result (*makeVDevice)(int* d, VProps* props);
   Result (*finalize)(void* ctx);
 };
+using CollNetV11 = CollNetWithContext<PropertiesV11, VDeviceProps>;
+using CollNetV12 = CollNetWithContext<PropertiesV12, VDevicePropsV12>;
 
 // ---- layout checks (LP64) ---------------------------------------------------
 #if defined(__LP64__)
@@ -341,6 +382,7 @@ static_assert(sizeof(NetDeviceHandle) == 32 && offsetof(NetDeviceHandle, handle)
               offsetof(NetDeviceHandle, size) == 16 &&
               offsetof(NetDeviceHandle, needsProxyProgress) == 24);
 static_assert(sizeof(VDeviceProps) == 20);
+static_assert(sizeof(VDevicePropsV12) == 36);
 static_assert(sizeof(CommConfig) == 4);
 static_assert(sizeof(NetCommAttr) == 16);
 static_assert(sizeof(NetAttr) == 44 && offsetof(NetAttr, op) == 32 &&
@@ -357,6 +399,8 @@ static_assert(offsetof(PropertiesV8, guid) == 16 && offsetof(PropertiesV8, ptrSu
 
 static_assert(sizeof(PropertiesV9) == 104);
 static_assert(sizeof(PropertiesV11) == 112);
+static_assert(sizeof(PropertiesV12) == 128);
+// Up to vProps every version from v9 on agrees.
 #define SQUALL_CHECK_PROPS(T)                                                                     \
   static_assert(offsetof(T, name) == 0 && offsetof(T, pciPath) == 8 && offsetof(T, guid) == 16 && \
                 offsetof(T, ptrSupport) == 24 && offsetof(T, regIsGlobal) == 28 &&                \
@@ -364,12 +408,20 @@ static_assert(sizeof(PropertiesV11) == 112);
                 offsetof(T, port) == 40 && offsetof(T, latency) == 44 &&                          \
                 offsetof(T, maxComms) == 48 && offsetof(T, maxRecvs) == 52 &&                     \
                 offsetof(T, netDeviceType) == 56 && offsetof(T, netDeviceVersion) == 60 &&        \
-                offsetof(T, vProps) == 64 && offsetof(T, maxP2pBytes) == 88 &&                    \
-                offsetof(T, maxCollBytes) == 96)
+                offsetof(T, vProps) == 64)
 SQUALL_CHECK_PROPS(PropertiesV9);
 SQUALL_CHECK_PROPS(PropertiesV11);
+SQUALL_CHECK_PROPS(PropertiesV12);
 #undef SQUALL_CHECK_PROPS
-static_assert(offsetof(PropertiesV11, maxMultiRequestSize) == 104);
+static_assert(offsetof(PropertiesV9, maxP2pBytes) == 88 &&
+              offsetof(PropertiesV9, maxCollBytes) == 96);
+static_assert(offsetof(PropertiesV11, maxP2pBytes) == 88 &&
+              offsetof(PropertiesV11, maxCollBytes) == 96 &&
+              offsetof(PropertiesV11, maxMultiRequestSize) == 104);
+static_assert(offsetof(PropertiesV12, maxP2pBytes) == 104 &&
+              offsetof(PropertiesV12, maxCollBytes) == 112 &&
+              offsetof(PropertiesV12, maxMultiRequestSize) == 120 &&
+              offsetof(PropertiesV12, railId) == 124 && offsetof(PropertiesV12, planeId) == 126);
 
 // Tables: one pointer per member.
 static_assert(sizeof(NetV8) == 19 * 8);
@@ -378,10 +430,16 @@ static_assert(sizeof(NetV11) == 22 * 8 && offsetof(NetV11, finalize) == 20 * 8 &
               offsetof(NetV11, setNetAttr) == 21 * 8);
 static_assert(offsetof(NetV11, isend) == 10 * 8 && offsetof(NetV11, test) == 13 * 8 &&
               offsetof(NetV11, makeVDevice) == 19 * 8);
+static_assert(sizeof(NetV12) == sizeof(NetV11) && offsetof(NetV12, getProperties) == 3 * 8 &&
+              offsetof(NetV12, makeVDevice) == 19 * 8 && offsetof(NetV12, setNetAttr) == 21 * 8);
 static_assert(sizeof(CollNetV8) == 17 * 8);
 static_assert(sizeof(CollNetV9) == 18 * 8);
 static_assert(sizeof(CollNetV11) == 19 * 8 && offsetof(CollNetV11, iallreduce) == 10 * 8 &&
               offsetof(CollNetV11, test) == 14 * 8 && offsetof(CollNetV11, finalize) == 18 * 8);
+static_assert(sizeof(CollNetV12) == sizeof(CollNetV11) &&
+              offsetof(CollNetV12, getProperties) == 3 * 8 &&
+              offsetof(CollNetV12, makeVDevice) == 17 * 8 &&
+              offsetof(CollNetV12, finalize) == 18 * 8);
 #endif
 
 }  // namespace squall::nccl_abi

@@ -2,7 +2,7 @@
 // NCCL's proxy drives it: dlopen the built library, look the tables up by
 // name, and run listen / connect / accept / isend / irecv / test (and the
 // CollNet calls) in separate processes over 127.0.0.1. Every net case runs
-// against each exported version (v8 to v11) through one small adapter per
+// against each exported version (v8 to v12) through one small adapter per
 // version below, so the suite is written once.
 //
 // Processes: each rank is a forked child that loads the library itself
@@ -30,8 +30,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "plugin/nccl/abi/net_abi.h"
@@ -111,10 +113,10 @@ void readAll(int fd, void* data, size_t bytes) {
 struct Net {
   virtual ~Net() = default;
   virtual int version() const = 0;
-  virtual int init() = 0;  // a fresh communicator context (v11) or the process one
+  virtual int init() = 0;  // a fresh communicator context (v11, v12) or the process one
   virtual int finalize() = 0;
   virtual int devices(int* n) = 0;
-  virtual int properties(int dev, wire::PropertiesV11* out) = 0;  // widened
+  virtual int properties(int dev, wire::PropertiesV12* out) = 0;  // widened
   virtual int listen(int dev, void* handle, void** lc) = 0;
   virtual int connect(int dev, void* handle, void** sc) = 0;
   virtual int accept(void* lc, void** rc) = 0;
@@ -129,6 +131,42 @@ struct Net {
   virtual int closeListen(void* c) = 0;
 };
 
+// Copies what a version's properties have into the newest layout; the rest
+// of *out stays as the caller filled it.
+template <typename P>
+void widen(const P& p, wire::PropertiesV12* out) {
+  out->name = p.name;
+  out->pciPath = p.pciPath;
+  out->guid = p.guid;
+  out->ptrSupport = p.ptrSupport;
+  out->regIsGlobal = p.regIsGlobal;
+  out->speed = p.speed;
+  out->port = p.port;
+  out->latency = p.latency;
+  out->maxComms = p.maxComms;
+  out->maxRecvs = p.maxRecvs;
+  out->netDeviceType = p.netDeviceType;
+  out->netDeviceVersion = p.netDeviceVersion;
+  if constexpr (requires { p.vProps; }) {
+    out->forceFlush = p.forceFlush;
+    out->vProps.ndevs = p.vProps.ndevs;
+    for (size_t i = 0; i < std::size(p.vProps.devs); ++i) out->vProps.devs[i] = p.vProps.devs[i];
+    out->maxP2pBytes = p.maxP2pBytes;
+    out->maxCollBytes = p.maxCollBytes;
+  } else {  // v8 has no limits: any positive value passes
+    out->maxP2pBytes = 1;
+    out->maxCollBytes = 1;
+  }
+  if constexpr (requires { p.maxMultiRequestSize; })
+    out->maxMultiRequestSize = p.maxMultiRequestSize;
+}
+
+// The properties struct a table's getProperties fills.
+template <typename P>
+P propertiesArgument(wire::Result (*)(int, P*));
+template <typename T>
+using PropertiesOf = decltype(propertiesArgument(std::declval<T&>().getProperties));
+
 template <typename T, int V>
 struct NetOf : Net {
   T* t;
@@ -136,7 +174,7 @@ struct NetOf : Net {
   explicit NetOf(T* table) : t(table) {}
   int version() const override { return V; }
   int init() override {
-    if constexpr (V == 11) {
+    if constexpr (V >= 11) {
       wire::CommConfig config{-1};
       return t->init(&ctx, 0x1234, &config, logger, nullptr);
     } else if constexpr (V == 10) {
@@ -146,42 +184,32 @@ struct NetOf : Net {
     }
   }
   int finalize() override {
-    if constexpr (V == 11) return t->finalize(ctx);
+    if constexpr (V >= 11) return t->finalize(ctx);
     return wire::kSuccess;
   }
   int devices(int* n) override { return t->devices(n); }
-  int properties(int dev, wire::PropertiesV11* out) override {
-    std::memset(out, 0, sizeof(*out));
-    if constexpr (V == 8) {
-      wire::PropertiesV8 p;
-      int rc = t->getProperties(dev, &p);
-      out->name = p.name;
-      out->pciPath = p.pciPath;
-      out->ptrSupport = p.ptrSupport;
-      out->speed = p.speed;
-      out->maxRecvs = p.maxRecvs;
-      out->netDeviceType = p.netDeviceType;
-      out->maxP2pBytes = 1;
-      out->maxCollBytes = 1;
-      return rc;
-    } else if constexpr (V == 11) {
+  // A byte pattern first, so a member the plugin leaves unwritten shows.
+  int properties(int dev, wire::PropertiesV12* out) override {
+    std::memset(static_cast<void*>(out), 0x5a, sizeof(*out));
+    if constexpr (V == 12) {
       return t->getProperties(dev, out);
     } else {
-      wire::PropertiesV9 p;
+      PropertiesOf<T> p;
+      std::memset(static_cast<void*>(&p), 0x5a, sizeof(p));
       int rc = t->getProperties(dev, &p);
-      std::memcpy(out, &p, sizeof(p));
+      widen(p, out);
       return rc;
     }
   }
   int listen(int dev, void* handle, void** lc) override {
-    if constexpr (V == 11)
+    if constexpr (V >= 11)
       return t->listen(ctx, dev, handle, lc);
     else
       return t->listen(dev, handle, lc);
   }
   int connect(int dev, void* handle, void** sc) override {
     wire::NetDeviceHandle* devComm = nullptr;
-    if constexpr (V == 11)
+    if constexpr (V >= 11)
       return t->connect(ctx, dev, handle, sc, &devComm);
     else if constexpr (V == 10) {
       wire::CommConfig config{-1};
@@ -241,10 +269,14 @@ std::unique_ptr<Net> openNet(void* lib, int version) {
     case 10:
       return std::make_unique<NetOf<wire::NetV10, 10>>(
           static_cast<wire::NetV10*>(sym("ncclNetPlugin_v10")));
-    default:
+    case 11:
       return std::make_unique<NetOf<wire::NetV11, 11>>(
           static_cast<wire::NetV11*>(sym("ncclNetPlugin_v11")));
+    case 12:
+      return std::make_unique<NetOf<wire::NetV12, 12>>(
+          static_cast<wire::NetV12*>(sym("ncclNetPlugin_v12")));
   }
+  die("no adapter for net v%d", version);
 }
 
 // Waits for a request like the proxy does: test() in a loop, with a deadline.
@@ -417,31 +449,76 @@ class NetVersion : public ::testing::TestWithParam<int> {};
 
 // ---- tests ---------------------------------------------------------------------
 
+// The members of the tables with a context (v11, v12) that NCCL calls
+// without checking are set; the optional ones are NULL.
+template <typename Net, typename Coll>
+void checkContextTables(void* lib, int version) {
+  char name[32];
+  snprintf(name, sizeof(name), "ncclNetPlugin_v%d", version);
+  auto* net = static_cast<Net*>(dlsym(lib, name));
+  CHECK(net->init != nullptr && net->getProperties != nullptr && net->isend != nullptr &&
+            net->test != nullptr && net->closeListen != nullptr,
+        "%s: members missing", name);
+  CHECK(net->finalize != nullptr, "%s: finalize must be set (NCCL calls it unconditionally)", name);
+  CHECK(net->getDeviceMr == nullptr && net->irecvConsumed == nullptr &&
+            net->makeVDevice == nullptr && net->setNetAttr == nullptr,
+        "%s: the optional members must be NULL", name);
+  snprintf(name, sizeof(name), "ncclCollNetPlugin_v%d", version);
+  auto* coll = static_cast<Coll*>(dlsym(lib, name));
+  CHECK(coll->init != nullptr && coll->getProperties != nullptr && coll->finalize != nullptr &&
+            coll->iallreduce != nullptr && coll->iallgather != nullptr &&
+            coll->ireducescatter != nullptr,
+        "%s: members missing", name);
+  CHECK(coll->makeVDevice == nullptr, "%s: makeVDevice must be NULL", name);
+}
+
 TEST(Exports, EveryVersionAndNothingElse) {
   auto codes = runRanks(1, [](int, int) {
     void* lib = loadPlugin();
-    const char* names[] = {"ncclNetPlugin_v8",      "ncclNetPlugin_v9",     "ncclNetPlugin_v10",
-                           "ncclNetPlugin_v11",     "ncclCollNetPlugin_v8", "ncclCollNetPlugin_v9",
-                           "ncclCollNetPlugin_v10", "ncclCollNetPlugin_v11"};
-    for (const char* n : names) {
-      void* p = dlsym(lib, n);
-      CHECK(p != nullptr, "%s missing", n);
-      CHECK(strcmp(*static_cast<const char* const*>(p), "squall") == 0, "%s is not named squall",
-            n);
-    }
+    for (const char* prefix : {"ncclNetPlugin_v", "ncclCollNetPlugin_v"})
+      for (int v = 8; v <= 12; ++v) {
+        char n[32];
+        snprintf(n, sizeof(n), "%s%d", prefix, v);
+        void* p = dlsym(lib, n);
+        CHECK(p != nullptr, "%s missing", n);
+        CHECK(strcmp(*static_cast<const char* const*>(p), "squall") == 0, "%s is not named squall",
+              n);
+      }
     CHECK(dlsym(lib, "ncclNetPlugin_v7") == nullptr, "v7 should not be exported");
-    CHECK(dlsym(lib, "ncclNetPlugin_v12") == nullptr, "v12 should not be exported");
-    auto* v11 = static_cast<wire::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
-    CHECK(v11->finalize != nullptr, "v11 finalize must be set (NCCL calls it unconditionally)");
-    CHECK(v11->getDeviceMr == nullptr && v11->irecvConsumed == nullptr &&
-              v11->makeVDevice == nullptr && v11->setNetAttr == nullptr,
-          "optional v11 members must be NULL");
-    auto* c11 = static_cast<wire::CollNetV11*>(dlsym(lib, "ncclCollNetPlugin_v11"));
-    CHECK(c11->finalize != nullptr && c11->iallreduce != nullptr && c11->iallgather != nullptr &&
-              c11->ireducescatter != nullptr,
-          "CollNet v11 members missing");
+    CHECK(dlsym(lib, "ncclCollNetPlugin_v7") == nullptr, "CollNet v7 should not be exported");
+    checkContextTables<wire::NetV11, wire::CollNetV11>(lib, 11);
+    checkContextTables<wire::NetV12, wire::CollNetV12>(lib, 12);
     // Squall's own (internal) symbols stay hidden.
     CHECK(dlsym(lib, "_ZN6squall6statusNameENS_6StatusE") == nullptr, "internal symbol exported");
+  });
+  expectAllZero(codes);
+}
+
+// NCCL looks the tables up by name, newest first, the net and CollNet each
+// on their own: 2.30 tries v12 down to v6, 2.28 v11 down to v6. Each must
+// stop at the newest version it knows.
+TEST(Exports, NcclLookupOrderFindsTheNewest) {
+  auto codes = runRanks(1, [](int, int) {
+    void* lib = loadPlugin();
+    struct Nccl {
+      const char* release;
+      std::vector<int> order;
+    };
+    const Nccl releases[] = {{"2.30", {12, 11, 10, 9, 8, 7, 6}}, {"2.28", {11, 10, 9, 8, 7, 6}}};
+    for (const Nccl& nccl : releases)
+      for (const char* prefix : {"ncclNetPlugin_v", "ncclCollNetPlugin_v"}) {
+        int found = 0;
+        for (int v : nccl.order) {
+          char name[32];
+          snprintf(name, sizeof(name), "%s%d", prefix, v);
+          if (dlsym(lib, name) != nullptr) {
+            found = v;
+            break;
+          }
+        }
+        CHECK(found == nccl.order.front(), "NCCL %s would load %s%d, not %s%d", nccl.release,
+              prefix, found, prefix, nccl.order.front());
+      }
   });
   expectAllZero(codes);
 }
@@ -496,11 +573,85 @@ TEST(NetDevices, BridgesAreLeftOutByDefault) {
     int n = 0;
     CHECK_OK(net->devices(&n));
     CHECK(n == 1, "%d devices, expected eth7 alone", n);
-    wire::PropertiesV11 p;
+    wire::PropertiesV12 p;
     CHECK_OK(net->properties(0, &p));
     CHECK(p.name != nullptr && strcmp(p.name, "eth7") == 0, "device 0 is %s, not eth7", p.name);
   });
   if (codes.size() == 1 && codes[0] == 77) GTEST_SKIP() << "no network namespace, bridge or veth";
+  expectAllZero(codes);
+}
+
+// The properties as NCCL itself lays them out, read from raw bytes at the
+// offsets of NCCL's headers (x86-64) rather than through net_abi.h, so a
+// mistake in that header cannot hide the same mistake in the library. v12:
+// 128 bytes, maxP2pBytes at 104, rail and plane at 124 and 126; v11 (what
+// 2.28 passes, on its stack) 112 bytes. Nothing past the end is written.
+template <typename T>
+T at(const unsigned char* raw, size_t offset) {
+  T value;
+  std::memcpy(&value, raw + offset, sizeof(value));
+  return value;
+}
+
+TEST(Properties, LayoutAsNcclReadsIt) {
+  auto codes = runRanks(1, [](int, int) {
+    void* lib = loadPlugin();
+    auto* n12 = static_cast<wire::NetV12*>(dlsym(lib, "ncclNetPlugin_v12"));
+    auto* c12 = static_cast<wire::CollNetV12*>(dlsym(lib, "ncclCollNetPlugin_v12"));
+    auto* n11 = static_cast<wire::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
+    void* netCtx = nullptr;
+    void* collCtx = nullptr;
+    wire::CommConfig config{-1};
+    CHECK_OK(n12->init(&netCtx, 1, &config, logger, nullptr));
+    CHECK_OK(c12->init(&collCtx, 1, logger));
+    constexpr unsigned char kFill = 0xa5;
+    struct Case {
+      const char* what;
+      size_t size;  // of NCCL's struct
+      std::function<int(void*)> get;
+    };
+    const Case cases[] = {
+        {"net v12", 128,
+         [&](void* p) { return n12->getProperties(0, static_cast<wire::PropertiesV12*>(p)); }},
+        {"CollNet v12", 128,
+         [&](void* p) { return c12->getProperties(0, static_cast<wire::PropertiesV12*>(p)); }},
+        {"net v11", 112,
+         [&](void* p) { return n11->getProperties(0, static_cast<wire::PropertiesV11*>(p)); }},
+    };
+    for (const Case& c : cases) {
+      alignas(8) unsigned char raw[192];
+      std::memset(raw, kFill, sizeof(raw));
+      CHECK_OK(c.get(raw));
+      const char* name = at<const char*>(raw, 0);
+      CHECK(name != nullptr && strcmp(name, "lo") == 0, "%s: name at 0", c.what);
+      CHECK(at<int>(raw, 24) == wire::kPtrHost, "%s: ptrSupport at 24", c.what);
+      CHECK(at<int>(raw, 36) > 0, "%s: speed at 36", c.what);
+      CHECK(at<int>(raw, 56) == wire::kDeviceHost, "%s: netDeviceType at 56", c.what);
+      // vProps at 64: ndevs, then 8 devices (v12) or 4 (v11), the unused ones cleared.
+      const int slots = c.size == 128 ? 8 : 4;
+      CHECK(at<int>(raw, 64) == 1, "%s: vProps.ndevs at 64 is %d", c.what, at<int>(raw, 64));
+      for (int i = 0; i < slots; ++i)
+        CHECK(at<int>(raw, 68 + 4 * static_cast<size_t>(i)) == 0, "%s: vProps.devs[%d] at %d",
+              c.what, i, 68 + 4 * i);
+      const size_t limits = c.size == 128 ? 104 : 88;
+      CHECK(at<size_t>(raw, limits) == wire::kMaxNetBytes, "%s: maxP2pBytes at %zu", c.what,
+            limits);
+      CHECK(at<size_t>(raw, limits + 8) == wire::kMaxNetBytes, "%s: maxCollBytes at %zu", c.what,
+            limits + 8);
+      CHECK(at<int>(raw, limits + 16) == 1, "%s: maxMultiRequestSize at %zu", c.what, limits + 16);
+      if (c.size == 128) {
+        CHECK(at<int16_t>(raw, 124) == -1, "%s: railId at 124 is %d, not -1", c.what,
+              at<int16_t>(raw, 124));
+        CHECK(at<int16_t>(raw, 126) == -1, "%s: planeId at 126 is %d, not -1", c.what,
+              at<int16_t>(raw, 126));
+      }
+      for (size_t b = c.size; b < sizeof(raw); ++b)
+        CHECK(raw[b] == kFill, "%s: byte %zu written, past the %zu of NCCL's struct", c.what, b,
+              c.size);
+    }
+    CHECK_OK(c12->finalize(collCtx));
+    CHECK_OK(n12->finalize(netCtx));
+  });
   expectAllZero(codes);
 }
 
@@ -513,7 +664,7 @@ TEST_P(NetVersion, PropertiesAndBadArguments) {
     int n = 0;
     CHECK_OK(net->devices(&n));
     CHECK(n >= 1, "no device with SQUALL_SOCKET_IFNAME=lo");
-    wire::PropertiesV11 p;
+    wire::PropertiesV12 p;
     CHECK_OK(net->properties(0, &p));
     CHECK(p.name != nullptr && strcmp(p.name, "lo") == 0, "device 0 is %s, not lo", p.name);
     CHECK(p.ptrSupport == wire::kPtrHost, "ptrSupport %d", p.ptrSupport);
@@ -523,7 +674,13 @@ TEST_P(NetVersion, PropertiesAndBadArguments) {
     CHECK(p.maxP2pBytes > 0 && p.maxP2pBytes <= wire::kMaxNetBytes, "maxP2pBytes");
     CHECK(p.maxCollBytes > 0 && p.maxCollBytes <= wire::kMaxNetBytes, "maxCollBytes");
     if (version >= 9) CHECK(p.vProps.ndevs == 1 && p.vProps.devs[0] == 0, "vProps");
-    if (version == 11) CHECK(p.maxMultiRequestSize == 1, "maxMultiRequestSize");
+    if (version >= 11) CHECK(p.maxMultiRequestSize == 1, "maxMultiRequestSize");
+    if (version >= 12) {
+      for (int i = 1; i < wire::kMaxDevsPerNicV12; ++i)
+        CHECK(p.vProps.devs[i] == 0, "vProps.devs[%d] = %d, not cleared", i, p.vProps.devs[i]);
+      CHECK(p.railId == wire::kNetIdUndef && p.planeId == wire::kNetIdUndef,
+            "railId %d planeId %d: unknown must be NCCL_NET_ID_UNDEF", p.railId, p.planeId);
+    }
     CHECK(net->properties(n, &p) == wire::kInvalidArgument, "a missing device must be refused");
     // A connection to ourselves for the argument checks.
     char handle[wire::kHandleMaxBytes];
@@ -709,7 +866,7 @@ TEST_P(NetVersion, GroupedReceiveMatchesTags) {
   expectAllZero(runRanks(2, body, relayPair));
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, NetVersion, ::testing::Values(8, 9, 10, 11),
+INSTANTIATE_TEST_SUITE_P(Versions, NetVersion, ::testing::Values(8, 9, 10, 11, 12),
                          [](const auto& info) {
                            char name[16];
                            snprintf(name, sizeof(name), "v%d", info.param);
@@ -1314,16 +1471,20 @@ struct CollNet {
       case 8: return static_cast<wire::CollNetV8*>(table)->init(logger);
       case 9:
       case 10: return static_cast<wire::CollNetV9*>(table)->init(logger);
-      default: return static_cast<wire::CollNetV11*>(table)->init(&ctx, 99, logger);
+      case 11: return static_cast<wire::CollNetV11*>(table)->init(&ctx, 99, logger);
+      case 12: return static_cast<wire::CollNetV12*>(table)->init(&ctx, 99, logger);
     }
+    die("no adapter for CollNet v%d", version);
   }
   int listen(void* handle, void** lc) {
     switch (version) {
       case 8: return static_cast<wire::CollNetV8*>(table)->listen(0, handle, lc);
       case 9:
       case 10: return static_cast<wire::CollNetV9*>(table)->listen(0, handle, lc);
-      default: return static_cast<wire::CollNetV11*>(table)->listen(ctx, 0, handle, lc);
+      case 11: return static_cast<wire::CollNetV11*>(table)->listen(ctx, 0, handle, lc);
+      case 12: return static_cast<wire::CollNetV12*>(table)->listen(ctx, 0, handle, lc);
     }
+    die("no adapter for CollNet v%d", version);
   }
   // The members from connect on share their offsets in every version, apart
   // from iallreduce's count and the SGE size type.
@@ -1335,7 +1496,7 @@ struct CollNet {
                                                               type, op, nullptr, nullptr, req);
     return t()->iallreduce(comm, s, r, count, type, op, nullptr, nullptr, req);
   }
-  int finalize() { return version == 11 ? t()->finalize(ctx) : wire::kSuccess; }
+  int finalize() { return version >= 11 ? t()->finalize(ctx) : wire::kSuccess; }
 };
 
 // What rank r contributes at element i: large against any codec error, so a
@@ -1520,7 +1681,7 @@ void collNetRanks(int nranks, int version, const char* codec) {
 }
 
 TEST(CollNet, ExactAtTwoRanksEveryVersion) {
-  for (int v : {8, 9, 10, 11}) {
+  for (int v : {8, 9, 10, 11, 12}) {
     SCOPED_TRACE(testing::Message() << "v" << v);
     collNetRanks(2, v, "none");
   }
@@ -1603,6 +1764,9 @@ TEST(CollNet, OneBitIsRefusedAtInit) {
     void* ctx = nullptr;
     CHECK(t->init(&ctx, 1, logger) == wire::kInvalidArgument,
           "onebit must disable CollNet at init");
+    auto* v12 = static_cast<wire::CollNetV12*>(dlsym(lib, "ncclCollNetPlugin_v12"));
+    CHECK(v12->init(&ctx, 1, logger) == wire::kInvalidArgument,
+          "v12: onebit must disable CollNet at init");
     for (const char* name :
          {"ncclCollNetPlugin_v8", "ncclCollNetPlugin_v9", "ncclCollNetPlugin_v10"}) {
       auto* older = static_cast<wire::CollNetV9*>(dlsym(lib, name));

@@ -2,10 +2,14 @@
 # Real NCCL loading libnccl-net-squall.so on one GPU: 2 and 4 processes share
 # the GPU, each its own node (distinct NCCL_HOSTID, NCCL_MNNVL_ENABLE=0), so
 # every byte between them crosses the plugin. For each size:
-#   squall   NCCL_NET=squall; the NCCL log must say "Using network squall"
+#   squall   NCCL_NET=squall; the NCCL log must say "Using network squall",
+#            and that NCCL loaded the newest of the plugin's tables it knows
+#            (v12 from NCCL 2.30 on, v11 for 2.28 and 2.29: abiFor below)
+#            and called its init
 #   collnet  the same with NCCL_COLLNET_ENABLE=1 NCCL_ALGO=CollNetChain; the
-#            log must show Squall's CollNet group and operations through it,
-#            and NCCL must not say it could not initialise CollNet
+#            log must also show the CollNet table of that version loaded,
+#            Squall's CollNet group and operations through it, and NCCL must
+#            not say it could not initialise CollNet
 #   socket   NCCL's own Socket network, the baseline
 # ncclAllReduce results are checked exactly by the driver
 # (tests/plugin/nccl/nccl_gpu_driver.cc), which prints a RESULT line per run.
@@ -39,6 +43,43 @@ fi
 [[ $so == /* ]] || so=$PWD/$so
 export LD_LIBRARY_PATH="$cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
+# The plugin ABI NCCL 2.MINOR loads from this library: its loader tries the
+# versions it knows newest first, and the library exports v8 to v12.
+abiFor() {
+  local minor=$1
+  if ((minor >= 30)); then echo 12
+  elif ((minor >= 28)); then echo 11
+  elif ((minor >= 26)); then echo 10
+  elif ((minor >= 24)); then echo 9
+  else echo 8
+  fi
+}
+
+# checkAbi LOG MODE: whether NCCL loaded the table it should have, from a
+# rank's NCCL log; prints one line per problem, nothing when all is well.
+# NCCL logs its version ("NCCL version 2.30.7+cuda13.0") and each table it
+# loads ("NET/Plugin: Loaded net plugin squall (v12)", the same with
+# "collnet plugin"); the plugin's init logs "NET/Squall : v12 table".
+checkAbi() {
+  local log=$1 mode=$2 version major minor want
+  version=$(grep -o -m1 'NCCL version [0-9]*\.[0-9]*\.[0-9]*' "$log" 2>/dev/null | cut -d' ' -f3 || true)
+  if [[ -z $version ]]; then
+    echo "NCCL's log does not say its version"
+    return
+  fi
+  major=${version%%.*}
+  minor=${version#*.}
+  minor=${minor%%.*}
+  if ((major > 2)); then want=12; else want=$(abiFor "$minor"); fi
+  grep -q "NET/Plugin: Loaded net plugin squall (v$want)" "$log" ||
+    echo "NCCL $version did not load the v$want net table ($(grep -o -m1 'Loaded net plugin .*' "$log" || echo 'it loaded none'))"
+  grep -q "NET/Squall : v$want table" "$log" || echo "the plugin's v$want init did not run"
+  if [[ $mode == collnet ]]; then
+    grep -q "NET/Plugin: Loaded collnet plugin squall (v$want)" "$log" ||
+      echo "NCCL $version did not load the v$want CollNet table"
+  fi
+}
+
 failed=0
 for n in 2 4; do
   for mode in squall collnet socket; do
@@ -57,6 +98,11 @@ for n in 2 4; do
     log=$out/$tag.rank0.log
     why=""
     ((rc == 0)) || why="driver exit $rc"
+    if [[ $mode != socket ]]; then
+      while IFS= read -r problem; do
+        why+="${why:+; }$problem"
+      done < <(checkAbi "$log" "$mode")
+    fi
     case $mode in
       squall)
         grep -qi 'Using network squall' "$log" 2>/dev/null || why+="${why:+; }NCCL did not use the squall network" ;;
