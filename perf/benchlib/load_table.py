@@ -60,7 +60,7 @@ def main(out):
             counts[key] = row["count"]
     quiet_codec = sorted(glob.glob(os.path.join(out, "codec_quiet_*.json")))
     if not quiet_codec:
-        sys.exit(f"load_table.py: no codec_quiet_*.json in {out}")
+        sys.exit(f"bench.py load: no codec_quiet_*.json in {out} (the quiet codec rates of the run)")
     impl, _, rates = bound.codec_rates(quiet_codec, impls.pop() if len(impls) == 1 else "avx512")
     loaded_codec = sorted(glob.glob(os.path.join(out, "codec_loaded_*.json")))
     print(f"Codec rates ({impl}, one thread, median of {len(quiet_codec)} quiet runs): "
