@@ -24,6 +24,8 @@ Subcommands:
   peers         full precision: Squall vs gloo vs Open MPI, interleaved
   nccl-net      the NCCL plugin's net against a raw TCP stream, shaped links
   nccl-collnet  the plugin's CollNet iallreduce per codec, shaped links
+  gpu-codec     the CUDA codec kernels against a device-to-device copy
+  gpu-allreduce the compressed allreduce of device buffers against ncclAllReduce
   ddp-hooks     DDP communication hooks on shaped links (plain, fp16, PowerSGD, Squall)
   ddp-quality   the 1-bit hook's loss against fp32 over long runs (loopback)
   horovod       an unmodified Horovod job with and without libsquall-preload.so
@@ -318,6 +320,11 @@ def links_rows(rec, src, out, args):
     argv += ["--json", os.path.join(out, "bound.json")] + [p for ps in runs.values() for p in ps]
     result, text = captured(boundlib.main, argv)
     C.write(os.path.join(out, "bound.md"), text)
+    bound_rows(rec, result)
+
+
+def bound_rows(rec, result):
+    """The bound of bound.py's result per measured cell, with its terms."""
     for b in result["rows"]:
         cell = {"link": b["link"], "ranks": b["ranks"], "bytes": b["bytes"]}
         rec.add("bound max(wire, codec)", cell, "time", "ms", [b["bound_s"] * 1e3],
@@ -647,6 +654,62 @@ def cmd_nccl_collnet(args):
     return rec.finish(args.out)
 
 
+# ------------------------------------------------------------------ gpu
+
+GPU_CODEC_LINE = re.compile(r"^(.+?)\s+n=(\d+)\s+([\d.]+) ms\s+([\d.]+) GB/s")
+GPU_ALLREDUCE_LINE = re.compile(r"^BENCH n=(\d+) count=(\d+) .*compressed onebit\s+([\d.]+) ms, "
+                                r"ncclAllReduce\s+([\d.]+) ms")
+
+
+def gpu_codec_rows(rec, texts):
+    """gpu_codec_bench's lines (kernel, n, ms, GB/s), one text per repeat."""
+    cells = {}
+    for text in texts:
+        for line in text.splitlines():
+            m = GPU_CODEC_LINE.match(line)
+            if m:
+                cells.setdefault((m.group(1), int(m.group(2))), []).append((float(m.group(3)), float(m.group(4))))
+    for (op, n), v in sorted(cells.items()):
+        rec.add(op, {"elements": n}, "time", "ms", [t for t, _ in v], gb_per_s=[g for _, g in v])
+
+
+def gpu_allreduce_rows(rec, texts):
+    """gpu_allreduce_bench's BENCH lines: the compressed allreduce of device
+    buffers and ncclAllReduce, ranks sharing one GPU."""
+    cells = {}
+    for text in texts:
+        for m in map(GPU_ALLREDUCE_LINE.match, text.splitlines()):
+            if m:
+                key = (int(m.group(1)), int(m.group(2)))
+                cells.setdefault(key, []).append((float(m.group(3)), float(m.group(4))))
+    for (n, count), v in sorted(cells.items()):
+        cell = {"ranks": n, "bytes": count * 4, "gpus": 1}
+        rec.add("squall onebit (device buffers)", cell, "time", "ms", [c for c, _ in v])
+        rec.add("ncclAllReduce", cell, "time", "ms", [p for _, p in v])
+
+
+def cmd_gpu(args):
+    out = out_dir(args)
+    codec = args.command == "gpu-codec"
+    tool = C.build_tool(args.build, "perf/gpu_codec_bench" if codec else "perf/gpu_allreduce_bench")
+    cmd = [tool]
+    if codec:
+        if args.b:
+            cmd += ["--elements", ",".join(str(x) for x in C.sizes(args.b, args.e or args.b, args.f or 4))]
+        cmd += ["--iters", str(args.iters)] if args.iters else []
+        cmd += ["--block", str(args.block)] if args.block else []
+    texts = []
+    for rep in range(1, (args.repeats or 1) + 1):
+        _, text = C.run(cmd, nice=args.nice, out=os.path.join(out, f"{args.command}_{rep}.txt"))
+        print(text, end="")
+        if "SKIP: no CUDA device" in text:
+            raise C.Skip("no CUDA device")
+        texts.append(text)
+    rec = C.Record(args.command, vars_of(args), args.argv)
+    (gpu_codec_rows if codec else gpu_allreduce_rows)(rec, texts)
+    return rec.finish(args.out)
+
+
 # ------------------------------------------------------------ ddp hooks
 
 def cmd_ddp_hooks(args):
@@ -805,6 +868,33 @@ def cmd_convergence(args):
 
 # ---------------------------------------------------------------- bound
 
+# ---------------------------------------------------------------- bound
+
+def cmd_bound(argv):
+    """bound.py on saved files; --out DIR also writes the run record (the
+    bound and its terms per cell, and the projection's rows)."""
+    rest, out = list(argv[1:]), None
+    if "--out" in rest:
+        i = rest.index("--out")
+        if i + 1 >= len(rest):
+            sys.exit("bench.py bound: --out needs a directory")
+        out = rest[i + 1]
+        del rest[i:i + 2]
+    result = boundlib.main(rest)
+    rec = C.Record("bound", {"argv": rest}, argv, source="the codec_bench and squall_perf files in params.argv")
+    bound_rows(rec, result)
+    for b in result["rows"]:
+        cell = {"link": b["link"], "ranks": b["ranks"], "bytes": b["bytes"]}
+        rec.add("squall onebit, median of runs", cell, "time", "ms", [b["time_s"] * 1e3], runs=b["runs"])
+    for p in result["projection"]:
+        cell = {"link": f"{p['projected_rate_bps'] / 1e9:g}gbit (projected)",
+                "ranks": p["ranks"], "bytes": p["bytes"], "codec_source": p["codec_source"]}
+        rec.add("projected bound", cell, "time", "ms", [p["bound_s"] * 1e3], speedup=p["speedup"],
+                break_even_bps=p["break_even_bps"])
+    rec.finish(out)
+    return 0
+
+
 # ---------------------------------------------------------------- plots
 
 DEFAULT_RECORDS = ["perf/results/links-idle/bench.json", "perf/results/fp-peers-links/bench.json",
@@ -916,6 +1006,11 @@ def parser():
     p.add_argument("--codecs", nargs="+", help="default none bf16 fp16 int8")
     p.add_argument("--mib", type=int, help="MiB per call (default 64)")
 
+    p = add("gpu-codec", cmd_gpu, "gpu_codec_bench: the CUDA codec kernels against a device copy")
+    p.add_argument("--block", type=int, help="codec block (default 2048)")
+    add("gpu-allreduce", cmd_gpu, "gpu_allreduce_bench: compressed allreduce of device buffers vs "
+        "ncclAllReduce, ranks sharing one GPU (indicative)")
+
     from benchlib import ddp_hooks, ddp_quality
     p = add("ddp-hooks", cmd_ddp_hooks, "DDP hooks side by side on shaped links (root)")
     ddp_hooks.add_options(p)
@@ -944,8 +1039,7 @@ def parser():
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bound"]:  # bound.py's own options, which argparse cannot pass through
-        boundlib.main(argv[1:])
-        return 0
+        return cmd_bound(argv)
     args = parser().parse_args(argv)
     args.argv = argv
     for name in ("ranks", "conns"):

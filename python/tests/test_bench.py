@@ -35,6 +35,8 @@ SUBCOMMANDS = {
     "horovod": ["--rates", "1gbit", "--ranks", "2", "--hidden", "1024"],
     "convergence": ["--from", "perf/convergence/results"],
     "plots": ["a.json", "--out", "img"],
+    "gpu-codec": ["-b", "1M", "-e", "16M", "--block", "2048", "--repeats", "3"],
+    "gpu-allreduce": ["--repeats", "2"],
 }
 
 
@@ -147,3 +149,34 @@ def test_plots_render_from_a_small_record(tmp_path):
     for name in ("allreduce_vs_link.png", "ddp_hooks.png", "loss_vs_bytes.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
+
+
+def test_gpu_outputs_become_rows():
+    # Lines as gpu_codec_bench and gpu_allreduce_bench print them; no GPU is needed to parse.
+    codec = ("GPU: NVIDIA H200, block 2048, median of 7 runs\n"
+             "cudaMemcpy D2D fp32                n=16777216     0.040 ms   3355.4 GB/s  (reference)\n"
+             "encode+EF onebit fp32              n=16777216     0.070 ms   2900.0 GB/s   95.0% of copy bound\n")
+    rec = C.Record("gpu-codec", {}, ["gpu-codec"])
+    bench.gpu_codec_rows(rec, [codec, codec.replace("0.070 ms", "0.080 ms")])
+    rows = {r["series"]: r for r in rec.data["rows"]}
+    assert rows["encode+EF onebit fp32"]["values"] == [0.07, 0.08]
+    assert rows["cudaMemcpy D2D fp32"]["cell"] == {"elements": 16777216}
+    ar = "BENCH n=2 count=16777216 (64 MiB fp32): compressed onebit    1.500 ms, ncclAllReduce    3.000 ms, ratio 2.00x\n"
+    rec = C.Record("gpu-allreduce", {}, ["gpu-allreduce"])
+    bench.gpu_allreduce_rows(rec, [ar])
+    C.validate(rec.data)
+    assert [(r["series"], r["cell"]["bytes"], r["median"]) for r in rec.data["rows"]] == [
+        ("squall onebit (device buffers)", 64 << 20, 1.5), ("ncclAllReduce", 64 << 20, 3.0)]
+
+
+def test_bound_on_saved_files_writes_a_record(tmp_path):
+    src = os.path.join(ROOT, "perf", "results", "links-idle")
+    runs = [os.path.join(src, f"1gbit_n2_{i}.json") for i in (1, 2, 3)]
+    p = run_bench(["bound", "--codec", os.path.join(src, "codec_1.json"), "--out", str(tmp_path)] + runs
+                  + ["--project", "25gbit"])
+    assert "all targets met" in p.stdout
+    data = C.load(tmp_path / "bench.json")
+    bounds = [r for r in data["rows"] if r["series"] == "bound max(wire, codec)"]
+    assert {r["cell"]["bytes"] for r in bounds} == {64 << 20, 256 << 20}
+    assert any(r["series"] == "projected bound" and r["cell"]["link"] == "25gbit (projected)"
+               for r in data["rows"])
