@@ -510,8 +510,9 @@ def peers_record(args, out):
     for d in sorted({os.path.dirname(p) for p in files}):
         group = [p for p in files if os.path.dirname(p) == d]
         _, text = captured(__import__("benchlib.peers_table", fromlist=["main"]).main, group)
-        C.write(os.path.join(out if d == src else os.path.join(out, os.path.relpath(d, src)),
-                             "table.md"), text)
+        where = os.path.join(out, os.path.relpath(d, src))
+        os.makedirs(where, exist_ok=True)
+        C.write(os.path.join(where, "table.md"), text)
     return rec.finish(args.out)
 
 
