@@ -1,5 +1,5 @@
 // fp_bench: full-precision allreduce time, Squall against Open MPI, measured
-// the same way (perf/fp_bench_gloo.py does the same for gloo):
+// the same way (perf/benchlib/gloo_allreduce.py does the same for gloo):
 //
 //   RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. SQUALL_PORT=.. fp_bench --lib squall -b 4K -e 256M
 //   mpirun -np 4 --mca pml ob1 --mca btl tcp,self fp_bench --lib mpi ...  (built with MPI)
@@ -7,7 +7,7 @@
 // Per size: -w warmup calls, then -n timed calls, each after a barrier; the
 // time of one call is the slowest rank's (max over ranks of each rank's
 // median). One JSON object per size on stdout (rank 0), so that
-// perf/fp_peers.py can put the libraries side by side. Buffers are allocated
+// perf/bench.py peers can put the libraries side by side. Buffers are allocated
 // and touched once per size, outside the timed calls, as a training loop's
 // gradient buffers would be.
 #include <algorithm>

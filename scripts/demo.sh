@@ -13,20 +13,20 @@ ninja -C build >/dev/null
 
 build/tools/squall_info
 echo
-build/perf/codec_bench --summary
+perf/bench.py codec --summary
 
 echo
 echo "== compressed (onebit) vs full-precision allreduce, 4 ranks on loopback (tcp) =="
 echo "   loopback is far faster than the codec, so this is the compute-bound case"
-build/perf/squall_perf -np 4 -b 1M -e 64M -f 4 -n 5 -w 1 --vs none --transport tcp
+perf/bench.py allreduce --ranks 4 -b 1M -e 64M -f 4 -n 5 -w 1 --transport tcp
 
 echo
 echo "== the same, 2 ranks on a shaped 1 Gbit link (network namespaces, tcp) =="
 rc=0
-perf/links.sh --rate 1gbit --ranks 2 -- build/perf/squall_perf -b 16M -e 256M -f 4 -n 3 -w 1 \
-  --vs none --transport tcp || rc=$?
+perf/bench.py links --rates 1gbit --ranks 2 -b 16M -e 256M -f 4 -n 3 -w 1 --transport tcp \
+  --no-bound || rc=$?
 if ((rc == 77)); then
-  echo "(shaped-link run skipped: see the reason above; perf/links.sh needs root and network namespaces)"
+  echo "(shaped-link run skipped: see the reason above; shaped links need root and network namespaces)"
 elif ((rc != 0)); then
   exit "$rc"
 fi

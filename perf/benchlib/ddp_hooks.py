@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """DDP communication hooks side by side on shaped links: plain DDP (gloo
 fp32), torch's fp16 and PowerSGD (rank 1 and 4) hooks, Squall's onebit and
 int8 hooks.
@@ -11,8 +10,7 @@ inside one launch, in an order rotated from repeat to repeat, and the link
 rates alternate within each repeat, so that load from elsewhere on the
 machine hits every cell alike.
 
-    SQUALL_LIBRARY=$PWD/build-cpu/src/core/libsquall.so PYTHONPATH=$PWD/python \
-      python3 perf/ddp_hooks_bench.py --rates 1gbit 10gbit --repeats 3 --out DIR
+    perf/bench.py ddp-hooks --rates 1gbit 10gbit --repeats 3 --out DIR
 
 Per cell: the median step time after the compressed hooks' warmup (the
 first 2 steps after the switch left out), the median warmup step (steps 2 to
@@ -163,17 +161,11 @@ def _fmt_bytes(b):
     return f"{b / 1e6:.2f} MB" if b >= 1e6 else f"{b / 1e3:.0f} kB"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    ap.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hooks", nargs="+", default=HOOKS)
+def add_options(ap):
+    """This benchmark's own options (bench.py adds the shared --rates,
+    --repeats, -w/--warmup and --out)."""
+    ap.add_argument("--hooks", nargs="+", default=HOOKS, choices=HOOKS)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=10,
-                    help="full-precision steps of the compressed hooks (PowerSGD's "
-                         "start_powerSGD_iter too)")
     ap.add_argument("--sizes", default=ISSUE_SIZES, help="the MLP's layer widths")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=0.05)
@@ -182,25 +174,33 @@ def main():
                     help="number the repeats from here (to add repeats to an earlier --out)")
     ap.add_argument("--psgd-raw", action="store_true",
                     help="register torch's PowerSGD hook unwrapped (see _serialised)")
-    ap.add_argument("--out", default="perf-results/ddp-hooks-" + time.strftime("%Y%m%d-%H%M%S"))
-    ap.add_argument("--summarize", action="store_true",
-                    help="only rebuild DIR/summary.md from the <rate>_<repeat>.json in --out")
-    args = ap.parse_args()
-    if args.worker:
-        _worker(args)
-        return 0
-    if args.summarize:
-        runs = []
-        for rate in args.rates:
-            for rep in range(args.first_repeat + args.repeats):
-                path = os.path.join(args.out, f"{rate}_{rep}.json")
-                if os.path.exists(path):
-                    with open(path) as f:
-                        runs.append((rate, rep, json.load(f)))
-        _summary(args, runs)
-        return 0
+
+
+def _worker_main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker-out", required=True)
+    ap.add_argument("--warmup", type=int, required=True)
+    add_options(ap)
+    _worker(ap.parse_args(argv))
+
+
+def load_runs(args):
+    """The <rate>_<repeat>.json of an earlier run in args.out."""
+    runs = []
+    for rate in args.rates:
+        for rep in range(args.first_repeat + args.repeats):
+            path = os.path.join(args.out, f"{rate}_{rep}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    runs.append((rate, rep, json.load(f)))
+    return runs
+
+
+def measure(args):
+    """Every repeat and rate once (the hooks of a launch in rotated order);
+    returns the runs that completed."""
     os.makedirs(args.out, exist_ok=True)
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runs = []
     with open(os.path.join(args.out, "machine.txt"), "w") as f:
         f.write(subprocess.run(["sh", "-c", "date; uptime; nproc"], capture_output=True,
@@ -212,20 +212,37 @@ def main():
         for rate in rates:
             path = os.path.join(args.out, f"{rate}_{rep}.json")
             cmd = [os.path.join(here, "links.sh"), "--rate", rate, "--ranks", "2", "--",
-                   sys.executable, os.path.abspath(__file__), "--worker", "--worker-out", path,
+                   sys.executable, os.path.abspath(__file__), "--worker-out", path,
                    "--hooks", *order, "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--batch", str(args.batch), "--sizes", args.sizes, "--lr", str(args.lr),
                    "--threads", str(args.threads)] + (["--psgd-raw"] if args.psgd_raw else [])
             t0 = time.monotonic()
             rc = subprocess.run(cmd).returncode
+            if rc == 77:
+                return None
             print(f"repeat {rep} {rate}: rc {rc}, {time.monotonic() - t0:.0f} s, order "
                   f"{' '.join(order)}", flush=True)
             if rc != 0:
                 continue
             with open(path) as f:
                 runs.append((rate, rep, json.load(f)))
-    _summary(args, runs)
-    return 0
+    return runs
+
+
+def rows(args, runs):
+    """The cells of the runs as (hook, rate, metric, unit, values) per repeat."""
+    out = []
+    for name in args.hooks:
+        for rate in args.rates:
+            cells = [_cell(res[name], args.warmup) for r, _, res in runs if r == rate and name in res]
+            if not cells:
+                continue
+            for metric, unit, key in (("step", "ms", "step_ms"), ("warmup_step", "ms", "warm_ms"),
+                                      ("tx_per_step", "bytes", "tx_bytes"),
+                                      ("loss", "loss", "loss")):
+                out.append((LABELS[name], {"hook": name, "link": rate}, metric, unit,
+                            [c[key] for c in cells]))
+    return out
 
 
 def _summary(args, runs):
@@ -260,7 +277,8 @@ def _summary(args, runs):
     print(text)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
+    return text
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # one rank of a launch (bench.py ddp-hooks starts it)
+    _worker_main(sys.argv[1:])

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Lower bound of the compressed allreduce on a shaped link, next to what ran.
 
-    perf/bound.py --codec codec.json [--codec ...] RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
+    perf/bench.py bound --codec codec.json [--codec ...] RUN.json... [--rate 1gbit] [--cores 2] [--block 2048]
                   [--project 25gbit,40gbit,100gbit] [--threads 1,2,4,8]
                   [--gpu-codec gpu_codec_bench.txt | --hbm-gbps 4800]
 
@@ -9,7 +8,7 @@ codec.json is `codec_bench --json` output (per-element rates of encode+EF,
 decode and decode-accumulate for each CPU implementation); each RUN.json is
 `squall_perf --vs none --json` output of a compressed run with its
 full-precision baseline. The link rate a run was measured on comes from the
-file name (`1gbit_n2_1.json`, as perf/run_links.sh names them), else from
+file name (`1gbit_n2_1.json`, as perf/bench.py links names them), else from
 --rate; --rate never overrides a rate the file name states (a 10 Gbit
 measurement is not a 100 Gbit one: ask for --project instead). Rows of the same
 link, rank count and size from several files (repeated runs) are combined:
@@ -229,8 +228,8 @@ def human(nbytes):
     return str(nbytes)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="perf/bench.py bound", description=__doc__.split("\n")[0])
     ap.add_argument("--codec", required=True, action="append",
                     help="codec_bench --json output (repeatable: the median rate is used)")
     ap.add_argument("--codec-shared", action="append", default=[],
@@ -249,7 +248,7 @@ def main():
                     help="codec implementation, when the run files do not name it")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("runs", nargs="+")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     seen = {}
 
@@ -329,11 +328,9 @@ def main():
                         "wire_over_ideal": wire_ratio, "shared_bound_s": shared, "targets": checks})
     print(f"# all targets met: {'yes' if all_met else 'no'}")
     projected = print_projection(a, groups, rates_for) if a.project else []
+    result = {"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out,
+              "projection": projected}
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"codec": {k: v[2] for k, v in seen.items()}, "cores": a.cores, "rows": out,
-                       "projection": projected}, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+            json.dump(result, f, indent=1)
+    return result

@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
-"""The table of a perf/run_load.sh run: compressed allreduce time against its
+"""The table of a perf/bench.py load run: compressed allreduce time against its
 bound, quiet and under load, next to the full-precision ring of the same run.
 
-    perf/load_table.py DIR
+    perf/bench.py load --from DIR
 
 For every (link, ranks, size, transport) and build it prints, per load
 condition, the median and the range over the repeats of squall_perf's time
 (each repeat: the median of its iterations, slowest rank), and
-time / bound, where bound = max(wire, codec work) as in perf/bound.py: wire
+time / bound, where bound = max(wire, codec work) as in bound.py: wire
 = the run's wire bytes * 8 / rate, codec work at the single-thread rates
 codec_bench measured in the same run *under the quiet condition* (so the
 loaded ratio shows how far the load stretches the call, not a bound that
@@ -16,17 +15,13 @@ call and for the fp32 ring, to compare their sensitivity to the same load.
 """
 import collections
 import glob
-import importlib.util
 import json
 import os
 import re
 import statistics
 import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("bound", os.path.join(here, "bound.py"))
-bound = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bound)
+from . import bound
 
 NAME = re.compile(r"(quiet|loaded)_(\w+?)_(\d+(?:g|m)bit)_n(\d+)_(tcp|ucx)_(\d+)\.json$")
 
@@ -38,10 +33,7 @@ def fmt_ms(values):
     return f"{med:.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    out = sys.argv[1]
+def main(out):
     times = collections.defaultdict(list)  # (load, build, rate, n, transport, bytes) -> [ms]
     base = collections.defaultdict(list)   # (load, rate, n, bytes) -> [ms], the fp32 ring
     wire = {}
@@ -68,7 +60,7 @@ def main():
             counts[key] = row["count"]
     quiet_codec = sorted(glob.glob(os.path.join(out, "codec_quiet_*.json")))
     if not quiet_codec:
-        sys.exit(f"load_table.py: no codec_quiet_*.json in {out}")
+        sys.exit(f"bench.py load: no codec_quiet_*.json in {out} (the quiet codec rates of the run)")
     impl, _, rates = bound.codec_rates(quiet_codec, impls.pop() if len(impls) == 1 else "avx512")
     loaded_codec = sorted(glob.glob(os.path.join(out, "codec_loaded_*.json")))
     print(f"Codec rates ({impl}, one thread, median of {len(quiet_codec)} quiet runs): "
@@ -113,6 +105,3 @@ def main():
           "twophase: 1.25 N, 1.25 N, 0.75 N at n = 4, times the ranks per core (n / 2). "
           "Medians [range] over the repeats.")
 
-
-if __name__ == "__main__":
-    main()

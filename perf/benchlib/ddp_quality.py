@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What keeps squall.ddp.onebit_hook at fp32's loss under momentum SGD.
 
 2 CPU ranks (gloo + Squall TCP on 127.0.0.1, one torch thread each) train
@@ -9,8 +8,7 @@ variant of one (family, seed) starts from the same weights and sees the same
 batches. Reports the held-out loss at the last step and its gap to plain DDP
 (fp32) of the same seed.
 
-    SQUALL_LIBRARY=build-cpu/src/core/libsquall.so PYTHONPATH=python \
-      python3 perf/ddp_onebit_quality.py --steps 1000 --seeds 0 1 2 --out q.json
+    perf/bench.py ddp-quality --steps 1000 --seeds 0 1 2 --out DIR
 
 Families: "mlp" (a teacher-student classification, 32 -> 256 -> 256 -> 10,
 labels drawn from the teacher's softmax) and "cnn" (12x12 images: class
@@ -20,18 +18,21 @@ linear head, 10% of labels flipped). DDP puts each model in one bucket
 0.05 MB, so that min_compress_numel has small buckets to act on.
 """
 
-import argparse
 import datetime
 import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
 
-import torch
-import torch.multiprocessing as mp
+torch = mp = None  # imported by run() and _worker(): bench.py builds its parser without torch
+
+
+def _import_torch():
+    global torch, mp
+    import torch
+    import torch.multiprocessing as mp
 
 VARIANTS = {
     # name: OnebitState keyword arguments (None: plain DDP)
@@ -96,6 +97,7 @@ class _Task:
 
 
 def _worker(rank, world, port, family, seed, steps, variants, out_dir, small_buckets):
+    _import_torch()
     os.environ.update({"SQUALL_SOCKET_IFNAME": "lo", "SQUALL_TRANSPORT": "tcp",
                        "GLOO_SOCKET_IFNAME": "lo"})
     torch.set_num_threads(1)
@@ -182,26 +184,31 @@ def summarize(rows, families, variants):
     return "\n".join(out)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--summarize", metavar="JSON", help="print the table of an earlier --out")
+def add_options(ap):
+    """This study's own options (bench.py adds the shared --out: the results
+    go to OUT/quality.json)."""
+    ap.add_argument("--summarize", metavar="JSON", help="print the table of an earlier quality.json")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--families", nargs="+", default=["mlp", "cnn"])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    ap.add_argument("--out", default=None, help="JSON file for every result")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--small-buckets", action="store_true",
                     help="cap DDP's first bucket at 0.05 MB too (else each model is one bucket)")
-    args = ap.parse_args()
+
+
+def run(args):
+    """Trains every (family, seed, variant), or reads --summarize's file;
+    prints the table and returns the rows (one per family, seed, variant)."""
     if args.summarize:
         with open(args.summarize) as f:
             rows = json.load(f)["rows"]
         fams = [f for f in args.families if any(r["family"] == f for r in rows)]
         names = [v for v in args.variants if any(r["variant"] == v for r in rows)]
         print(summarize(rows, fams, names))
-        return 0
+        return rows
     if "fp32" not in args.variants:
         args.variants.insert(0, "fp32")
+    _import_torch()
     rows = []
     t0 = time.monotonic()
     for family in args.families:
@@ -220,11 +227,8 @@ def main():
                 f"{n} {r['loss']:.4f}" for n, r in res.items()), flush=True)
     print("\n" + summarize(rows, args.families, args.variants))
     if args.out:
-        with open(args.out, "w") as f:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "quality.json"), "w") as f:
             json.dump({"steps": args.steps, "seeds": args.seeds, "lr": LR, "momentum": MOMENTUM,
                        "batch_per_rank": BATCH, "rows": rows}, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return rows

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""gloo's allreduce (torch.distributed), timed as perf/fp_bench times Squall
-and Open MPI: -w warmup calls, -n timed calls each after a barrier, the
+"""gloo's allreduce (torch.distributed), timed as fp_bench times Squall
+and Open MPI (perf/bench.py peers starts one per rank): -w warmup calls, -n timed calls each after a barrier, the
 slowest rank's median, one JSON object per size on stdout (rank 0).
 
 Reads torchrun's RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; set

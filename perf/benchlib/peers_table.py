@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Tables of perf/fp_peers.sh's rows: per link, ranks and size, each
+"""Tables of perf/bench.py peers' rows: per link, ranks and size, each
 library's median over repeats of its per-run time (the slowest rank's median
 of -n calls), with the range over repeats, and Squall's speed relative to
 each peer and the
@@ -7,14 +6,12 @@ base build (its time / Squall's time: >= 1 means Squall is at least as fast).
 On a shaped link, "line" is Squall's share of the line rate: the time the
 ring's 2(n-1)/n * size bytes need at the rate, over the measured time.
 
-    perf/fp_peers.py DIR/*.jsonl [--md]
+    perf/bench.py peers --from DIR
 """
-import argparse
 import collections
 import json
 import re
 import statistics
-import sys
 
 
 def human(n):
@@ -35,13 +32,10 @@ def rate_bps(link):
     return float(m.group(1)) * (1e9 if m.group(2) == "g" else 1e6)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("files", nargs="+")
-    a = p.parse_args()
+def main(files):
     cells = collections.defaultdict(list)
     libs = []
-    for path in a.files:
+    for path in files:
         link = path.rsplit("/", 1)[-1].split("_n")[0]
         with open(path) as f:
             for line in f:
@@ -83,6 +77,3 @@ def main():
         row.append(str(max(len(cells.get((key, l), [])) for l in order)))
         print("| " + " | ".join(row) + " |")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""The table of perf/hier_links.sh: median [min-max] time per mode, the speedups
+"""The table of perf/bench.py hier: median [min-max] time per mode, the speedups
 against the flat compressed and the fp32 allreduce of the same repeats, and the
 bytes each host put on its link per call."""
 import glob
@@ -7,11 +6,9 @@ import json
 import os
 import re
 import statistics
-import sys
 
 
-def main():
-    d = sys.argv[1]
+def main(d):
     cells = {}  # (rate, size) -> mode -> list of (time_us, link bytes per host, base_us)
     for path in sorted(glob.glob(os.path.join(d, "*.json"))):
         m = re.match(r"(hier|flat|fp32)_(\w+)_(\w+)_(\d+)\.json$", os.path.basename(path))
@@ -57,6 +54,3 @@ def main():
               f"{fmt(vsflat, 2, 'x')} | {fmt(vsfp, 1, 'x')} | "
               f"{mb(hier):.1f} / {mb(flat):.1f} / {fp_link:.1f} |")
 
-
-if __name__ == "__main__":
-    main()
