@@ -36,7 +36,7 @@ import torch
 
 from ._comm import Compressor, Traffic, get_default
 
-#: OnebitState's defaults, chosen by perf/ddp_onebit_quality.py (docs/benchmarks.md).
+#: OnebitState's defaults, chosen by `perf/bench.py ddp-quality` (docs/benchmarks.md).
 DEFAULT_CODEC = "onebit"
 DEFAULT_WARMUP_STEPS = 100
 DEFAULT_MIN_COMPRESS_NUMEL = 0
