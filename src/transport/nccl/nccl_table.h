@@ -36,6 +36,10 @@ struct Table {
                    void* stream);
   // Where the entries came from, for messages ("libnccl.so.2", "CPU emulation").
   const char* origin;
+  // Optional entries (NULL where the library has none). The state of a
+  // non-blocking communicator's last call: ncclInProgress while NCCL still
+  // finishes it in the background.
+  int (*commGetAsyncError)(void* comm, int* asyncError);
 };
 
 // The active table: the installed one, else NCCL's library resolved on first
@@ -56,6 +60,11 @@ Status loadTable(const char* path, Table* out);
 // errors, kRemoteError for a peer's, kInvalidArgument / kInvalidUsage for a
 // call NCCL refused, kInProgress for a nonblocking communicator still busy).
 Status ncclStatus(const Table& table, int result, const char* what);
+
+// The other way: the ncclResult_t that says what `status` says, for Squall
+// code that answers NCCL's callers (kInProgress stays in progress; only
+// kInternal is ncclInternalError).
+int ncclResultOf(Status status);
 
 }  // namespace squall::transport::nccl
 
