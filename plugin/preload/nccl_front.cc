@@ -1,10 +1,17 @@
 // The NCCL front end: ncclAllReduce of fp32/fp16/bf16 sums and averages on a
 // communicator this process created through the interposed ncclCommInit* /
-// ncclCommSplit runs as Squall's compressed allreduce on the caller's stream;
-// everything else goes to the real NCCL unchanged: calls inside
-// ncclGroupStart/ncclGroupEnd (NCCL fuses a group into one launch and the
-// caller expects it so), other reductions (prod, min, max, ncclRedOpCreate*
-// ops), other types, small buffers, and communicators created elsewhere.
+// ncclCommSplit / ncclCommShrink / ncclCommGrow runs as Squall's compressed
+// allreduce on the caller's stream; everything else goes to the real NCCL
+// unchanged: calls inside ncclGroupStart/ncclGroupEnd (NCCL fuses a group
+// into one launch and the caller expects it so), other reductions (prod, min,
+// max, ncclRedOpCreate* ops), other types, small buffers, communicators
+// created elsewhere, non-blocking, revoked or suspended communicators, and
+// calls on a stream being captured into a CUDA graph.
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,19 +23,56 @@
 #include "plugin/preload/residual_map.h"
 #include "src/codec/codec.h"
 #include "src/core/comm.h"
+#include "src/transport/nccl/nccl_table.h"
 
 namespace squall::preload {
 namespace {
 
+// What holds device memory: the compressors, then the engine they were made
+// on (members go in reverse order).
+struct DeviceState {
+  std::unique_ptr<core::Comm> engine;
+  ResidualMap<core::Compressor> residuals;
+};
+
 struct CommState {
-  explicit CommState(const Policy& p)
-      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  CommState(const Policy& p, bool nonBlocking, bool revoked = false)
+      : nonBlocking(nonBlocking),
+        revoked(revoked),
+        steps(p.stepElements, p.stepLearnCalls),
+        residuals(p.residualCapBytes) {}
+  // A state whose communicator was aborted or revoked frees its device
+  // memory off this thread (releaseDevice).
+  ~CommState() { releaseDevice(releaseOffThread.load()); }
+
+  // Hands the engine and the compressors to core::releaseLater (`offThread`,
+  // which never waits for the device) or destroys them here; the state keeps
+  // its step and counters, and makes a new engine if it compresses again.
+  void releaseDevice(bool offThread) {
+    if (engine == nullptr) return;  // compressors are made on the engine only
+    auto doomed =
+        std::make_shared<DeviceState>(DeviceState{std::move(engine), std::move(residuals)});
+    residuals = ResidualMap<core::Compressor>(policy().residualCapBytes);
+    const int device = doomed->engine->device();
+    InsideSquall inside;
+    if (offThread) {
+      core::releaseLater(std::move(doomed), device);
+    } else {
+      doomed.reset();
+    }
+  }
+
+  // Both fixed when NCCL hands the communicator out.
+  const bool nonBlocking;                     // its calls return before NCCL has finished them
+  const bool revoked;                         // a stand-in for a revoked communicator's state
+  std::atomic<bool> releaseOffThread{false};  // set by abort and revoke, without the lock
+  std::mutex mutex;  // the fields below, and this communicator's compressed call
   // 0 while `pending`: NCCL handed the communicator out before it was ready
   // (non-blocking init, or init inside a group) and refuses to say its size
   // until then.
-  std::mutex mutex;  // the fields below, and this communicator's compressed call
   int nranks = 0;
   bool pending = true;
+  bool suspended = false;  // between ncclCommSuspend and ncclCommResume
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
@@ -45,7 +89,9 @@ std::map<ncclComm_t, std::shared_ptr<CommState>> gComms;
 thread_local int tGroupDepth = 0;
 
 // `name` is absent from the real NCCL: none was found, or it is older than
-// the entry point (ncclCommInitRankScalable needs 2.23, ncclCommShrink 2.27).
+// the entry point (ncclCommInitRankScalable needs 2.23, ncclCommShrink 2.27,
+// ncclCommRevoke 2.28, ncclCommGrow, ncclCommSuspend and ncclCommResume
+// 2.29).
 ncclResult_t missing(const char* name) {
   SQUALL_WARN(Subsys::kApi,
               "the interposer finds no %s in the real NCCL (%s); set SQUALL_NCCL_LIBRARY to "
@@ -54,8 +100,9 @@ ncclResult_t missing(const char* name) {
   return realNccl().found ? nccl_abi::kInvalidUsage : nccl_abi::kSystemError;
 }
 
-// Destroys a detached state: its compressors and engine free device memory,
-// which waits for the device.
+// Drops a detached state: the last holder destroys it, and its compressors
+// and engine free device memory, which waits for the device unless the
+// state was marked releaseOffThread.
 void drop(std::shared_ptr<CommState> state) {
   if (state == nullptr) return;
   InsideSquall inside;
@@ -80,9 +127,9 @@ bool resolve(ncclComm_t comm, CommState* s) {
 // refuses every query until the communicator is ready, and the state stays
 // pending until its first collective: NCCL accepts that only on a ready
 // communicator, so every rank resolves its state at the same call.
-void track(ncclComm_t comm, bool ready) {
+void track(ncclComm_t comm, bool ready, bool nonBlocking) {
   if (comm == nullptr) return;
-  auto state = std::make_shared<CommState>(policy());
+  auto state = std::make_shared<CommState>(policy(), nonBlocking);
   if (ready) resolve(comm, state.get());
   std::shared_ptr<CommState> stale;  // of a communicator freed behind our back
   {
@@ -94,14 +141,50 @@ void track(ncclComm_t comm, bool ready) {
   drop(std::move(stale));
 }
 
-// After an init or split that returned `r`: whether NCCL handed out a
+std::shared_ptr<CommState> peek(ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(gMutex);
+  auto it = gComms.find(comm);
+  return it == gComms.end() ? nullptr : it->second;
+}
+
+// NCCL_COMM_BLOCKING as NCCL reads it: 0 or 1, else -1 (unset: no say).
+int blockingFromEnvironment() {
+  const char* text = std::getenv("NCCL_COMM_BLOCKING");
+  if (text == nullptr || text[0] == '\0') return -1;
+  const long long value = std::strtoll(text, nullptr, 0);
+  return value == 0 || value == 1 ? static_cast<int>(value) : -1;
+}
+
+// Whether NCCL makes the communicator of `config` non-blocking, by NCCL's
+// rule: NCCL_COMM_BLOCKING (0 or 1) overrides the rest; else the config's
+// `blocking` when it sets one; else, given no config, the parent's (split,
+// shrink and grow copy the parent's config); else blocking.
+bool nonBlockingOf(const ncclConfig_t* config, ncclComm_t parent) {
+  const int env = blockingFromEnvironment();
+  if (env >= 0) return env == 0;
+  if (config != nullptr) {
+    nccl_config::Head head;
+    std::memcpy(&head, config, sizeof head);
+    return head.magic == nccl_config::kMagic && head.version >= nccl_config::kBlockingSince &&
+           head.blocking == 0;
+  }
+  if (parent == nullptr) return false;
+  const std::shared_ptr<CommState> of = peek(parent);
+  return of != nullptr && of->nonBlocking;
+}
+
+// After an init, split, shrink or grow that returned `r`, given `config`
+// (of `parent`, for those made from one): whether NCCL handed out a
 // communicator (ncclInProgress hands it out unready, as does anything inside
-// a group), and if so, tracks it. Squall's own engine's communicators are
-// not tracked.
-void trackHandedOut(ncclResult_t r, const ncclComm_t* comm) {
+// a group), and if so, tracks it. Only a non-blocking communicator's init
+// returns ncclInProgress. Squall's own engine's communicators are not
+// tracked.
+void trackHandedOut(ncclResult_t r, const ncclComm_t* comm, const ncclConfig_t* config,
+                    ncclComm_t parent) {
   if ((r != nccl_abi::kSuccess && r != nccl_abi::kInProgress) || comm == nullptr || insideSquall())
     return;
-  track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0);
+  track(*comm, r == nccl_abi::kSuccess && tGroupDepth == 0,
+        r == nccl_abi::kInProgress || nonBlockingOf(config, parent));
 }
 
 // Under the state's lock, at a collective on a pending communicator.
@@ -126,10 +209,66 @@ std::shared_ptr<CommState> detach(ncclComm_t comm, const CommState* only = nullp
   return state;
 }
 
-std::shared_ptr<CommState> peek(ncclComm_t comm) {
-  std::lock_guard<std::mutex> lock(gMutex);
-  auto it = gComms.find(comm);
-  return it == gComms.end() ? nullptr : it->second;
+// Takes a revoked communicator's state out of the registry, leaving a
+// stand-in that passes its calls through: NCCL refuses them until the
+// communicator is destroyed. The state's device memory goes off this thread
+// (a compressed call that was under way may still hold the state; it frees
+// it when it returns).
+void markRevoked(ncclComm_t comm) {
+  std::shared_ptr<CommState> revoked;
+  {
+    std::lock_guard<std::mutex> lock(gMutex);
+    auto it = gComms.find(comm);
+    if (it == gComms.end()) return;
+    revoked = std::move(it->second);
+    it->second = std::make_shared<CommState>(policy(), revoked->nonBlocking, true);
+    it->second->pending = false;
+  }
+  revoked->releaseOffThread = true;
+  drop(std::move(revoked));
+}
+
+// The runtime's cudaStreamIsCapturing: (stream, cudaStreamCaptureStatus*)
+// -> cudaError_t; a status other than none (0) is a capture, and so is the
+// error that says the legacy stream is captured through another one
+// (cudaErrorStreamCaptureImplicit).
+using CaptureQuery = int (*)(cudaStream_t, int*);
+constexpr int kCudaErrorStreamCaptureImplicit = 906;
+
+// Whether `stream` is being captured into a CUDA graph, asked of the CUDA
+// runtime the process has loaded globally (the one the application made the
+// stream with, torch's) when there is one, else of the runtime Squall is
+// built with (which a build with a static CUDA runtime keeps to itself). A
+// runtime that cannot answer says no: the compressed path then meets the
+// same error.
+bool capturing(cudaStream_t stream) {
+  static const auto query = [] {
+    CaptureQuery q = nullptr;
+    void* symbol = dlsym(RTLD_DEFAULT, "cudaStreamIsCapturing");
+    std::memcpy(&q, &symbol, sizeof q);
+    return q;
+  }();
+  if (query != nullptr) {
+    int status = 0;
+    const int err = query(stream, &status);
+    return err == 0 ? status != 0 : err == kCudaErrorStreamCaptureImplicit;
+  }
+  bool captured = false;
+  return core::streamIsCapturing(stream, &captured) == Status::kOk && captured;
+}
+
+// What the communicator's state (and the stream's) lets a call that would be
+// placed in the step do: kCompress, or why it passes through unplaced. None
+// of these advances the step or the warmup: a captured call runs again on
+// every replay of the graph without coming here.
+Verdict standingOf(const CommState* s, int nranks, cudaStream_t stream) {
+  if (s == nullptr) return Verdict::kCommunicator;
+  if (s->revoked) return Verdict::kRevoked;
+  if (s->suspended) return Verdict::kSuspended;
+  if (s->nonBlocking) return Verdict::kNonBlocking;
+  if (nranks < 2) return Verdict::kCommunicator;
+  if (capturing(stream)) return Verdict::kCapture;
+  return Verdict::kCompress;
 }
 
 bool factsOf(ncclDataType_t type, ncclRedOp_t op, size_t count, CallFacts* facts) {
@@ -210,7 +349,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUn
   const RealNccl& real = realNccl();
   if (real.commInitRank == nullptr) return missing("ncclCommInitRank");
   const ncclResult_t r = real.commInitRank(comm, nranks, id, rank);
-  trackHandedOut(r, comm);
+  trackHandedOut(r, comm, nullptr, nullptr);
   return r;
 }
 
@@ -219,7 +358,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
   const RealNccl& real = realNccl();
   if (real.commInitRankConfig == nullptr) return missing("ncclCommInitRankConfig");
   const ncclResult_t r = real.commInitRankConfig(comm, nranks, id, rank, config);
-  trackHandedOut(r, comm);
+  trackHandedOut(r, comm, config, nullptr);
   return r;
 }
 
@@ -230,7 +369,7 @@ SQUALL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* comm, int nranks
   const RealNccl& real = realNccl();
   if (real.commInitRankScalable == nullptr) return missing("ncclCommInitRankScalable");
   const ncclResult_t r = real.commInitRankScalable(comm, nranks, rank, nIds, ids, config);
-  trackHandedOut(r, comm);
+  trackHandedOut(r, comm, config, nullptr);
   return r;
 }
 
@@ -240,7 +379,7 @@ SQUALL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excluded, int nE
   if (real.commShrink == nullptr) return missing("ncclCommShrink");
   const ncclResult_t r = real.commShrink(comm, excluded, nExcluded, newcomm, config, flags);
   // An excluded rank gets no communicator (NULL).
-  trackHandedOut(r, newcomm);
+  trackHandedOut(r, newcomm, config, comm);
   return r;
 }
 
@@ -258,7 +397,18 @@ SQUALL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
   const RealNccl& real = realNccl();
   if (real.commSplit == nullptr) return missing("ncclCommSplit");
   const ncclResult_t r = real.commSplit(comm, color, key, newcomm, config);
-  trackHandedOut(r, newcomm);
+  trackHandedOut(r, newcomm, config, comm);
+  return r;
+}
+
+// Existing ranks pass their communicator (and rank -1), joining ones NULL;
+// every rank gets the grown communicator.
+SQUALL_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nranks, const ncclUniqueId* id,
+                                        int rank, ncclComm_t* newcomm, ncclConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.commGrow == nullptr) return missing("ncclCommGrow");
+  const ncclResult_t r = real.commGrow(comm, nranks, id, rank, newcomm, config);
+  trackHandedOut(r, newcomm, config, comm);
   return r;
 }
 
@@ -272,17 +422,63 @@ SQUALL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return real.commDestroy(comm);
 }
 
+// torch aborts from its watchdog thread, inside a group, while another
+// communicator's kernels may be stuck on a dead peer: nothing here waits for
+// the device.
 SQUALL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const RealNccl& real = realNccl();
   if (real.commAbort == nullptr) return missing("ncclCommAbort");
-  // NCCL's abort first: freeing the engine's device memory waits for the
-  // device, whose kernels may be waiting for a dead peer until the abort
-  // releases them. The engine does not touch `comm` when it is destroyed.
+  // NCCL's abort first, with the communicator still tracked (a call the
+  // abort makes meets its state); then the state goes, and its device memory
+  // is freed off this thread (the engine does not touch `comm` when it is
+  // destroyed). A compressed call still under way holds the state until it
+  // returns.
   std::shared_ptr<CommState> state = peek(comm);
   const ncclResult_t r = real.commAbort(comm);
   if (state != nullptr) {
+    state->releaseOffThread = true;
     detach(comm, state.get());
     drop(std::move(state));
+  }
+  return r;
+}
+
+// A revoked communicator runs nothing more (NCCL refuses its collectives)
+// until it is destroyed; its calls pass through as `revoked`.
+SQUALL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags) {
+  const RealNccl& real = realNccl();
+  if (real.commRevoke == nullptr) return missing("ncclCommRevoke");
+  const ncclResult_t r = real.commRevoke(comm, flags);
+  if (r == nccl_abi::kSuccess || r == nccl_abi::kInProgress) markRevoked(comm);
+  return r;
+}
+
+// NCCL does not run a suspended communicator's calls. Its calls pass through
+// as `suspended` until it is resumed; with the memory flag (NCCL frees its
+// own device memory) the compressors go too, and the residuals start from
+// zero after the resume, on every rank alike. The application does not use
+// the communicator while it suspends it, so the state's lock is free.
+SQUALL_EXPORT ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags) {
+  const RealNccl& real = realNccl();
+  if (real.commSuspend == nullptr) return missing("ncclCommSuspend");
+  const ncclResult_t r = real.commSuspend(comm, flags);
+  if (r != nccl_abi::kSuccess && r != nccl_abi::kInProgress) return r;
+  if (std::shared_ptr<CommState> state = peek(comm)) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->suspended = true;
+    if ((flags & nccl_flags::kSuspendMemory) != 0) state->releaseDevice(true);
+  }
+  return r;
+}
+
+SQUALL_EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
+  const RealNccl& real = realNccl();
+  if (real.commResume == nullptr) return missing("ncclCommResume");
+  const ncclResult_t r = real.commResume(comm);
+  if (r != nccl_abi::kSuccess && r != nccl_abi::kInProgress) return r;
+  if (std::shared_ptr<CommState> state = peek(comm)) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->suspended = false;
   }
   return r;
 }
@@ -301,12 +497,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   Verdict verdict = policy().judge(facts);
   if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
 
-  std::shared_ptr<CommState> held;
-  {
-    std::lock_guard<std::mutex> registry(gMutex);
-    auto it = gComms.find(comm);
-    if (it != gComms.end()) held = it->second;
-  }
+  std::shared_ptr<CommState> held = peek(comm);
   std::unique_lock<std::mutex> lock;  // released before `held`
   if (held != nullptr) lock = std::unique_lock<std::mutex>(held->mutex);
   CommState* s = held.get();
@@ -317,10 +508,16 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
           ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * ncclTypeBytes(datatype))
           : 0;
   // Small calls of a compressible type and op are placed in the step too.
-  const bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
-  if (placed && (s == nullptr || nranks < 2)) verdict = Verdict::kCommunicator;
+  bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
+  if (placed) {
+    const Verdict standing = standingOf(s, nranks, stream);
+    if (standing != Verdict::kCompress) {
+      verdict = standing;
+      placed = false;
+    }
+  }
   int64_t offset = 0;
-  if (placed && verdict != Verdict::kCommunicator) {
+  if (placed) {
     StepTracker::Placement at = s->steps.place(count);
     if (at.agree) {
       int64_t proposal[2];
@@ -366,8 +563,8 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   core::Compressor* c = s->residuals.find(key);
   if (c == nullptr) {
     std::unique_ptr<core::Compressor> fresh;
-    if (s->engine->createCompressor(count, policy().codec, &fresh) != Status::kOk)
-      return nccl_abi::kInternalError;
+    const Status made = s->engine->createCompressor(count, policy().codec, &fresh);
+    if (made != Status::kOk) return transport::nccl::ncclResultOf(made);
     c = fresh.get();
     const uint64_t before = s->residuals.evictions();
     if (!s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks))) {
@@ -378,9 +575,9 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     }
     Report::get().evicted(s->residuals.evictions() - before);
   }
-  if (s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c,
-                                             stream) != Status::kOk)
-    return nccl_abi::kInternalError;
+  const Status ran =
+      s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream);
+  if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // A device compressor's statistics wait for its stream; the report takes
   // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
   Report::get().compressed(compressedBytes(count, nranks), fullBytes);

@@ -22,6 +22,10 @@ const char* verdictName(Verdict verdict) {
     case Verdict::kResidualCap: return "residual_cap";
     case Verdict::kEngine: return "no_engine";
     case Verdict::kReentry: return "reentry";
+    case Verdict::kNonBlocking: return "nonblocking";
+    case Verdict::kCapture: return "capture";
+    case Verdict::kRevoked: return "revoked";
+    case Verdict::kSuspended: return "suspended";
     case Verdict::kCount: break;
   }
   return "?";

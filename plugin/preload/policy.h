@@ -31,6 +31,10 @@ enum class Verdict : uint8_t {
   kResidualCap,   // its error-feedback state alone exceeds SQUALL_PRELOAD_RESIDUAL_MB
   kEngine,        // no engine for this communicator (e.g. no CUDA in this build)
   kReentry,       // a call made by Squall itself while it runs a compressed call
+  kNonBlocking,   // a non-blocking NCCL communicator (ncclConfig_t.blocking = 0)
+  kCapture,       // the caller's stream is being captured into a CUDA graph
+  kRevoked,       // ncclCommRevoke was called on the communicator
+  kSuspended,     // between ncclCommSuspend and ncclCommResume
   kCount
 };
 const char* verdictName(Verdict verdict);

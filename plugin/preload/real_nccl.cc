@@ -43,6 +43,10 @@ RealNccl load() {
   resolve(handle, "ncclCommCount", &t.commCount);
   resolve(handle, "ncclCommUserRank", &t.commUserRank);
   resolve(handle, "ncclCommGetAsyncError", &t.commGetAsyncError);
+  resolve(handle, "ncclCommGrow", &t.commGrow);
+  resolve(handle, "ncclCommRevoke", &t.commRevoke);
+  resolve(handle, "ncclCommSuspend", &t.commSuspend);
+  resolve(handle, "ncclCommResume", &t.commResume);
   t.found = t.allReduce != nullptr;
   return t;
 }

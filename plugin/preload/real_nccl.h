@@ -28,7 +28,15 @@ struct RealNccl {
   ncclResult_t (*commCount)(ncclComm_t, int*) = nullptr;
   ncclResult_t (*commUserRank)(ncclComm_t, int*) = nullptr;
   ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*) = nullptr;
-  bool found = false;  // ncclAllReduce was resolved
+  // comm (existing ranks; NULL for joining ones), total ranks, the grow id
+  // (NULL on existing ranks but the root), rank (-1 on existing ranks),
+  // the grown communicator, its config (NULL: the parent's).
+  ncclResult_t (*commGrow)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*,
+                           ncclConfig_t*) = nullptr;       // NCCL 2.29+
+  ncclResult_t (*commRevoke)(ncclComm_t, int) = nullptr;   // NCCL 2.28+; flags 0
+  ncclResult_t (*commSuspend)(ncclComm_t, int) = nullptr;  // NCCL 2.29+; nccl_flags
+  ncclResult_t (*commResume)(ncclComm_t) = nullptr;        // NCCL 2.29+
+  bool found = false;                                      // ncclAllReduce was resolved
 };
 
 // Resolved once; a missing entry stays null (its wrapper then fails with

@@ -125,6 +125,7 @@ Status Comm::split(int color, int key, std::unique_ptr<Comm>* out) {
 int Comm::rank() const { return engine_->rank(); }
 int Comm::size() const { return engine_->size(); }
 const char* Comm::transportName() const { return engine_->transportName(); }
+int Comm::device() const { return engine_->device(); }
 
 Status Comm::hostEngine(coll::Communicator** out) {
   *out = engine_->host();

@@ -166,6 +166,9 @@ class Comm {
   // Host engines; a communicator from NCCL counts nothing (kUnsupported).
   Status stats(CommStats* out);
   const char* transportName() const;  // "tcp", "ucx", "mpi", "nccl"
+  // A communicator from NCCL: the CUDA device current when it was wrapped,
+  // where its compressors and optimizers keep their state. -1 otherwise.
+  int device() const;
   const CommConfig& config() const { return config_; }
 
   // coll::Communicator::refuse: this rank's next collective is refused for a
@@ -217,5 +220,18 @@ class Comm {
   std::unique_ptr<Engine> engine_;
   CommConfig config_;
 };
+
+// Whether `cudaStream` is being captured into a CUDA graph, as the CUDA
+// runtime Squall is built with says. False in a build without CUDA.
+Status streamIsCapturing(void* cudaStream, bool* capturing);
+
+// Destroys `doomed` (what it holds: compressors, optimizers and Comms from
+// NCCL whose state is on `device`, see Comm::device) later, on a thread of
+// Squall's own with `device` current, and returns at once. Freeing device
+// memory waits for all the device's work, which a kernel stuck on a dead
+// peer never finishes: a communicator that is being aborted, or any other on
+// the device, may have one. With device < 0, or in a build without CUDA,
+// nothing of it is on a device and it is destroyed here.
+void releaseLater(std::shared_ptr<void> doomed, int device);
 
 }  // namespace squall::core

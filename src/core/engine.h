@@ -23,6 +23,8 @@ class Engine {
   virtual coll::Communicator* host() { return nullptr; }
   // The engine rendezvoused through a bootstrap, so split can make new ones.
   virtual bool canSplit() const { return false; }
+  // The CUDA device the engine's state lives on; -1 when it keeps none there.
+  virtual int device() const { return -1; }
 
   virtual Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
                                   std::unique_ptr<Compressor>* out) = 0;

@@ -30,4 +30,12 @@ Status stagedOptimizerStep(optim::Optimizer&, float*, const float*, float, void*
   return gpuPathMissing("squallOptimizerStepOnStream");
 }
 
+// No CUDA: no stream is captured, and nothing is on a device.
+Status streamIsCapturing(void*, bool* capturing) {
+  *capturing = false;
+  return Status::kOk;
+}
+
+void releaseLater(std::shared_ptr<void> doomed, int) { doomed.reset(); }
+
 }  // namespace squall::core

@@ -5,8 +5,13 @@
 // buffers; Comm refuses the host collectives before they get here.
 #include <cuda_runtime_api.h>
 
+#include <condition_variable>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "src/coll/device/device_allreduce.h"
 #include "src/common/cuda_status.h"
@@ -63,11 +68,12 @@ class DeviceCompressor final : public Compressor {
 
 class NcclEngine final : public Engine {
  public:
-  explicit NcclEngine(const DeviceComm& comm) : comm_(comm) {}
+  NcclEngine(const DeviceComm& comm, int device) : comm_(comm), device_(device) {}
 
   int rank() const override { return comm_.rank(); }
   int size() const override { return comm_.size(); }
   const char* transportName() const override { return "nccl"; }
+  int device() const override { return device_; }
 
   Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
                           std::unique_ptr<Compressor>* out) override {
@@ -97,6 +103,66 @@ class NcclEngine final : public Engine {
 
  private:
   DeviceComm comm_;
+  int device_;
+};
+
+// The thread of releaseLater: started at the first release and never
+// stopped (nor the queue destroyed), since it may be waiting for the device
+// when the process exits.
+class Releaser {
+ public:
+  static Releaser& get() {
+    static Releaser* releaser = new Releaser();
+    return *releaser;
+  }
+
+  void add(std::shared_ptr<void> doomed, int device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(Item{std::move(doomed), device});
+      if (!started_) {
+        std::thread([this] { run(); }).detach();
+        started_ = true;
+      }
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  struct Item {
+    std::shared_ptr<void> doomed;
+    int device = 0;
+  };
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return !queue_.empty(); });
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      // Freeing with another device current would make a context there
+      // first (and with it hundreds of MB on that device).
+      const cudaError_t err = cudaSetDevice(item.device);
+      if (err != cudaSuccess) {
+        SQUALL_WARN(Subsys::kCuda,
+                    "cannot make device %d current to free a released communicator's state "
+                    "(%s); it stays allocated until the process exits",
+                    item.device, cudaGetErrorString(err));
+        kept_.push_back(std::move(item.doomed));
+        continue;
+      }
+      item.doomed.reset();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<Item> queue_;
+  bool started_ = false;
+  std::vector<std::shared_ptr<void>> kept_;  // the releasing thread's only
 };
 
 }  // namespace
@@ -106,8 +172,26 @@ bool devicePathBuilt() { return true; }
 Status createNcclEngine(void* ncclComm, std::unique_ptr<Engine>* out) {
   DeviceComm comm;
   SQUALL_TRY(DeviceComm::wrap(ncclComm, &comm));
-  *out = std::make_unique<NcclEngine>(comm);
+  int device = 0;
+  SQUALL_CUDA_TRY(cudaGetDevice(&device));
+  *out = std::make_unique<NcclEngine>(comm, device);
   return Status::kOk;
+}
+
+Status streamIsCapturing(void* cudaStream, bool* capturing) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  SQUALL_CUDA_TRY(cudaStreamIsCapturing(static_cast<cudaStream_t>(cudaStream), &status));
+  *capturing = status != cudaStreamCaptureStatusNone;
+  return Status::kOk;
+}
+
+void releaseLater(std::shared_ptr<void> doomed, int device) {
+  if (doomed == nullptr) return;
+  if (device < 0) {
+    doomed.reset();
+    return;
+  }
+  Releaser::get().add(std::move(doomed), device);
 }
 
 }  // namespace squall::core

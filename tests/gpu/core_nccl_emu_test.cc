@@ -7,11 +7,15 @@
 // tests/gpu/meson.build), the staged compressed allreduce, and a sync-mode
 // optimizer step. The host collectives and split are refused on the NCCL
 // engine with kInvalidUsage, and the host step of a device optimizer too.
+// Releasing an engine's state off the caller's thread never waits for the
+// device, and the capture query asks the runtime.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -198,6 +202,71 @@ TEST(CoreNcclEmu, SyncOptimizerMatchesTheHostEngine) {
     // The device blob loads into the host optimizer (one format).
     ASSERT_EQ(host->loadState(blob.data(), written), Status::kOk) << lastError();
   });
+}
+
+// An abort frees its communicator's device state through releaseLater,
+// which must not wait for the device: a kernel of another communicator stuck
+// on a dead peer would keep it busy for good. Here the device is held (every
+// cudaFree waits) while a Comm from NCCL and two compressors are released:
+// the call returns at once, and they are freed, with their device current,
+// once the device lets go.
+TEST(CoreNcclEmu, ReleaseLaterNeverWaitsForTheDevice) {
+  std::vector<ncclComm_t> comms(2);
+  squall_emu::ncclCreateWorld(2, comms.data());
+  const AtExit destroyWorld{[&] { squall_emu::ncclDestroyWorld(2, comms.data()); }};
+  const AtExit device0{[] { cudaSetDevice(0); }};
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  struct Doomed {  // the compressors go before the Comm they were made on
+    std::unique_ptr<Comm> comm;
+    std::unique_ptr<Compressor> a, b;
+  };
+  auto doomed = std::make_shared<Doomed>();
+  const long before = squall_emu::gLiveAllocations.load();
+  ASSERT_EQ(Comm::fromNccl(comms[0], &doomed->comm), Status::kOk) << lastError();
+  EXPECT_EQ(doomed->comm->device(), 1);
+  ASSERT_EQ(doomed->comm->createCompressor(5000, codec::Spec{}, &doomed->a), Status::kOk)
+      << lastError();
+  ASSERT_EQ(doomed->comm->createCompressor(300, codec::Spec{}, &doomed->b), Status::kOk);
+  const long allocated = squall_emu::gLiveAllocations.load() - before;
+  ASSERT_GT(allocated, 0);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+
+  std::future<void> released;  // before the hold's release: its end waits for the call
+  squall_emu::holdDevice(true);
+  const AtExit letGo{[] { squall_emu::holdDevice(false); }};
+  released = std::async(std::launch::async, [&] { releaseLater(std::move(doomed), 1); });
+  ASSERT_EQ(released.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "releaseLater waited for the device";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(squall_emu::gLiveAllocations.load() - before, allocated)
+      << "device memory was freed while the device was held";
+
+  squall_emu::holdDevice(false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (squall_emu::gLiveAllocations.load() != before &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(squall_emu::gLiveAllocations.load(), before) << "the released state was never freed";
+  EXPECT_EQ(squall_emu::gLastFreeDevice.load(), 1) << "freed with another device current";
+}
+
+// Not capturing, capturing, and not again: as the runtime says.
+TEST(CoreNcclEmu, StreamIsCapturingAsksTheRuntime) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
+  bool capturing = true;
+  ASSERT_EQ(streamIsCapturing(stream, &capturing), Status::kOk);
+  EXPECT_FALSE(capturing);
+  cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  ASSERT_EQ(streamIsCapturing(stream, &capturing), Status::kOk);
+  EXPECT_TRUE(capturing);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream, &graph);
+  cudaGraphDestroy(graph);
+  ASSERT_EQ(streamIsCapturing(stream, &capturing), Status::kOk);
+  EXPECT_FALSE(capturing);
 }
 
 }  // namespace

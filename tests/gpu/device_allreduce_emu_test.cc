@@ -3,8 +3,9 @@
 // output must equal the single-process reference simulation
 // (tests/unit/compressed_reference.h) bit for bit, call after call (so the
 // residuals evolve alike), in place and out of place, for sum and avg,
-// onebit/int8/fp16, chunks that are short or empty, bf16 buffers, and a call
-// captured into a (emulated) CUDA graph and replayed. It checks the
+// onebit/int8/fp16, chunks that are short or empty, bf16 buffers, a call
+// captured into a (emulated) CUDA graph and replayed, and one state used
+// from two streams. It checks the
 // orchestration's bytes, not the hardware: see docs/cuda.md.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,15 +45,18 @@ uint32_t bits(float f) {
   return u;
 }
 
-// Runs `calls` calls on n threads and compares every output with the reference.
-void check(const Case& c, int calls) {
+// The inputs of `calls` calls, inputs[call][rank], and the reference's
+// outputs, expected[call].
+void referenceCalls(const Case& c, int calls, std::vector<std::vector<std::vector<float>>>* in,
+                    std::vector<std::vector<float>>* want) {
   std::mt19937 rng(1234 + c.n * 7 + static_cast<int>(c.count));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   testing::CompressedReference ref(c.n, c.count, c.spec);
   const auto nn = static_cast<size_t>(c.n);
-  // inputs[call][rank], expected[call]
-  std::vector<std::vector<std::vector<float>>> inputs(calls);
-  std::vector<std::vector<float>> expected(calls);
+  auto& inputs = *in;
+  auto& expected = *want;
+  inputs.assign(calls, {});
+  expected.assign(calls, {});
   for (int t = 0; t < calls; ++t) {
     inputs[t].assign(nn, std::vector<float>(c.count));
     for (auto& v : inputs[t])
@@ -66,6 +71,14 @@ void check(const Case& c, int calls) {
     }
     expected[t] = ref.twoPhase(inputs[t], c.average);
   }
+}
+
+// Runs `calls` calls on n threads and compares every output with the reference.
+void check(const Case& c, int calls) {
+  const auto nn = static_cast<size_t>(c.n);
+  std::vector<std::vector<std::vector<float>>> inputs;
+  std::vector<std::vector<float>> expected;
+  referenceCalls(c, calls, &inputs, &expected);
 
   std::vector<ncclComm_t> comms(nn);
   squall_emu::ncclCreateWorld(c.n, comms.data());
@@ -160,6 +173,84 @@ void check(const Case& c, int calls) {
   }
 }
 
+// One state used from two streams, the way torch reduces on its NCCL stream
+// or on the current one: calls alternate between streams A and B, and each
+// call on B is enqueued while A still holds the call before it (A is held,
+// as a slow kernel would keep it). The call on B must wait for it on the
+// device: run first, it would use the residuals and scratch before the call
+// on A has, and both outputs would differ from the reference.
+void checkTwoStreams(const Case& c, int pairs) {
+  const auto nn = static_cast<size_t>(c.n);
+  const int calls = 2 * pairs;
+  std::vector<std::vector<std::vector<float>>> inputs;
+  std::vector<std::vector<float>> expected;
+  referenceCalls(c, calls, &inputs, &expected);
+  std::vector<ncclComm_t> comms(nn);
+  squall_emu::ncclCreateWorld(c.n, comms.data());
+  std::vector<std::vector<std::vector<float>>> outputs(calls, std::vector<std::vector<float>>(nn));
+  std::vector<std::string> errors(nn);
+  const size_t bytes = c.count * sizeof(float);
+  auto rank = [&](int r) {
+    auto fail = [&](const char* what) { errors[r] = what; };
+    cudaStream_t streams[2] = {nullptr, nullptr};
+    std::vector<void*> in(2, nullptr), out(2, nullptr);
+    const testing::AtExit release{[&] {
+      for (void* p : in) cudaFree(p);
+      for (void* p : out) cudaFree(p);
+      for (cudaStream_t s : streams) cudaStreamDestroy(s);
+    }};
+    for (int i = 0; i < 2; ++i) {
+      cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking);
+      cudaMalloc(&in[i], bytes);
+      cudaMalloc(&out[i], bytes);
+    }
+    transport::nccl::DeviceComm comm;
+    if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
+    std::unique_ptr<DeviceCompressedState> state;
+    if (DeviceCompressedState::create(c.n, r, c.count, c.spec, &state) != Status::kOk)
+      return fail("create");
+    const ReduceOp op = c.average ? ReduceOp::kAvg : ReduceOp::kSum;
+    for (int p = 0; p < pairs; ++p) {
+      for (int i = 0; i < 2; ++i) {
+        cudaMemcpy(in[i], inputs[2 * p + i][static_cast<size_t>(r)].data(), bytes,
+                   cudaMemcpyHostToDevice);
+      }
+      squall_emu::holdStream(streams[0], true);
+      if (compressedAllReduce(comm, streams[0], in[0], out[0], DataType::kF32, op, state.get()) !=
+              Status::kOk ||
+          compressedAllReduce(comm, streams[1], in[1], out[1], DataType::kF32, op, state.get()) !=
+              Status::kOk) {
+        squall_emu::holdStream(streams[0], false);
+        return fail("allreduce");
+      }
+      squall_emu::holdStream(streams[0], false);  // runs A's call, then B's
+      if (cudaStreamSynchronize(streams[0]) != cudaSuccess ||
+          cudaStreamSynchronize(streams[1]) != cudaSuccess)
+        return fail("a stream did not finish");
+      for (int i = 0; i < 2; ++i) {
+        std::vector<float>& o = outputs[2 * p + i][static_cast<size_t>(r)];
+        o.resize(c.count);
+        cudaMemcpy(o.data(), out[i], bytes, cudaMemcpyDeviceToHost);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(nn);
+  for (int r = 0; r < c.n; ++r) threads.emplace_back(rank, r);
+  for (auto& th : threads) th.join();
+  squall_emu::ncclDestroyWorld(c.n, comms.data());
+  for (size_t r = 0; r < nn; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int t = 0; t < calls; ++t) {
+    for (size_t r = 0; r < nn; ++r) {
+      for (size_t i = 0; i < c.count; ++i) {
+        ASSERT_EQ(bits(outputs[t][r][i]), bits(expected[t][i]))
+            << "call " << t << " (stream " << (t % 2 == 0 ? "A" : "B") << ") rank " << r
+            << " element " << i;
+      }
+    }
+  }
+}
+
 const codec::Spec kOnebit64{codec::CodecId::kOnebit, codec::Scale::kMeanAbs, 64};
 const codec::Spec kOnebitRms{codec::CodecId::kOnebit, codec::Scale::kRms, 128};
 const codec::Spec kInt8{codec::CodecId::kInt8, codec::Scale::kMeanAbs, 64};
@@ -189,6 +280,10 @@ TEST(DeviceAllReduceEmu, ANonFiniteCallLeavesEveryRanksResiduals) {
   check(int8, 3);
 }
 TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, false}, 1); }
+TEST(DeviceAllReduceEmu, TwoStreamsAreOrderedOnTheDevice) {
+  checkTwoStreams({2, 1000, kOnebit64, false, false}, 2);
+  checkTwoStreams({3, 777, kOnebit64, true, false}, 1);
+}
 
 }  // namespace
 }  // namespace squall::coll::device

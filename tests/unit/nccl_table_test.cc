@@ -72,7 +72,23 @@ constexpr Table kFake = {
     },
     "fake NCCL",
     nullptr,  // getVersion
+    nullptr,  // no ncclCommGetAsyncError: an in-progress call is a failure
 };
+
+// A non-blocking communicator: ncclCommGetAsyncError says ncclInProgress
+// gPolls more times, then gAsyncResult.
+int gPolls = 0;
+int gAsyncQueries = 0;
+int gAsyncResult = nccl_abi::kSuccess;
+constexpr Table kNonBlocking = [] {
+  Table t = kFake;
+  t.commGetAsyncError = [](void*, int* state) {
+    ++gAsyncQueries;
+    *state = gPolls-- > 0 ? nccl_abi::kInProgress : gAsyncResult;
+    return static_cast<int>(nccl_abi::kSuccess);
+  };
+  return t;
+}();
 
 int gDummyComm;
 void* const kComm = &gDummyComm;
@@ -85,6 +101,9 @@ class NcclTableTest : public ::testing::Test {
     gNextResult = nccl_abi::kSuccess;
     gRank = 1;
     gSize = 3;
+    gPolls = 0;
+    gAsyncQueries = 0;
+    gAsyncResult = nccl_abi::kSuccess;
   }
 };
 
@@ -174,6 +193,30 @@ TEST_F(NcclTableTest, FailuresBecomeStatusesNamingTheCall) {
   EXPECT_NE(lastError().find("remote process exited"), std::string::npos) << lastError();
 }
 
+// NCCL finishes a non-blocking communicator's call in the background and
+// wants the next call to wait for it: the call returns what NCCL finally
+// says, never "in progress".
+TEST_F(NcclTableTest, AnInProgressCallWaitsUntilNcclHasFinishedIt) {
+  DeviceComm comm;
+  ASSERT_EQ(DeviceComm::wrap(kNonBlocking, kComm, &comm), Status::kOk);
+  gNextResult = nccl_abi::kInProgress;
+  gPolls = 3;
+  EXPECT_EQ(comm.groupEnd(), Status::kOk) << lastError();
+  EXPECT_EQ(gAsyncQueries, 4);
+  // A call that fails in the background fails, naming the call.
+  char b[8];
+  gNextResult = nccl_abi::kInProgress;
+  gPolls = 1;
+  gAsyncResult = nccl_abi::kRemoteError;
+  clearLastError();
+  EXPECT_EQ(comm.send(b, 8, 0, kStream), Status::kRemoteError);
+  EXPECT_NE(lastError().find("ncclSend"), std::string::npos) << lastError();
+  // A call that did not say "in progress" asks nothing.
+  gAsyncQueries = 0;
+  EXPECT_EQ(comm.allGather(b, b, 1, kStream), Status::kOk);
+  EXPECT_EQ(gAsyncQueries, 0);
+}
+
 TEST_F(NcclTableTest, InstalledTableIsTheActiveOne) {
   installTable(&kFake);
   const Table* t = nullptr;
@@ -230,6 +273,7 @@ TEST_F(NcclTableTest, TheRealLibraryResolvesEveryEntry) {
         reinterpret_cast<const void*>(t.broadcast)}) {
     EXPECT_NE(entry, nullptr);
   }
+  EXPECT_NE(t.commGetAsyncError, nullptr);  // optional, but NCCL has had it since 2.4
   EXPECT_STREQ(t.getErrorString(nccl_abi::kSuccess), "no error");
   expectVersion(t);
 }

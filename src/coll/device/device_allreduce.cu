@@ -119,6 +119,7 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
   SQUALL_TRY(allocate(&s->acc_, s->chunk_ * sizeof(float)));
   SQUALL_TRY(allocate(&s->error_, sizeof(int)));
   SQUALL_TRY(allocate(&s->nonFinite_, sizeof(int)));
+  SQUALL_CUDA_TRY(cudaEventCreateWithFlags(&s->lastUse_, cudaEventDisableTiming));
   // Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
   // all-gather moves (n-1) whole slots each way.
   const size_t r = static_cast<size_t>(rank);
@@ -141,6 +142,7 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
 }
 
 DeviceCompressedState::~DeviceCompressedState() {
+  if (lastUse_ != nullptr) cudaEventDestroy(lastUse_);  // released once reached; never waits
   codec::cudaResidualDestroy(worker_);
   codec::cudaResidualDestroy(server_);
   cudaFree(send_);
@@ -157,18 +159,42 @@ size_t DeviceCompressedState::realCount(size_t c) const {
   return begin < end ? end - begin : 0;
 }
 
-Status DeviceCompressedState::reset(cudaStream_t stream) {
-  if (worker_ != nullptr) SQUALL_TRY(codec::cudaResidualReset(*worker_, stream));
-  if (server_ != nullptr) SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
+Status DeviceCompressedState::enter(cudaStream_t stream, bool* captured) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SQUALL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  *captured = capture != cudaStreamCaptureStatusNone;
+  if (!*captured && used_ && stream != lastStream_) {
+    SQUALL_CUDA_TRY(cudaStreamWaitEvent(stream, lastUse_, 0));
+  }
   return Status::kOk;
+}
+
+Status DeviceCompressedState::leave(cudaStream_t stream, bool captured) {
+  if (captured) return Status::kOk;
+  SQUALL_CUDA_TRY(cudaEventRecord(lastUse_, stream));
+  lastStream_ = stream;
+  used_ = true;
+  return Status::kOk;
+}
+
+Status DeviceCompressedState::reset(cudaStream_t stream) {
+  if (worker_ == nullptr) return Status::kOk;  // the identity keeps no state
+  bool captured = false;
+  SQUALL_TRY(enter(stream, &captured));
+  SQUALL_TRY(codec::cudaResidualReset(*worker_, stream));
+  SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
+  return leave(stream, captured);
 }
 
 Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) {
   *error = false;
   if (error_ == nullptr) return Status::kOk;
+  bool captured = false;
+  SQUALL_TRY(enter(stream, &captured));
   int value = 0;
   SQUALL_CUDA_TRY(cudaMemcpyAsync(&value, error_, sizeof(int), cudaMemcpyDeviceToHost, stream));
   SQUALL_CUDA_TRY(cudaMemsetAsync(error_, 0, sizeof(int), stream));
+  SQUALL_TRY(leave(stream, captured));
   SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
   *error = value != 0;
   return Status::kOk;
@@ -211,6 +237,8 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
                                                          : codec::DType::kF32;
   const auto* input = static_cast<const uint8_t*>(in);
   auto encodedOf = [&](size_t m, size_t* bytes) { return encodedSize(spec, m, bytes); };
+  bool captured = false;
+  SQUALL_TRY(state->enter(stream, &captured));
 
   // 1. Worker: encode every chunk (own chunk included) into its slot.
   for (size_t c = 0; c < nn; ++c) {
@@ -300,7 +328,7 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   SQUALL_TRY(launchFailure("the residual verdict kernel"));
   SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
   SQUALL_TRY(codec::cudaResidualCommit(*state->server_, stream));
-  return Status::kOk;
+  return state->leave(stream, captured);
 }
 
 }  // namespace squall::coll::device

@@ -20,6 +20,14 @@
 //      rank reaches every output), as the host algorithm decides.
 // Nothing waits for the host; a call can be captured in a CUDA graph and
 // replayed (NCCL supports capture of its calls).
+//
+// One state may be used from several streams (torch reduces on its NCCL
+// stream or on the current one): each use (a call, reset, takeDecodeError)
+// records an event on its stream, and a use on another stream first waits
+// for that event on the device, so the residuals and scratch buffers are
+// never shared by two uses at once. A use being captured into a graph neither
+// waits nor records (CUDA refuses a wait on work outside the capture): the
+// replays of a graph are ordered by the stream they are launched on.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -69,6 +77,10 @@ class DeviceCompressedState {
                                     void*, DataType, ReduceOp, DeviceCompressedState*);
   DeviceCompressedState() = default;
   size_t realCount(size_t c) const;
+  // The stream-order of uses (see above): `enter` before a use on `stream`,
+  // `leave` after it, with what `enter` said of capture.
+  Status enter(cudaStream_t stream, bool* captured);
+  Status leave(cudaStream_t stream, bool captured);
   int nranks_ = 1;
   int rank_ = 0;
   size_t count_ = 0;
@@ -77,12 +89,15 @@ class DeviceCompressedState {
   codec::Spec spec_;
   codec::DeviceResidual* worker_ = nullptr;
   codec::DeviceResidual* server_ = nullptr;
-  uint8_t* send_ = nullptr;    // n slots: the worker's encoded chunks
-  uint8_t* recv_ = nullptr;    // n slots: the pieces of my chunk from every rank
-  uint8_t* gather_ = nullptr;  // n slots: every server's encoded chunk
-  float* acc_ = nullptr;       // chunk floats: server accumulator, then decode scratch
-  int* error_ = nullptr;       // device decode-error flag
-  int* nonFinite_ = nullptr;   // device flag: this call's output has a non-finite value
+  uint8_t* send_ = nullptr;            // n slots: the worker's encoded chunks
+  uint8_t* recv_ = nullptr;            // n slots: the pieces of my chunk from every rank
+  uint8_t* gather_ = nullptr;          // n slots: every server's encoded chunk
+  float* acc_ = nullptr;               // chunk floats: server accumulator, then decode scratch
+  int* error_ = nullptr;               // device decode-error flag
+  int* nonFinite_ = nullptr;           // device flag: this call's output has a non-finite value
+  cudaEvent_t lastUse_ = nullptr;      // recorded at the end of every use outside capture
+  cudaStream_t lastStream_ = nullptr;  // the stream of that use (valid when used_)
+  bool used_ = false;
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };

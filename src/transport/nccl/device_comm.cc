@@ -1,5 +1,8 @@
 #include "src/transport/nccl/device_comm.h"
 
+#include <chrono>
+#include <thread>
+
 namespace squall::transport::nccl {
 namespace {
 
@@ -46,42 +49,45 @@ Status DeviceComm::wrap(const Table& table, void* ncclComm, DeviceComm* out) {
 }
 
 Status DeviceComm::send(const void* buffer, size_t bytes, int peer, void* stream) const {
-  return ncclStatus(*table_, table_->send(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream),
-                    "ncclSend");
+  return settle(table_->send(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream), "ncclSend");
 }
 
 Status DeviceComm::recv(void* buffer, size_t bytes, int peer, void* stream) const {
-  return ncclStatus(*table_, table_->recv(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream),
-                    "ncclRecv");
+  return settle(table_->recv(buffer, bytes, nccl_abi::kUint8, peer, comm_, stream), "ncclRecv");
 }
 
-Status DeviceComm::groupStart() const {
-  return ncclStatus(*table_, table_->groupStart(), "ncclGroupStart");
-}
+Status DeviceComm::groupStart() const { return settle(table_->groupStart(), "ncclGroupStart"); }
 
-Status DeviceComm::groupEnd() const {
-  return ncclStatus(*table_, table_->groupEnd(), "ncclGroupEnd");
-}
+Status DeviceComm::groupEnd() const { return settle(table_->groupEnd(), "ncclGroupEnd"); }
 
 Status DeviceComm::allGather(const void* in, void* out, size_t bytes, void* stream) const {
-  return ncclStatus(*table_, table_->allGather(in, out, bytes, nccl_abi::kUint8, comm_, stream),
-                    "ncclAllGather");
+  return settle(table_->allGather(in, out, bytes, nccl_abi::kUint8, comm_, stream),
+                "ncclAllGather");
 }
 
 Status DeviceComm::allReduceSum(const void* in, void* out, size_t count, DataType type,
                                 void* stream) const {
-  return ncclStatus(
-      *table_, table_->allReduce(in, out, count, ncclTypeOf(type), nccl_abi::kSum, comm_, stream),
-      "ncclAllReduce");
+  return settle(table_->allReduce(in, out, count, ncclTypeOf(type), nccl_abi::kSum, comm_, stream),
+                "ncclAllReduce");
 }
 
 Status DeviceComm::broadcast(const void* in, void* out, size_t count, DataType type, int root,
                              void* stream) const {
   SQUALL_REQUIRE(root >= 0 && root < size_, Status::kInvalidArgument, Subsys::kTransport,
                  "broadcast root %d is not a rank of this %d-rank communicator", root, size_);
-  return ncclStatus(*table_,
-                    table_->broadcast(in, out, count, ncclTypeOf(type), root, comm_, stream),
-                    "ncclBroadcast");
+  return settle(table_->broadcast(in, out, count, ncclTypeOf(type), root, comm_, stream),
+                "ncclBroadcast");
+}
+
+Status DeviceComm::settle(int result, const char* what) const {
+  while (result == nccl_abi::kInProgress && table_->commGetAsyncError != nullptr) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    int state = nccl_abi::kInProgress;
+    const int query = table_->commGetAsyncError(comm_, &state);
+    if (query != nccl_abi::kSuccess) return ncclStatus(*table_, query, "ncclCommGetAsyncError");
+    result = state;
+  }
+  return ncclStatus(*table_, result, what);
 }
 
 Status DeviceComm::abort() const {

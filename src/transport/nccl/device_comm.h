@@ -7,6 +7,11 @@
 // Every operation is enqueued on a CUDA stream (passed as void*, a
 // cudaStream_t) and returns once enqueued, like NCCL itself; between
 // groupStart and groupEnd, send and recv are deferred and issued together.
+// On a non-blocking communicator (ncclConfig_t.blocking = 0) NCCL may return
+// ncclInProgress and finish the enqueue in the background; NCCL wants the
+// next call on the communicator to wait for that, so an operation that gets
+// ncclInProgress polls ncclCommGetAsyncError until NCCL has finished (or
+// failed, or been aborted) and returns what it says.
 #pragma once
 
 #include <cstddef>
@@ -47,6 +52,10 @@ class DeviceComm {
   Status abort() const;
 
  private:
+  // NCCL's `result` of `what` as a Status, once an in-progress result has
+  // settled.
+  Status settle(int result, const char* what) const;
+
   const Table* table_ = nullptr;
   void* comm_ = nullptr;
   int rank_ = 0;

@@ -83,6 +83,7 @@ Status fillTable(void* lib, const char* path, Table* out) {
   need("ncclAllGather", &t.allGather);
   need("ncclAllReduce", &t.allReduce);
   need("ncclBroadcast", &t.broadcast);
+  resolve(lib, "ncclCommGetAsyncError", &t.commGetAsyncError);  // optional
   SQUALL_REQUIRE(missing == nullptr, Status::kUnsupported, Subsys::kTransport,
                  "the NCCL library %s has no %s; Squall needs NCCL 2.7 or newer "
                  "(point SQUALL_NCCL_LIBRARY at one)",
@@ -160,6 +161,24 @@ Status ncclStatus(const Table& table, int result, const char* what) {
   return SQUALL_FAIL(status, Subsys::kTransport, "%s failed in NCCL (%s): %s (code %d)", what,
                      table.origin != nullptr ? table.origin : "NCCL",
                      text != nullptr ? text : "no description", result);
+}
+
+int ncclResultOf(Status status) {
+  switch (status) {
+    case Status::kOk: return nccl_abi::kSuccess;
+    case Status::kInProgress: return nccl_abi::kInProgress;
+    case Status::kInvalidArgument: return nccl_abi::kInvalidArgument;
+    case Status::kInvalidUsage:
+    case Status::kUnsupported: return nccl_abi::kInvalidUsage;
+    case Status::kRemoteError:
+    case Status::kTimeout:
+    case Status::kCorruptData:
+      return nccl_abi::kRemoteError;  // the peer is dead, silent or garbled
+    case Status::kOutOfMemory:
+    case Status::kSystemError: return nccl_abi::kSystemError;
+    case Status::kInternal: break;
+  }
+  return nccl_abi::kInternalError;
 }
 
 }  // namespace squall::transport::nccl

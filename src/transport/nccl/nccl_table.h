@@ -41,6 +41,9 @@ struct Table {
   const char* origin;
   // Optional entries (NULL where the library or a stand-in lacks them).
   int (*getVersion)(int* version);
+  // The state of a non-blocking communicator's last call: ncclInProgress
+  // while NCCL still finishes it in the background.
+  int (*commGetAsyncError)(void* comm, int* asyncError);
 };
 
 // The active table: the installed one, else NCCL's library resolved on first
@@ -62,6 +65,11 @@ Status loadTable(const char* path, Table* out);
 // errors, kRemoteError for a peer's, kInvalidArgument / kInvalidUsage for a
 // call NCCL refused, kInProgress for a nonblocking communicator still busy).
 Status ncclStatus(const Table& table, int result, const char* what);
+
+// The other way: the ncclResult_t that says what `status` says, for Squall
+// code that answers NCCL's callers (kInProgress stays in progress; only
+// kInternal is ncclInternalError).
+int ncclResultOf(Status status);
 
 }  // namespace squall::transport::nccl
 

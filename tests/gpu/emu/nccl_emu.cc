@@ -107,6 +107,12 @@ int commUserRank(void* comm, int* rank) {
 
 int commAbort(void*) { return squall::nccl_abi::kSuccess; }
 
+// The emulation's calls are blocking: nothing is ever in progress.
+int commGetAsyncError(void*, int* state) {
+  *state = squall::nccl_abi::kSuccess;
+  return squall::nccl_abi::kSuccess;
+}
+
 int groupStart() {
   ++tGroupDepth;
   return squall::nccl_abi::kSuccess;
@@ -207,10 +213,10 @@ int broadcast(const void* sendbuff, void* recvbuff, size_t count, int datatype, 
   return submit(std::move(ops), streamOf(s));
 }
 
-constexpr Table kTable = {errorString, commCount, commUserRank, commAbort,
-                          groupStart,  groupEnd,  send,         recv,
-                          allGather,   allReduce, broadcast,    "CPU emulation of NCCL",
-                          nullptr};
+constexpr Table kTable = {errorString, commCount,        commUserRank, commAbort,
+                          groupStart,  groupEnd,         send,         recv,
+                          allGather,   allReduce,        broadcast,    "CPU emulation of NCCL",
+                          nullptr,     commGetAsyncError};
 
 }  // namespace
 

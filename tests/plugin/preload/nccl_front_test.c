@@ -2,11 +2,15 @@
  * CPU: which communicators it tracks, what it passes through and why. Without
  * CUDA the compressed path cannot run, so eligible calls must reach the
  * stand-in too, reported as "no_engine"; what the compressed path does on a
- * device is covered by tests/gpu/run.sh.
+ * device is covered by tests/gpu/run.sh (and its stream ordering and deferred
+ * frees by the emulated tests in tests/gpu).
  *
- * A child process makes the calls under LD_PRELOAD (its report is written at
- * exit); the parent then checks the report's reasons. */
+ * Child processes make the calls under LD_PRELOAD (each writes its report at
+ * exit); the parent then checks the reports' reasons. One child per
+ * environment: the main one, one with NCCL_COMM_BLOCKING=0, and one with a
+ * warmup whose first calls are captured into a CUDA graph. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +38,10 @@ int ncclCommShrink(void*, int*, int, void**, void*, int);
 int ncclGroupSimulateEnd(void*);
 int ncclCommDestroy(void*);
 int ncclCommAbort(void*);
+int ncclCommGrow(void*, int, const UniqueId*, int, void**, void*);
+int ncclCommRevoke(void*, int);
+int ncclCommSuspend(void*, int);
+int ncclCommResume(void*);
 int ncclGroupStart(void);
 int ncclGroupEnd(void);
 int standinMakeComm(void**, int);
@@ -46,6 +54,33 @@ void standinReady(void*);
 
 enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
 enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
+enum { kSuccess = 0, kInvalidUsage = 5, kInProgress = 7 };
+
+/* The head of ncclConfig_t as NCCL_CONFIG_INITIALIZER fills it (NCCL 2.30),
+ * with `blocking` set; the rest of the struct is never read. */
+typedef struct {
+  size_t size;
+  unsigned magic, version;
+  int blocking;
+  char rest[128];
+} Config;
+static Config config(int blocking, unsigned version) {
+  Config c;
+  memset(&c, 0, sizeof c);
+  c.size = sizeof c;
+  c.magic = 0xcafebeefu;
+  c.version = version;
+  c.blocking = blocking;
+  return c;
+}
+
+/* The CUDA runtime's capture query, as the interposer finds it among the
+ * process's global symbols: the stream `captured_` is being captured. */
+static void* captured_;
+__attribute__((visibility("default"))) int cudaStreamIsCapturing(void* stream, int* status) {
+  *status = stream != NULL && stream == captured_; /* cudaStreamCaptureStatusActive */
+  return 0;
+}
 
 static float buf[16384], out[16384];
 static int made_;
@@ -59,15 +94,88 @@ static int made_;
     }                                            \
   } while (0)
 
-static void call(size_t count, int dtype, int op, void* comm) {
-  void* stream = (void*)(size_t)(0x1000 + made_);
-  CHECK(ncclAllReduce(buf, out, count, dtype, op, comm, stream) == 0, "ncclAllReduce");
+/* A call on `stream` whose real NCCL answers `want`, which must come back
+ * unchanged. */
+static void callOn(size_t count, int dtype, int op, void* comm, void* stream, int want) {
+  CHECK(ncclAllReduce(buf, out, count, dtype, op, comm, stream) == want,
+        "ncclAllReduce did not return %d", want);
   CHECK(standinLogged() == made_ + 1, "call %d did not reach NCCL", made_);
   const Logged* l = standinCall(made_);
   CHECK(l->send == buf && l->recv == out && l->count == count && l->dtype == dtype && l->op == op &&
             l->comm == comm && l->stream == stream,
         "call %d reached NCCL with other arguments", made_);
   ++made_;
+}
+static void call(size_t count, int dtype, int op, void* comm) {
+  callOn(count, dtype, op, comm, (void*)(size_t)(0x1000 + made_), kSuccess);
+}
+static void callExpect(void* comm, int want) {
+  callOn(4096, kFloat32, kSum, comm, (void*)(size_t)(0x1000 + made_), want);
+}
+
+/* torch's watchdog aborts from its own thread, inside a group. */
+static void* abortInGroup(void* comm) {
+  CHECK(ncclGroupStart() == 0 && ncclCommAbort(comm) == 0 && ncclGroupEnd() == 0,
+        "abort in a group");
+  return NULL;
+}
+
+/* Non-blocking communicators pass through (their calls return before NCCL
+ * has finished them, which the compressed path does not do), known from the
+ * config, and a split given no config inherits its parent's. */
+static void nonBlocking(UniqueId id) {
+  void *cn, *inherit, *blocking, *old;
+  Config nb = config(0, 23007), blk = config(1, 23007), ancient = config(0, 21300);
+  CHECK(ncclCommInitRankConfig(&cn, 2, id, 0, (void*)&nb) == kInProgress, "non-blocking init");
+  standinReady(cn);
+  callExpect(cn, kInProgress); /* nonblocking */
+  CHECK(ncclCommSplit(cn, 0, 0, &inherit, NULL) == kInProgress, "split");
+  standinReady(inherit);
+  callExpect(inherit, kInProgress); /* nonblocking: the parent's config */
+  CHECK(ncclCommSplit(cn, 0, 0, &blocking, (void*)&blk) == kSuccess, "blocking split");
+  callExpect(blocking, kSuccess); /* eligible: its own config */
+  /* NCCL ignores `blocking` in a config older than 2.14. */
+  CHECK(ncclCommInitRankConfig(&old, 2, id, 1, (void*)&ancient) == kSuccess, "old config");
+  callExpect(old, kSuccess); /* eligible */
+  void* grown;
+  CHECK(ncclCommGrow(cn, 3, NULL, -1, &grown, NULL) == kInProgress, "grow");
+  standinReady(grown);
+  callExpect(grown, kInProgress); /* nonblocking: the parent's config */
+  CHECK(ncclCommDestroy(grown) == 0 && ncclCommDestroy(old) == 0 &&
+            ncclCommDestroy(blocking) == 0 && ncclCommDestroy(inherit) == 0 &&
+            ncclCommDestroy(cn) == 0,
+        "destroy");
+}
+
+/* Both sides of a grow get the grown communicator, tracked. */
+static void grow(void* a, UniqueId id) {
+  void *existing, *joining;
+  CHECK(ncclCommGrow(a, 3, NULL, -1, &existing, NULL) == 0, "grow, existing rank");
+  CHECK(ncclCommGrow(NULL, 3, &id, 2, &joining, NULL) == 0, "grow, joining rank");
+  call(4096, kFloat32, kSum, existing); /* eligible */
+  call(4096, kFloat32, kSum, joining);  /* eligible */
+  CHECK(ncclCommDestroy(existing) == 0 && ncclCommDestroy(joining) == 0, "destroy");
+}
+
+/* A revoked communicator passes through until destroyed; a suspended one
+ * until resumed. An abort from another thread inside a group. */
+static void revokeAndSuspend(UniqueId id) {
+  void *rv, *sp, *ab;
+  CHECK(ncclCommInitRank(&rv, 2, id, 0) == 0 && ncclCommInitRank(&sp, 2, id, 1) == 0 &&
+            ncclCommInitRank(&ab, 2, id, 0) == 0,
+        "init");
+  callExpect(rv, kSuccess); /* eligible */
+  CHECK(ncclCommRevoke(rv, 0) == 0, "revoke");
+  callExpect(rv, kInvalidUsage); /* revoked: NCCL refuses it, and says so */
+  CHECK(ncclCommDestroy(rv) == 0, "destroy");
+  CHECK(ncclCommSuspend(sp, 1) == 0, "suspend");
+  callExpect(sp, kInvalidUsage); /* suspended */
+  CHECK(ncclCommResume(sp) == 0, "resume");
+  callExpect(sp, kSuccess); /* eligible */
+  CHECK(ncclCommDestroy(sp) == 0, "destroy");
+  pthread_t watchdog;
+  CHECK(pthread_create(&watchdog, NULL, abortInGroup, ab) == 0, "thread");
+  CHECK(pthread_join(watchdog, NULL) == 0, "join");
 }
 
 static int child(void) {
@@ -111,7 +219,7 @@ static int child(void) {
   CHECK(ncclCommSplit(a, 0, 1, &gs, NULL) == 0, "split in a group");
   CHECK(ncclGroupEnd() == 0, "group end");
   standinReady(nb);
-  call(4096, kFloat32, kSum, nb); /* eligible */
+  callExpect(nb, kInProgress);    /* nonblocking: NCCL's answer comes back */
   call(4096, kFloat32, kSum, g);  /* eligible */
   call(4096, kFloat32, kSum, gs); /* eligible */
   CHECK(ncclCommDestroy(nb) == 0 && ncclCommDestroy(g) == 0 && ncclCommDestroy(gs) == 0, "destroy");
@@ -138,25 +246,75 @@ static int child(void) {
   /* A new communicator, perhaps at a freed one's address, starts afresh. */
   CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init again");
   call(4096, kFloat32, kSum, a); /* eligible */
+  CHECK(ncclCommDestroy(b) == 0, "destroy");
+  nonBlocking(id);
+  grow(a, id);
+  revokeAndSuspend(id);
+  CHECK(ncclCommDestroy(a) == 0, "destroy");
+  return 0;
+}
+
+/* NCCL_COMM_BLOCKING=0 makes every communicator non-blocking, whatever its
+ * config says. */
+static int childEnvNonBlocking(void) {
+  UniqueId id;
+  memset(&id, 0, sizeof id);
+  void *a, *b;
+  Config blk = config(1, 23007);
+  CHECK(ncclCommInitRank(&a, 2, id, 0) == kInProgress, "init");
+  CHECK(ncclCommInitRankConfig(&b, 2, id, 1, (void*)&blk) == kInProgress, "init config");
+  standinReady(a);
+  standinReady(b);
+  callExpect(a, kInProgress); /* nonblocking */
+  callExpect(b, kInProgress); /* nonblocking */
   CHECK(ncclCommDestroy(a) == 0 && ncclCommDestroy(b) == 0, "destroy");
   return 0;
 }
 
-int main(void) {
+/* Calls on a stream being captured pass through and leave the warmup (2
+ * calls here) alone: the replays of the graph never come back here. */
+static int childCapture(void) {
+  UniqueId id;
+  memset(&id, 0, sizeof id);
+  void *a, *untracked;
+  CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
+  CHECK(standinMakeComm(&untracked, 2) == 0, "stand-in comm");
+  void* graphStream = (void*)(size_t)0xca97;
+  captured_ = graphStream;
+  callOn(4096, kFloat32, kSum, a, graphStream, kSuccess);         /* capture */
+  callOn(100, kFloat32, kSum, a, graphStream, kSuccess);          /* capture (small) */
+  callOn(4096, kFloat32, kSum, untracked, graphStream, kSuccess); /* communicator */
+  callOn(4096, kFloat32, kSum, a, graphStream, kSuccess);         /* capture */
+  captured_ = NULL;
+  call(4096, kFloat32, kSum, a); /* warmup */
+  call(4096, kFloat32, kSum, a); /* warmup */
+  call(4096, kFloat32, kSum, a); /* eligible */
+  CHECK(ncclCommDestroy(a) == 0, "destroy");
+  return 0;
+}
+
+/* Runs `body` in a child with the variable `name` (unless NULL) set to
+ * `value`, under report rank `rank`, and checks that the report holds every
+ * string of `expect`. */
+static void runChild(int (*body)(void), const char* name, const char* value, int rank,
+                     const char* const* expect, size_t nExpect) {
   char dir[] = "/tmp/squall-nccl-front-XXXXXX";
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
-  char prefix[256], path[320];
+  char prefix[256], path[320], rankText[16];
   snprintf(prefix, sizeof prefix, "%s/report", dir);
+  snprintf(rankText, sizeof rankText, "%d", rank);
+  fflush(stdout);
   const pid_t pid = fork();
   if (pid == 0) {
     setenv("SQUALL_PRELOAD_REPORT", prefix, 1);
-    setenv("RANK", "5", 1);
-    return child();
+    setenv("RANK", rankText, 1);
+    if (name != NULL) setenv(name, value, 1);
+    exit(body());
   }
   int status = 0;
   waitpid(pid, &status, 0);
-  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child failed");
-  snprintf(path, sizeof path, "%s.5.json", prefix);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child of rank %d failed", rank);
+  snprintf(path, sizeof path, "%s.%d.json", prefix, rank);
   FILE* f = fopen(path, "r");
   CHECK(f != NULL, "no report %s (is LD_PRELOAD set?)", path);
   char text[4096];
@@ -166,17 +324,33 @@ int main(void) {
   remove(path);
   rmdir(dir);
   printf("%s", text);
-  const char* expect[] = {"\"calls_compressed\": 0",
-                          "\"calls_passed\": 23",
-                          "\"no_engine\": 13",
-                          "\"op\": 2",
-                          "\"dtype\": 2",
-                          "\"small\": 1",
-                          "\"group\": 2",
-                          "\"communicator\": 3",
-                          "\"rank\": 5"};
-  for (size_t i = 0; i < sizeof expect / sizeof expect[0]; ++i)
-    CHECK(strstr(text, expect[i]) != NULL, "the report lacks %s", expect[i]);
+  for (size_t i = 0; i < nExpect; ++i)
+    CHECK(strstr(text, expect[i]) != NULL, "the report of rank %d lacks %s", rank, expect[i]);
+}
+
+int main(void) {
+  static const char* const kMain[] = {"\"calls_compressed\": 0",
+                                      "\"calls_passed\": 34",
+                                      "\"no_engine\": 18",
+                                      "\"op\": 2",
+                                      "\"dtype\": 2",
+                                      "\"small\": 1",
+                                      "\"group\": 2",
+                                      "\"communicator\": 3",
+                                      "\"nonblocking\": 4",
+                                      "\"revoked\": 1",
+                                      "\"suspended\": 1",
+                                      "\"capture\": 0",
+                                      "\"rank\": 5"};
+  runChild(child, NULL, NULL, 5, kMain, sizeof kMain / sizeof kMain[0]);
+  static const char* const kEnv[] = {"\"calls_passed\": 2", "\"nonblocking\": 2",
+                                     "\"no_engine\": 0", "\"rank\": 6"};
+  runChild(childEnvNonBlocking, "NCCL_COMM_BLOCKING", "0", 6, kEnv, sizeof kEnv / sizeof kEnv[0]);
+  static const char* const kCapture[] = {"\"calls_passed\": 7", "\"capture\": 3",
+                                         "\"warmup\": 2",       "\"no_engine\": 1",
+                                         "\"communicator\": 1", "\"rank\": 7"};
+  runChild(childCapture, "SQUALL_PRELOAD_WARMUP", "2", 7, kCapture,
+           sizeof kCapture / sizeof kCapture[0]);
   printf("nccl_front: ok\n");
   return 0;
 }

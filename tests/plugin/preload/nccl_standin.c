@@ -9,15 +9,22 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* A communicator made inside a group, or with standinNonBlocking(1) (a
- * config with blocking = 0), is not ready until the group ends or the test
- * says so; NCCL refuses queries and collectives on it until then. */
+/* A communicator made inside a group, or a non-blocking one (by its
+ * config, NCCL_COMM_BLOCKING=0, or standinNonBlocking(1)), is not ready until
+ * the group ends or the test says so; NCCL refuses queries and collectives on
+ * it until then. A revoked or suspended one refuses collectives. */
 typedef struct {
-  int nranks, rank, ready;
+  int nranks, rank, ready, nonBlocking, revoked, suspended;
 } Comm;
 typedef struct {
   char internal[128];
 } UniqueId;
+/* The head of ncclConfig_t (NCCL 2.14 and later). */
+typedef struct {
+  size_t size;
+  unsigned magic, version;
+  int blocking;
+} ConfigHead;
 
 typedef struct {
   const void* send;
@@ -36,56 +43,92 @@ static size_t typeBytes(int t) {
   return t <= 1 ? 1 : t == 6 || t == 9 ? 2 : t == 4 || t == 5 || t == 8 ? 8 : 4;
 }
 
+/* A non-blocking communicator's collective returns ncclInProgress (7): NCCL
+ * finishes it in the background. */
 EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
                          void* stream) {
-  if (!((Comm*)comm)->ready) return 5; /* ncclInvalidUsage */
+  const Comm* c = comm;
+  if (!c->ready) return 5; /* ncclInvalidUsage */
   if (logged_ < 256) log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream};
+  if (c->revoked || c->suspended) return 5;
   if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
-  return 0;
+  return c->nonBlocking ? 7 : 0;
 }
-static int make(void** comm, int nranks, int rank) {
-  Comm* c = malloc(sizeof(Comm));
+/* NCCL's rule: NCCL_COMM_BLOCKING (0 or 1) first, then the config's
+ * blocking (configs of NCCL 2.14 on), then, given no config, the parent's;
+ * else blocking. */
+static int nonBlockingOf(const void* config, const Comm* parent) {
+  const char* env = getenv("NCCL_COMM_BLOCKING");
+  if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0)) return env[0] == '0';
+  if (config != NULL) {
+    const ConfigHead* h = config;
+    return h->magic == 0xcafebeefu && h->version >= 21400 && h->blocking == 0;
+  }
+  return parent != NULL ? parent->nonBlocking : nonBlocking_;
+}
+static int make(void** comm, int nranks, int rank, int nonBlocking) {
+  Comm* c = calloc(1, sizeof(Comm));
   c->nranks = nranks;
   c->rank = rank;
-  c->ready = groupDepth_ == 0 && !nonBlocking_;
+  c->nonBlocking = nonBlocking;
+  c->ready = groupDepth_ == 0 && !nonBlocking;
   if (groupDepth_ > 0 && nInGroup_ < 64) inGroup_[nInGroup_++] = c;
   *comm = c;
-  return nonBlocking_ ? 7 : 0; /* ncclInProgress */
+  return nonBlocking ? 7 : 0; /* ncclInProgress */
 }
 EXPORT int ncclCommInitRank(void** comm, int nranks, UniqueId id, int rank) {
   (void)id;
-  return make(comm, nranks, rank);
+  return make(comm, nranks, rank, nonBlockingOf(NULL, NULL));
 }
 EXPORT int ncclCommInitRankConfig(void** comm, int nranks, UniqueId id, int rank, void* config) {
   (void)id;
-  (void)config;
-  return make(comm, nranks, rank);
+  return make(comm, nranks, rank, nonBlockingOf(config, NULL));
 }
 EXPORT int ncclCommInitAll(void** comms, int ndev, const int* devs) {
   (void)devs;
-  for (int i = 0; i < ndev; ++i) make(&comms[i], ndev, i);
+  for (int i = 0; i < ndev; ++i) make(&comms[i], ndev, i, 0);
   return 0;
 }
 EXPORT int ncclCommSplit(void* comm, int color, int key, void** out, void* config) {
   (void)color;
-  (void)config;
   const Comm* c = comm;
-  return make(out, c->nranks, key % c->nranks);
+  return make(out, c->nranks, key % c->nranks, nonBlockingOf(config, c));
 }
 EXPORT int ncclCommInitRankScalable(void** comm, int nranks, int rank, int nIds, UniqueId* ids,
                                     void* config) {
   (void)nIds;
   (void)ids;
-  (void)config;
-  return make(comm, nranks, rank);
+  return make(comm, nranks, rank, nonBlockingOf(config, NULL));
 }
 EXPORT int ncclCommShrink(void* comm, int* exclude, int nExclude, void** out, void* config,
                           int flags) {
   (void)exclude;
-  (void)config;
   (void)flags;
   const Comm* c = comm;
-  return make(out, c->nranks - nExclude, 0);
+  return make(out, c->nranks - nExclude, 0, nonBlockingOf(config, c));
+}
+/* Existing ranks pass their communicator and rank -1, joining ones NULL and
+ * their new rank. */
+EXPORT int ncclCommGrow(void* comm, int nranks, const UniqueId* id, int rank, void** out,
+                        void* config) {
+  (void)id;
+  const Comm* c = comm;
+  if (out == NULL || (c != NULL && (rank != -1 || nranks <= c->nranks))) return 4;
+  return make(out, nranks, c != NULL ? c->rank : rank, nonBlockingOf(config, c));
+}
+EXPORT int ncclCommRevoke(void* comm, int flags) {
+  if (flags != 0) return 4; /* ncclInvalidArgument */
+  ((Comm*)comm)->revoked = 1;
+  return 0;
+}
+EXPORT int ncclCommSuspend(void* comm, int flags) {
+  (void)flags;
+  ((Comm*)comm)->suspended = 1;
+  return 0;
+}
+EXPORT int ncclCommResume(void* comm) {
+  ((Comm*)comm)->suspended = 0;
+  return 0;
 }
 EXPORT int ncclCommDestroy(void* comm) {
   free(comm);
@@ -148,7 +191,7 @@ EXPORT int ncclCommGetAsyncError(void* comm, int* state) {
 
 /* For the test only (not NCCL API): a communicator made behind the
  * interposer's back, and the log. */
-EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 0); }
+EXPORT int standinMakeComm(void** comm, int nranks) { return make(comm, nranks, 0, 0); }
 EXPORT int standinLogged(void) { return logged_; }
 EXPORT const Logged* standinCall(int i) { return &log_[i]; }
 EXPORT void standinProbeAbort(int on) { probeAbort_ = on; }
