@@ -321,6 +321,14 @@ using namespace squall::preload;
 
 #define SQUALL_EXPORT extern "C" [[gnu::visibility("default")]]
 
+// Passed through; exported so that the interposer's table of the real NCCL
+// can be checked against a library without a GPU (check_real_nccl.py).
+SQUALL_EXPORT ncclResult_t ncclGetVersion(int* version) {
+  const RealNccl& real = realNccl();
+  if (real.getVersion == nullptr) return missing("ncclGetVersion");
+  return real.getVersion(version);
+}
+
 SQUALL_EXPORT ncclResult_t ncclGroupStart() {
   const RealNccl& real = realNccl();
   if (real.groupStart == nullptr) return missing("ncclGroupStart");

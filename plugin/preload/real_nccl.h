@@ -1,8 +1,10 @@
-// The real NCCL: one table of its entry points, resolved on first use with
-// dlsym(RTLD_NEXT) (the library after this one in the search order), or from
-// a dlopen of SQUALL_NCCL_LIBRARY (libnccl.so.2, the library Squall's own
-// NCCL calls go to through src/transport/nccl's table) when the application
-// loads NCCL later (torch opens it lazily). Never this library's own symbols.
+// The real NCCL: one table of its entry points, resolved on first use from,
+// in order, the library after this one in the search order
+// (dlsym(RTLD_NEXT): a program linked with NCCL), the libnccl.so.2 the process
+// has already loaded (torch opens its own privately, from its nvidia-nccl
+// wheel), or a dlopen of SQUALL_NCCL_LIBRARY (libnccl.so.2 by default). The
+// version, the file and any entry point the library lacks are logged once at
+// INFO. Never this library's own symbols.
 #pragma once
 
 #include "plugin/preload/nccl_abi.h"
@@ -36,7 +38,8 @@ struct RealNccl {
   ncclResult_t (*commRevoke)(ncclComm_t, int) = nullptr;   // NCCL 2.28+; flags 0
   ncclResult_t (*commSuspend)(ncclComm_t, int) = nullptr;  // NCCL 2.29+; nccl_flags
   ncclResult_t (*commResume)(ncclComm_t) = nullptr;        // NCCL 2.29+
-  bool found = false;                                      // ncclAllReduce was resolved
+  ncclResult_t (*getVersion)(int*) = nullptr;
+  bool found = false;  // ncclAllReduce was resolved
 };
 
 // Resolved once; a missing entry stays null (its wrapper then fails with
