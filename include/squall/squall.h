@@ -175,7 +175,8 @@ typedef enum {
 } squallRedOp_t;
 
 typedef enum {
-  squallTransportDefault = 0, /* SQUALL_TRANSPORT, else ucx when built in, else tcp */
+  squallTransportDefault = 0, /* SQUALL_TRANSPORT, else ucx when built in and every
+                                 rank can load it, else tcp */
   squallTransportUcx = 1,
   squallTransportTcp = 2,
   squallTransportMpi = 3 /* only through squallCommInitFromMpi */

@@ -5,8 +5,8 @@
 // for the net). In connect(), which NCCL calls once on every head with all
 // the handles, rank 0 makes a Squall unique id and delivers it to every other
 // rank's listener; then every rank joins a core::Comm over that id
-// (rendezvous, transport from SQUALL_TRANSPORT: UCX when built in, else TCP,
-// as for Squall's own communicators).
+// (rendezvous, transport from SQUALL_TRANSPORT: UCX when built in and every
+// head can load it, else TCP, as for Squall's own communicators).
 //
 // Operations. iallreduce / iallgather / ireducescatter start an asynchronous
 // collective on that communicator. NCCL issues them in the same order on every

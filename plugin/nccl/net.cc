@@ -45,6 +45,9 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/bootstrap/socket.h"
 #include "src/common/params.h"
+#if defined(SQUALL_HAVE_UCX)
+#include "src/transport/ucx/ucx_api.h"
+#endif
 
 namespace squall::nccl_plugin {
 namespace {
@@ -418,15 +421,23 @@ Status netPlane(uint32_t* plane) {
       SQUALL_WARN(Subsys::kEnv, "SQUALL_NET_TRANSPORT=\"%s\" is not auto, ucx or tcp; using auto",
                   wanted.c_str());
 #if defined(SQUALL_HAVE_UCX)
-    if (!tcp) {
-      Status started = ucxAvailable();
-      if (started == Status::kOk) {
-        chosen = kPlaneUcx;
-      } else if (ucx) {
-        status = started;
-      } else {
-        SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX did not start; the net uses TCP");
-      }
+    std::string missing;
+    Status started = Status::kOk;
+    if (tcp) {
+      chosen = kPlaneTcp;
+    } else if (transport::findUcx(&missing) == nullptr) {
+      if (ucx)
+        status = transport::requireUcx("NET/Squall: SQUALL_NET_TRANSPORT=ucx, but ",
+                                       "or set SQUALL_NET_TRANSPORT=tcp or auto");
+      else
+        SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX was not found, so the net uses TCP: %s",
+                    missing.c_str());
+    } else if ((started = ucxAvailable()) == Status::kOk) {
+      chosen = kPlaneUcx;
+    } else if (ucx) {
+      status = started;
+    } else {
+      SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX did not start; the net uses TCP");
     }
 #else
     if (ucx)

@@ -35,9 +35,10 @@ struct NetObject {
 inline uint32_t planeOf(const void* object) { return static_cast<const NetObject*>(object)->plane; }
 
 // The plane new listeners use, from SQUALL_NET_TRANSPORT (auto: UCX when
-// built in and a UCX context can be created, else TCP), resolved once per
-// load. An explicit ucx that cannot start is an error. Connect follows the
-// handle's plane, whatever this side chose.
+// built in, loadable (SQUALL_UCX_LIBRARY) and a UCX context can be created,
+// else TCP, said in one INFO line), resolved once per load. An explicit ucx
+// that cannot be loaded or start is an error. Connect follows the handle's
+// plane, whatever this side chose.
 Status netPlane(uint32_t* plane);
 const char* planeName(uint32_t plane);
 

@@ -1,6 +1,7 @@
 // The net's UCX data plane (SQUALL_NET_TRANSPORT=ucx, or auto when UCX
 // starts): the same connections as the TCP plane, over UCP, so UCX picks
-// RDMA on IB/RoCE where it finds it and TCP otherwise.
+// RDMA on IB/RoCE where it finds it and TCP otherwise. UCX is opened at run
+// time: every call goes through the table of src/transport/ucx/ucx_api.h.
 //
 // One UCP context and worker per process, shared by every connection and
 // driven under one lock (the worker is single-threaded; NCCL's proxy threads
@@ -31,8 +32,6 @@
 // Failure. Endpoints use UCX's peer error handling: a dead peer fails the
 // endpoint, UCX fails what is in flight on it, and receives with nothing
 // buffered fail in test(), all with kRemoteError.
-#include <ucp/api/ucp.h>
-
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -47,12 +46,14 @@
 #include "plugin/nccl/abi/net_abi.h"
 #include "plugin/nccl/net.h"
 #include "src/bootstrap/bootstrap.h"
+#include "src/transport/ucx/ucx_api.h"
 
 namespace squall::nccl_plugin {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using bootstrap::SocketAddress;
+using transport::ucx;
 
 constexpr uint32_t kAmHello = 0x5351;
 constexpr uint32_t kAmAnswer = 0x5352;
@@ -125,7 +126,7 @@ void onEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* e = static_cast<Endpoint*>(arg);
   if (e->failed) return;
   e->failed = true;
-  e->why = ucs_status_string(status);
+  e->why = ucx().ucs_status_string(status);
   // A peer that closes its end normally lands here too; the requests it
   // fails say so at warning level.
   SQUALL_INFO(Subsys::kTransport, "NET/Squall: UCX endpoint failed: %s", e->why.c_str());
@@ -142,7 +143,7 @@ ucs_status_t onHello(void* /*arg*/, const void* header, size_t headerBytes, void
   return UCS_OK;
 }
 
-void freeWhenDone(void* request, ucs_status_t, void*) { ucp_request_free(request); }
+void freeWhenDone(void* request, ucs_status_t, void*) { ucx().ucp_request_free(request); }
 
 // Sends `e->out` as active message `id`, asking for a reply endpoint.
 void sendHello(Endpoint* e, uint32_t id) {
@@ -150,10 +151,11 @@ void sendHello(Endpoint* e, uint32_t id) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
   param.cb.send = &freeWhenDone;
-  ucs_status_ptr_t sent = ucp_am_send_nbx(e->ep, id, &e->out, sizeof(Hello), nullptr, 0, &param);
+  ucs_status_ptr_t sent =
+      ucx().ucp_am_send_nbx(e->ep, id, &e->out, sizeof(Hello), nullptr, 0, &param);
   if (UCS_PTR_IS_ERR(sent) && !e->failed) {
     e->failed = true;
-    e->why = ucs_status_string(UCS_PTR_STATUS(sent));
+    e->why = ucx().ucs_status_string(UCS_PTR_STATUS(sent));
   }
 }
 
@@ -171,39 +173,43 @@ void closeEndpoint(Endpoint* e, bool force) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = force || e->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t closing = ucp_ep_close_nbx(e->ep, &param);
+  ucs_status_ptr_t closing = ucx().ucp_ep_close_nbx(e->ep, &param);
   e->ep = nullptr;
   if (UCS_PTR_IS_PTR(closing)) state().closing.push_back(closing);
 }
 
 void drain() {
-  for (int i = 0; i < 64 && ucp_worker_progress(state().worker) != 0; ++i) {
+  for (int i = 0; i < 64 && ucx().ucp_worker_progress(state().worker) != 0; ++i) {
   }
 }
 
 Status openWorker() {
+  // A connect to a peer's UCX listener comes here even where netPlane()
+  // chose TCP because UCX cannot be loaded.
+  SQUALL_TRY(
+      transport::requireUcx("NET/Squall: ", "or set SQUALL_NET_TRANSPORT=tcp on every node"));
   State& s = state();
   ucp_config_t* config = nullptr;
-  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  ucs_status_t st = ucx().ucp_config_read(nullptr, nullptr, &config);
   SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
                  "NET/Squall: cannot read the UCX configuration: %s; check the UCX_* variables",
-                 ucs_status_string(st));
+                 ucx().ucs_status_string(st));
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM;
-  st = ucp_init(&params, config, &s.context);
-  ucp_config_release(config);
+  st = ucx().init(&params, config, &s.context);
+  ucx().ucp_config_release(config);
   if (st != UCS_OK) {
     s.context = nullptr;
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                        "NET/Squall: cannot initialise UCX: %s; check UCX_TLS and UCX_NET_DEVICES, "
                        "or set SQUALL_NET_TRANSPORT=tcp",
-                       ucs_status_string(st));
+                       ucx().ucs_status_string(st));
   }
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // s.mutex serialises every call
-  st = ucp_worker_create(s.context, &wparams, &s.worker);
+  st = ucx().ucp_worker_create(s.context, &wparams, &s.worker);
   if (st == UCS_OK) {
     for (uint32_t id : {kAmHello, kAmAnswer}) {
       ucp_am_handler_param_t handler{};
@@ -212,18 +218,18 @@ Status openWorker() {
       handler.id = id;
       handler.cb = &onHello;
       handler.arg = nullptr;
-      if (st == UCS_OK) st = ucp_worker_set_am_recv_handler(s.worker, &handler);
+      if (st == UCS_OK) st = ucx().ucp_worker_set_am_recv_handler(s.worker, &handler);
     }
   }
   if (st != UCS_OK) {
-    if (s.worker != nullptr) ucp_worker_destroy(s.worker);
-    ucp_cleanup(s.context);
+    if (s.worker != nullptr) ucx().ucp_worker_destroy(s.worker);
+    ucx().ucp_cleanup(s.context);
     s.worker = nullptr;
     s.context = nullptr;
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                        "NET/Squall: cannot create a UCX worker: %s; check UCX_TLS and "
                        "UCX_NET_DEVICES, or set SQUALL_NET_TRANSPORT=tcp",
-                       ucs_status_string(st));
+                       ucx().ucs_status_string(st));
   }
   return Status::kOk;
 }
@@ -244,16 +250,16 @@ void release() {
   auto deadline = Clock::now() + kCloseTimeout;
   auto busy = [&] {
     for (void* c : s.closing)
-      if (ucp_request_check_status(c) == UCS_INPROGRESS) return true;
+      if (ucx().ucp_request_check_status(c) == UCS_INPROGRESS) return true;
     return false;
   };
-  while (busy() && Clock::now() < deadline) ucp_worker_progress(s.worker);
-  for (void* c : s.closing) ucp_request_free(c);
+  while (busy() && Clock::now() < deadline) ucx().ucp_worker_progress(s.worker);
+  for (void* c : s.closing) ucx().ucp_request_free(c);
   s.closing.clear();
   s.byEp.clear();
   s.endpoints.clear();
-  ucp_worker_destroy(s.worker);
-  ucp_cleanup(s.context);
+  ucx().ucp_worker_destroy(s.worker);
+  ucx().ucp_cleanup(s.context);
   s.worker = nullptr;
   s.context = nullptr;
 }
@@ -363,11 +369,11 @@ void complete(Op* op, void* handle, ucs_status_t status, size_t length) {
     } else {
       r->error = Status::kRemoteError;
       failConn(r->conn, Status::kRemoteError,
-               std::string("UCX failed a transfer: ") + ucs_status_string(status));
+               std::string("UCX failed a transfer: ") + ucx().ucs_status_string(status));
     }
   }
   delete op;
-  if (handle != nullptr) ucp_request_free(handle);
+  if (handle != nullptr) ucx().ucp_request_free(handle);
 }
 
 void onSend(void* handle, ucs_status_t status, void* user) {
@@ -386,7 +392,7 @@ void match(Conn* c) {
       for (int i = 0; i < r->n && c->failed == Status::kOk; ++i) {
         if (r->found[i]) continue;
         ucp_tag_recv_info_t info{};
-        ucp_tag_message_h message = ucp_tag_probe_nb(
+        ucp_tag_message_h message = ucx().ucp_tag_probe_nb(
             state().worker, makeTag(c->connection, r->first + i, 0), kMatchMask, 1, &info);
         if (message == nullptr) continue;
         r->found[i] = true;
@@ -429,7 +435,7 @@ void match(Conn* c) {
         ucp_tag_recv_info_t done{};
         param.recv_info.tag_info = &done;
         ucs_status_ptr_t got =
-            ucp_tag_msg_recv_nbx(state().worker, into, info.length, message, &param);
+            ucx().ucp_tag_msg_recv_nbx(state().worker, into, info.length, message, &param);
         if (UCS_PTR_IS_PTR(got)) {
           if (op->request != nullptr) r->inFlight.push_back({got, op});
         } else {
@@ -450,7 +456,7 @@ void match(Conn* c) {
 void cancelAll(Request* r) {
   for (auto& [handle, op] : r->inFlight) {
     op->request = nullptr;
-    ucp_request_cancel(state().worker, handle);
+    ucx().ucp_request_cancel(state().worker, handle);
   }
   r->inFlight.clear();
 }
@@ -474,17 +480,17 @@ Status ucxListen(const SocketAddress& address, void* handle, void** listenComm) 
   params.sockaddr.addrlen = address.length;
   params.conn_handler.cb = &onConnectionRequest;
   params.conn_handler.arg = l.get();
-  ucs_status_t st = ucp_listener_create(state().worker, &params, &l->listener);
+  ucs_status_t st = ucx().ucp_listener_create(state().worker, &params, &l->listener);
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  if (st == UCS_OK) st = ucp_listener_query(l->listener, &attr);
+  if (st == UCS_OK) st = ucx().ucp_listener_query(l->listener, &attr);
   if (st != UCS_OK) {
-    if (l->listener != nullptr) ucp_listener_destroy(l->listener);
+    if (l->listener != nullptr) ucx().ucp_listener_destroy(l->listener);
     release();
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                        "NET/Squall: UCX cannot listen on %s: %s; UCX needs a sockaddr transport "
                        "(tcp or rdmacm) there, or set SQUALL_NET_TRANSPORT=tcp",
-                       address.toString().c_str(), ucs_status_string(st));
+                       address.toString().c_str(), ucx().ucs_status_string(st));
   }
   SocketAddress bound;
   std::memcpy(&bound.storage, &attr.sockaddr, sizeof(attr.sockaddr));
@@ -535,14 +541,14 @@ Status ucxConnect(void* handle, void** sendComm) {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler = errorHandler(e.get());
     ucp_ep_h ep = nullptr;
-    ucs_status_t st = ucp_ep_create(state().worker, &params, &ep);
+    ucs_status_t st = ucx().ucp_ep_create(state().worker, &params, &ep);
     if (st != UCS_OK) {
       release();
       connects().erase(handle);
       return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
                          "NET/Squall: UCX cannot connect to %s: %s; the handle is stale or from "
                          "another job",
-                         p->where.c_str(), ucs_status_string(st));
+                         p->where.c_str(), ucx().ucs_status_string(st));
     }
     p->e = track(ep, std::move(e));
     p->e->out = Hello{kHelloMagic, 0, h.nonce};
@@ -611,7 +617,7 @@ Status ucxAccept(void* listenComm, void** recvComm) {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler = errorHandler(e.get());
     ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(state().worker, &params, &ep) == UCS_OK)
+    if (ucx().ucp_ep_create(state().worker, &params, &ep) == UCS_OK)
       l->pending.push_back(track(ep, std::move(e)));
   }
   drain();
@@ -647,9 +653,9 @@ Status ucxAccept(void* listenComm, void** recvComm) {
 Status ucxCloseListen(void* listenComm) {
   auto* l = static_cast<Listen*>(listenComm);
   std::lock_guard<std::mutex> lock(state().mutex);
-  for (ucp_conn_request_h r : l->requests) ucp_listener_reject(l->listener, r);
+  for (ucp_conn_request_h r : l->requests) ucx().ucp_listener_reject(l->listener, r);
   for (Endpoint* e : l->pending) closeEndpoint(e, true);
-  ucp_listener_destroy(l->listener);
+  ucx().ucp_listener_destroy(l->listener);
   delete l;
   release();
   return Status::kOk;
@@ -680,8 +686,8 @@ Status ucxIsend(void* sendComm, void* data, size_t size, int tag, void** request
   param.user_data = op;
   param.datatype = ucp_dt_make_contig(1);
   c->live.insert(r);
-  ucs_status_ptr_t sent =
-      ucp_tag_send_nbx(c->e->ep, data, size, makeTag(c->connection, c->sequence++, tag), &param);
+  ucs_status_ptr_t sent = ucx().ucp_tag_send_nbx(
+      c->e->ep, data, size, makeTag(c->connection, c->sequence++, tag), &param);
   if (UCS_PTR_IS_PTR(sent))
     r->inFlight.push_back({sent, op});
   else

@@ -41,9 +41,11 @@ class Engine;
 
 // What squallConfig_t carries, already validated.
 struct CommConfig {
-  TransportKind transport = TransportKind::kTcp;  // resolved: never "default"
+  // Resolved, never "default" (kUcxOrTcp is settled when the transport is built).
+  TransportKind transport = TransportKind::kTcp;
   std::chrono::milliseconds timeout{300000};
-  // SQUALL_TRANSPORT (auto: ucx when built in, else tcp) and SQUALL_TIMEOUT_S.
+  // SQUALL_TRANSPORT (auto: ucx when built in and every rank can load it,
+  // else tcp) and SQUALL_TIMEOUT_S.
   static Status fromEnvironment(CommConfig* out);
 };
 

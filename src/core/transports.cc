@@ -2,11 +2,16 @@
 
 #include <strings.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "src/common/params.h"
 #include "src/transport/tcp/tcp_transport.h"
 #if defined(SQUALL_HAVE_UCX)
+#include "src/transport/ucx/ucx_api.h"
 #include "src/transport/ucx/ucx_transport.h"
 #endif
 
@@ -46,13 +51,53 @@ Status chooseTransport(squallTransport_t requested, TransportKind* kind) {
     if (strcasecmp(wanted.c_str(), "auto") != 0)
       SQUALL_WARN(Subsys::kEnv, "SQUALL_TRANSPORT=\"%s\" is not auto, ucx or tcp; using auto",
                   wanted.c_str());
-    *kind = kHaveUcx ? TransportKind::kUcx : TransportKind::kTcp;
+    *kind = kHaveUcx ? TransportKind::kUcxOrTcp : TransportKind::kTcp;
   }
   return Status::kOk;
 }
 
+#if defined(SQUALL_HAVE_UCX)
+namespace {
+
+// kUcxOrTcp: UCX only when every rank can load it, so that one host without
+// UCX turns the job to TCP instead of failing it. Said once per process.
+Status agreeOnUcx(bootstrap::Bootstrap& bootstrap, TransportKind* kind) {
+  std::string why;
+  const uint8_t mine = transport::findUcx(&why) != nullptr ? 1 : 0;
+  std::vector<uint8_t> all(static_cast<size_t>(bootstrap.size()));
+  SQUALL_TRY(bootstrap.allGather(&mine, sizeof(mine), all.data()));
+  const auto without = std::find(all.begin(), all.end(), uint8_t{0});
+  if (without == all.end()) {
+    *kind = TransportKind::kUcx;
+    return Status::kOk;
+  }
+  *kind = TransportKind::kTcp;
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return Status::kOk;
+  if (mine == 0) {
+    SQUALL_INFO(Subsys::kInit,
+                "UCX was not found, so TCP serves as the default transport: %s (or set "
+                "SQUALL_TRANSPORT=tcp to choose TCP without looking for UCX)",
+                why.c_str());
+  } else {
+    SQUALL_INFO(Subsys::kInit,
+                "rank %d cannot load UCX (its log says why), so TCP serves as the default "
+                "transport of communicators with it",
+                static_cast<int>(without - all.begin()));
+  }
+  return Status::kOk;
+}
+
+}  // namespace
+#endif
+
 Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
                        std::unique_ptr<transport::Transport>* out) {
+#if defined(SQUALL_HAVE_UCX)
+  if (kind == TransportKind::kUcxOrTcp) SQUALL_TRY(agreeOnUcx(bootstrap, &kind));
+#else
+  if (kind == TransportKind::kUcxOrTcp) kind = TransportKind::kTcp;
+#endif
   switch (kind) {
     case TransportKind::kTcp: return transport::createTcpTransport(bootstrap, out);
 #if defined(SQUALL_HAVE_UCX)
@@ -60,6 +105,7 @@ Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
 #else
     case TransportKind::kUcx:
 #endif
+    case TransportKind::kUcxOrTcp:
     case TransportKind::kMpi:
     case TransportKind::kNccl: break;
   }

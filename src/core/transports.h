@@ -11,11 +11,14 @@
 namespace squall::core {
 
 // kNccl: a communicator from NCCL (Comm::fromNccl); never chosen and never
-// built from a bootstrap.
-enum class TransportKind { kUcx, kTcp, kMpi, kNccl };
+// built from a bootstrap. kUcxOrTcp: UCX chosen by default, not asked for:
+// the ranks agree, when the transport is built, on UCX if every one of them
+// can load it (SQUALL_UCX_LIBRARY) and on TCP otherwise.
+enum class TransportKind { kUcx, kTcp, kMpi, kNccl, kUcxOrTcp };
 
 // Resolves squallTransportDefault through SQUALL_TRANSPORT and what was built
-// in; an explicit choice that was not built in is an error that says so.
+// in; an explicit choice that was not built in is an error that says so. An
+// explicit UCX that cannot be loaded fails when the transport is built.
 Status chooseTransport(squallTransport_t requested, TransportKind* kind);
 
 Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,

@@ -1,5 +1,7 @@
 // SQUALL_SOCKET_IFNAME restricts UCX too: with SQUALL_SOCKET_IFNAME=lo and no
-// UCX_NET_DEVICES, a UCX communicator listens on loopback only.
+// UCX_NET_DEVICES, a UCX communicator listens on loopback only. And where UCX
+// loads, it is what the default transport picks (ucx_missing_test.cc covers a
+// host without it).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -78,11 +80,34 @@ TEST(UcxIfname, ListensOnTheNamedInterfaceOnly) {
   for (squallComm_t c : comms) squallCommDestroy(c);
 }
 
+TEST(UcxDefault, TheDefaultTransportIsUcxWhereItLoads) {
+  squallUniqueId id;
+  ASSERT_EQ(squallGetUniqueId(&id), squallSuccess) << squallGetLastError();
+  squallComm_t comms[2] = {nullptr, nullptr};
+  std::thread threads[2];
+  for (int r = 0; r < 2; ++r)
+    threads[r] = std::thread([&, r] {
+      squallConfig_t c = SQUALL_CONFIG_INIT;
+      c.timeoutSeconds = 20;
+      EXPECT_EQ(squallCommInitRank(&comms[r], 2, id, r, &c), squallSuccess) << squallGetLastError();
+    });
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(comms[0] != nullptr && comms[1] != nullptr);
+  for (squallComm_t c : comms) {
+    const char* name = nullptr;
+    EXPECT_EQ(squallCommTransport(c, &name), squallSuccess);
+    EXPECT_STREQ(name, "ucx");
+  }
+  for (squallComm_t c : comms) squallCommDestroy(c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   setenv("SQUALL_SOCKET_IFNAME", "lo", 1);
   unsetenv("UCX_NET_DEVICES");
+  unsetenv("SQUALL_TRANSPORT");
+  unsetenv("SQUALL_UCX_LIBRARY");
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -1,5 +1,9 @@
 // UCX backend.
 //
+// Loading. UCX is opened at run time (ucx_api.h) and every call below goes
+// through its table; a rank that cannot load it fails init, and its peers
+// fail naming it.
+//
 // Matching. A UCP tag is 64 bits: source rank (20) | step (20) | sequence
 // (24), always matched with a full mask. Every message is sent as a two-entry
 // iov, [40-byte header, payload], the header holding the full Tag and the
@@ -45,7 +49,6 @@
 #include "src/transport/ucx/ucx_transport.h"
 
 #include <poll.h>
-#include <ucp/api/ucp.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -59,6 +62,7 @@
 
 #include "src/common/params.h"
 #include "src/transport/message_header.h"
+#include "src/transport/ucx/ucx_api.h"
 
 namespace squall::transport {
 namespace {
@@ -184,21 +188,21 @@ bool hostHasRdma() {
 
 Status UcxTransport::openWorker(bool wakeup) {
   ucp_config_t* config = nullptr;
-  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  ucs_status_t st = ucx().ucp_config_read(nullptr, nullptr, &config);
   SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
                  "could not read the UCX configuration: %s; check the UCX_* environment "
                  "variables",
-                 ucs_status_string(st));
+                 ucx().ucs_status_string(st));
   const std::string rndv = ucxRendezvousThreshold(
       paramString(Param::kUcxRndvThresh), std::getenv("UCX_RNDV_THRESH") != nullptr, hostHasRdma());
   if (!rndv.empty()) {
-    st = ucp_config_modify(config, "RNDV_THRESH", rndv.c_str());
+    st = ucx().ucp_config_modify(config, "RNDV_THRESH", rndv.c_str());
     if (st != UCS_OK) {
-      ucp_config_release(config);
+      ucx().ucp_config_release(config);
       return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
                          "UCX refused RNDV_THRESH=%s (from SQUALL_UCX_RNDV_THRESH): %s; use a "
                          "size such as 64k, inf, auto (Squall's choice) or ucx (UCX's own)",
-                         rndv.c_str(), ucs_status_string(st));
+                         rndv.c_str(), ucx().ucs_status_string(st));
     }
     SQUALL_INFO(Subsys::kTransport, "UCX rendezvous threshold %s", rndv.c_str());
   }
@@ -206,13 +210,13 @@ Status UcxTransport::openWorker(bool wakeup) {
   // otherwise listen and connect on every one. The user's UCX_NET_DEVICES wins.
   const std::string ifname = paramString(Param::kSocketIfname);
   if (!ifname.empty() && std::getenv("UCX_NET_DEVICES") == nullptr) {
-    st = ucp_config_modify(config, "NET_DEVICES", ifname.c_str());
+    st = ucx().ucp_config_modify(config, "NET_DEVICES", ifname.c_str());
     if (st != UCS_OK) {
-      ucp_config_release(config);
+      ucx().ucp_config_release(config);
       return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kTransport,
                          "UCX refused NET_DEVICES=%s (from SQUALL_SOCKET_IFNAME): %s; name an "
                          "interface of this host (ip link) or set UCX_NET_DEVICES",
-                         ifname.c_str(), ucs_status_string(st));
+                         ifname.c_str(), ucx().ucs_status_string(st));
     }
     SQUALL_INFO(Subsys::kTransport, "UCX restricted to interface %s", ifname.c_str());
   }
@@ -220,27 +224,27 @@ Status UcxTransport::openWorker(bool wakeup) {
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_ESTIMATED_NUM_EPS;
   params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
   params.estimated_num_eps = static_cast<size_t>(size_);
-  st = ucp_init(&params, config, &context_);
-  ucp_config_release(config);
+  st = ucx().init(&params, config, &context_);
+  ucx().ucp_config_release(config);
   if (st != UCS_OK) {
     context_ = nullptr;
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                        "rank %d could not initialise UCX: %s; check UCX_TLS and "
                        "UCX_NET_DEVICES, or choose another transport",
-                       rank_, ucs_status_string(st));
+                       rank_, ucx().ucs_status_string(st));
   }
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wparams.thread_mode = UCS_THREAD_MODE_SINGLE;
-  st = ucp_worker_create(context_, &wparams, &worker_);
+  st = ucx().ucp_worker_create(context_, &wparams, &worker_);
   if (st != UCS_OK) {
     worker_ = nullptr;
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                        "rank %d could not create a UCX worker: %s; check UCX_TLS and "
                        "UCX_NET_DEVICES",
-                       rank_, ucs_status_string(st));
+                       rank_, ucx().ucs_status_string(st));
   }
-  if (wakeup && ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
+  if (wakeup && ucx().ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;
   return Status::kOk;
 }
 
@@ -248,20 +252,24 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
   SQUALL_REQUIRE(size_ <= (1 << kRankBits), Status::kUnsupported, Subsys::kTransport,
                  "the UCX transport supports at most %d ranks, not %d; use fewer ranks",
                  1 << kRankBits, size_);
+  // A rank that cannot load UCX fails here but still takes part in the
+  // exchanges below, so that its peers fail too instead of timing out.
+  Status opened =
+      requireUcx("", "or choose the TCP transport (SQUALL_TRANSPORT=tcp, squallTransportTcp)");
   // Some transports cannot signal events; fall back to polling rather than
   // refusing to run.
-  Status opened = openWorker(true);
-  if (opened != Status::kOk && context_ != nullptr) {
-    ucp_cleanup(context_);
-    context_ = nullptr;
-  }
-  if (opened != Status::kOk) {
+  if (opened == Status::kOk && (opened = openWorker(true)) != Status::kOk) {
+    if (context_ != nullptr) {
+      ucx().ucp_cleanup(context_);
+      context_ = nullptr;
+    }
     SQUALL_INFO(Subsys::kTransport, "UCX without wakeup support; waits will poll");
     opened = openWorker(false);
   }
   ucp_address_t* address = nullptr;
   size_t addressBytes = 0;
-  if (opened == Status::kOk && ucp_worker_get_address(worker_, &address, &addressBytes) != UCS_OK) {
+  if (opened == Status::kOk &&
+      ucx().ucp_worker_get_address(worker_, &address, &addressBytes) != UCS_OK) {
     opened = SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                          "rank %d could not get its UCX worker address", rank_);
   }
@@ -272,13 +280,13 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
   std::vector<uint64_t> lengths(size_);
   Status gathered = bootstrap.allGather(&mine, sizeof(mine), lengths.data());
   if (gathered != Status::kOk) {
-    if (address != nullptr) ucp_worker_release_address(worker_, address);
+    if (address != nullptr) ucx().ucp_worker_release_address(worker_, address);
     return gathered;
   }
   if (opened != Status::kOk) return opened;
   for (int i = 0; i < size_; ++i) {
     if (lengths[i] == 0) {
-      ucp_worker_release_address(worker_, address);
+      ucx().ucp_worker_release_address(worker_, address);
       return SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
                          "rank %d could not start UCX (see its log); every rank must be able "
                          "to use the UCX transport",
@@ -288,7 +296,7 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
   size_t width = *std::max_element(lengths.begin(), lengths.end());
   std::vector<uint8_t> padded(width, 0), all(width * size_);
   std::memcpy(padded.data(), address, addressBytes);
-  ucp_worker_release_address(worker_, address);
+  ucx().ucp_worker_release_address(worker_, address);
   SQUALL_TRY(bootstrap.allGather(padded.data(), width, all.data()));
 
   for (int peer = 0; peer < size_; ++peer) {
@@ -299,14 +307,14 @@ Status UcxTransport::init(bootstrap::Bootstrap& bootstrap) {
     ep.err_mode = peerFailure_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &UcxTransport::onPeerError;
     ep.err_handler.arg = &slots_[peer];
-    ucs_status_t st = ucp_ep_create(worker_, &ep, &eps_[peer]);
+    ucs_status_t st = ucx().ucp_ep_create(worker_, &ep, &eps_[peer]);
     if (st != UCS_OK) {
       eps_[peer] = nullptr;
       return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
                          "rank %d could not create a UCX endpoint to rank %d: %s; the ranks "
                          "may have no transport in common (check UCX_TLS and UCX_NET_DEVICES "
                          "on both)",
-                         rank_, peer, ucs_status_string(st));
+                         rank_, peer, ucx().ucs_status_string(st));
     }
   }
   SQUALL_TRY(wireUp(bootstrap.timeout()));
@@ -352,7 +360,7 @@ UcxTransport::~UcxTransport() {
     std::vector<UcxRequest*> pendingRequests(pending_.live.begin(), pending_.live.end());
     for (UcxRequest* r : pendingRequests) {
       r->cancelling_ = true;
-      if (r->handle_ != nullptr) ucp_request_cancel(worker_, r->handle_);
+      if (r->handle_ != nullptr) ucx().ucp_request_cancel(worker_, r->handle_);
     }
     // A flush close lets queued eager data reach healthy peers; failed
     // endpoints and ones with transfers left must be forced.
@@ -362,26 +370,26 @@ UcxTransport::~UcxTransport() {
     Deadline deadline = Clock::now() + kCloseTimeout;
     auto pending = [&] {
       bool any = false;
-      for (void* c : closing_) any |= ucp_request_check_status(c) == UCS_INPROGRESS;
+      for (void* c : closing_) any |= ucx().ucp_request_check_status(c) == UCS_INPROGRESS;
       for (UcxRequest* r : pending_.live) any |= r->handle_ != nullptr;
       return any;
     };
-    while (pending() && Clock::now() < deadline) ucp_worker_progress(worker_);
-    for (void* c : closing_) ucp_request_free(c);
+    while (pending() && Clock::now() < deadline) ucx().ucp_worker_progress(worker_);
+    for (void* c : closing_) ucx().ucp_request_free(c);
     for (UcxRequest* r : pending_.live) {
       r->owner_ = nullptr;
       if (!r->done()) r->complete(Status::kRemoteError);
     }
-    ucp_worker_destroy(worker_);
+    ucx().ucp_worker_destroy(worker_);
   }
-  if (context_ != nullptr) ucp_cleanup(context_);
+  if (context_ != nullptr) ucx().ucp_cleanup(context_);
 }
 
 void UcxTransport::closeEndpoint(int peer, bool force) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  ucs_status_ptr_t closing = ucp_ep_close_nbx(eps_[peer], &param);
+  ucs_status_ptr_t closing = ucx().ucp_ep_close_nbx(eps_[peer], &param);
   eps_[peer] = nullptr;
   if (UCS_PTR_IS_PTR(closing)) closing_.push_back(closing);
 }
@@ -403,7 +411,7 @@ void UcxTransport::markFailed(int peer, ucs_status_t status) {
   std::snprintf(text, sizeof(text),
                 "rank %d's UCX endpoint failed: %s; it may have crashed or lost its network "
                 "connection (seen by rank %d)",
-                peer, ucs_status_string(status), rank_);
+                peer, ucx().ucs_status_string(status), rank_);
   failure_[peer] = text;
   SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport, "%s", text);
 }
@@ -441,7 +449,8 @@ Status UcxTransport::send(int peer, const Tag& tag, const void* data, size_t byt
     param.datatype = ucp_dt_make_iov();
   }
   pending_.track(r.get());
-  ucs_status_ptr_t sent = ucp_tag_send_nbx(eps_[peer], buffer, count, ucxTag(tag, rank_), &param);
+  ucs_status_ptr_t sent =
+      ucx().ucp_tag_send_nbx(eps_[peer], buffer, count, ucxTag(tag, rank_), &param);
   if (UCS_PTR_IS_PTR(sent)) {
     r->handle_ = sent;
   } else {
@@ -489,7 +498,7 @@ void UcxTransport::post(UcxRequest* r, ucp_tag_message_h message, size_t length)
     count = 2;
     param.datatype = ucp_dt_make_iov();
   }
-  ucs_status_ptr_t received = ucp_tag_msg_recv_nbx(worker_, buffer, count, message, &param);
+  ucs_status_ptr_t received = ucx().ucp_tag_msg_recv_nbx(worker_, buffer, count, message, &param);
   if (UCS_PTR_IS_PTR(received)) {
     r->handle_ = received;
     ++activity_;
@@ -503,7 +512,7 @@ void UcxTransport::matchReceives() {
     UcxRequest* r = *it;
     ucp_tag_recv_info_t info;
     ucp_tag_message_h message =
-        ucp_tag_probe_nb(worker_, ucxTag(r->tag(), r->peer()), kFullMask, 1, &info);
+        ucx().ucp_tag_probe_nb(worker_, ucxTag(r->tag(), r->peer()), kFullMask, 1, &info);
     if (message != nullptr) {
       it = pending_.matched(r);
       post(r, message, info.length);
@@ -521,7 +530,7 @@ void UcxTransport::matchReceives() {
 void UcxTransport::onSend(void* handle, ucs_status_t status, void* user) {
   auto* r = static_cast<UcxRequest*>(user);
   r->handle_ = nullptr;
-  ucp_request_free(handle);
+  ucx().ucp_request_free(handle);
   r->owner_->finish(r, status, 0);
 }
 
@@ -530,7 +539,7 @@ void UcxTransport::onRecv(void* handle, ucs_status_t status, const ucp_tag_recv_
   auto* r = static_cast<UcxRequest*>(user);
   r->handle_ = nullptr;
   size_t length = status == UCS_OK ? info->length : 0;
-  ucp_request_free(handle);
+  ucx().ucp_request_free(handle);
   r->owner_->finish(r, status, length);
 }
 
@@ -567,13 +576,13 @@ void UcxTransport::cancel(UcxRequest* r) {
   }
   if (r->handle_ == nullptr) return;
   r->cancelling_ = true;
-  ucp_request_cancel(worker_, r->handle_);
+  ucx().ucp_request_cancel(worker_, r->handle_);
   Deadline forceAt = Clock::now() + kCancelGrace;
   bool warned = false;
   while (r->handle_ != nullptr) {
     // Idle rounds give the core away: the peer that must take the data may
     // be waiting for it.
-    if (ucp_worker_progress(worker_) == 0) std::this_thread::yield();
+    if (ucx().ucp_worker_progress(worker_) == 0) std::this_thread::yield();
     if (r->handle_ == nullptr || eps_[r->peer()] == nullptr || Clock::now() < forceAt) continue;
     if (!peerFailure_) {
       // Forcing a close is undefined without peer error handling: all we
@@ -602,7 +611,7 @@ void UcxTransport::cancel(UcxRequest* r) {
 Status UcxTransport::progress() {
   // Drain: the worker can only be armed once ucp_worker_progress reports no
   // more events (a partial drain makes ucp_worker_arm answer busy).
-  while (ucp_worker_progress(worker_) != 0) {
+  while (ucx().ucp_worker_progress(worker_) != 0) {
   }
   matchReceives();
   return Status::kOk;
@@ -625,11 +634,11 @@ Status UcxTransport::waitForActivity(Deadline until) {
       std::this_thread::yield();
       break;
     }
-    ucs_status_t st = ucp_worker_arm(worker_);
+    ucs_status_t st = ucx().ucp_worker_arm(worker_);
     if (st == UCS_ERR_BUSY) continue;  // events arrived since the drain: progress them
     SQUALL_REQUIRE(st == UCS_OK, Status::kSystemError, Subsys::kTransport,
                    "rank %d could not arm its UCX worker for a blocking wait: %s", rank_,
-                   ucs_status_string(st));
+                   ucx().ucs_status_string(st));
     auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
     pollfd fd{efd_, POLLIN, 0};
     int timeout = static_cast<int>(std::clamp<int64_t>(left.count(), 1, kMaxSleep.count()));

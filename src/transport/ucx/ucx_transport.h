@@ -3,8 +3,10 @@
 // One UCP context and worker per transport, with an endpoint to every rank
 // (itself included) created from worker addresses exchanged over the
 // bootstrap. UCX chooses the wires (shared memory inside a host, TCP, RDMA
-// where present; UCX_TLS and UCX_NET_DEVICES still apply). See
-// ucx_transport.cc for the tag layout, matching and failure handling.
+// where present; UCX_TLS and UCX_NET_DEVICES still apply). UCX is opened at
+// run time (ucx_api.h): where it cannot be loaded, creating the transport
+// fails on that rank, and on its peers naming it. See ucx_transport.cc for
+// the tag layout, matching and failure handling.
 #pragma once
 
 #include <memory>

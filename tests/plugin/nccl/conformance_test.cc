@@ -1302,6 +1302,115 @@ TEST(NetUcx, ForgedTagsDoNotReachAReceive) {
   };
   expectAllZero(runRanks(3, body, relay));
 }
+
+// What the plugin logged through NCCL's logger (a child's own copy).
+std::string gLogged;
+void capturingLogger(wire::LogLevel, unsigned long, const char*, int, const char* format, ...) {
+  char text[2048];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(text, sizeof(text), format, args);
+  va_end(args);
+  gLogged += text;
+  gLogged += '\n';
+}
+int timesLogged(const char* text) {
+  int n = 0;
+  for (size_t at = gLogged.find(text); at != std::string::npos; at = gLogged.find(text, at + 1))
+    ++n;
+  return n;
+}
+
+// A host without UCX, played with SQUALL_UCX_LIBRARY naming no library: auto
+// listens on TCP and says why once, an explicit ucx fails init saying what to
+// install, and connecting to a peer that listens on UCX fails the same way.
+TEST(NetPlanes, WithoutUcxAutoUsesTcpAndExplicitUcxFails) {
+  static constexpr const char* kMissing = "/nonexistent/squall-test/libucp.so.0";
+  auto withoutUcx = [](const char* plane) {
+    setenv("SQUALL_UCX_LIBRARY", kMissing, 1);
+    setenv("SQUALL_NET_TRANSPORT", plane, 1);
+    setenv("SQUALL_DEBUG", "INFO", 1);
+    void* lib = loadPlugin();
+    return static_cast<wire::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
+  };
+  auto codes = runRanks(1, [&](int, int) {
+    wire::NetV11* t = withoutUcx("auto");
+    wire::CommConfig config{-1};
+    void* ctx[2] = {nullptr, nullptr};
+    for (void*& c : ctx) CHECK_OK(t->init(&c, 7, &config, capturingLogger, nullptr));
+    char handle[wire::kHandleMaxBytes];
+    void* lc = nullptr;
+    CHECK_OK(t->listen(ctx[0], 0, handle, &lc));
+    void* sc = nullptr;
+    void* rc = nullptr;
+    wire::NetDeviceHandle* dh = nullptr;
+    auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (sc == nullptr || rc == nullptr) {
+      if (sc == nullptr) CHECK_OK(t->connect(ctx[1], 0, handle, &sc, &dh));
+      if (rc == nullptr) CHECK_OK(t->accept(lc, &rc, &dh));
+      CHECK(Clock::now() < deadline, "connect over TCP");
+    }
+    CHECK(timesLogged("UCX was not found, so the net uses TCP") == 1,
+          "the fallback was said %d times, not once:\n%s",
+          timesLogged("UCX was not found, so the net uses TCP"), gLogged.c_str());
+    CHECK(timesLogged(kMissing) == 1 && timesLogged("libucx0") == 1,
+          "the fallback does not say what is missing and what to install:\n%s", gLogged.c_str());
+    CHECK_OK(t->closeSend(sc));
+    CHECK_OK(t->closeRecv(rc));
+    CHECK_OK(t->closeListen(lc));
+    for (void* c : ctx) CHECK_OK(t->finalize(c));
+  });
+  expectAllZero(codes);
+  codes = runRanks(1, [&](int, int) {
+    wire::NetV11* t = withoutUcx("ucx");
+    wire::CommConfig config{-1};
+    void* ctx = nullptr;
+    CHECK(t->init(&ctx, 7, &config, capturingLogger, nullptr) != wire::kSuccess,
+          "init with SQUALL_NET_TRANSPORT=ucx succeeded without UCX");
+    CHECK(timesLogged("SQUALL_NET_TRANSPORT=ucx, but UCX could not be loaded") == 1 &&
+              timesLogged("libucx0") >= 1 && timesLogged("SQUALL_UCX_LIBRARY") >= 1,
+          "the refusal does not say what is missing and what to do:\n%s", gLogged.c_str());
+  });
+  expectAllZero(codes);
+
+  auto probe = runRanks(1, [](int, int) {
+    setenv("SQUALL_NET_TRANSPORT", "ucx", 1);
+    auto net = openNet(loadPlugin(), 11);
+    _exit(net->init() == wire::kSuccess ? 0 : 3);
+  });
+  if (probe[0] == 3) GTEST_SKIP() << "no UCX data plane to connect to (UCX does not start)";
+  // Rank 0 listens on UCX and leaves: the connector fails before it reaches
+  // the network, on loading UCX.
+  auto body = [&](int rank, int fd) {
+    if (rank == 0) {
+      setenv("SQUALL_NET_TRANSPORT", "ucx", 1);
+      auto net = openNet(loadPlugin(), 11);
+      CHECK_OK(net->init());
+      char handle[wire::kHandleMaxBytes];
+      void* lc = nullptr;
+      CHECK_OK(net->listen(0, handle, &lc));
+      writeAll(fd, handle, sizeof(handle));
+      CHECK_OK(net->closeListen(lc));
+      CHECK_OK(net->finalize());
+      return;
+    }
+    wire::NetV11* t = withoutUcx("auto");
+    wire::CommConfig config{-1};
+    void* ctx = nullptr;
+    CHECK_OK(t->init(&ctx, 7, &config, capturingLogger, nullptr));
+    char handle[wire::kHandleMaxBytes];
+    readAll(fd, handle, sizeof(handle));
+    void* sc = nullptr;
+    wire::NetDeviceHandle* dh = nullptr;
+    CHECK(t->connect(ctx, 0, handle, &sc, &dh) != wire::kSuccess && sc == nullptr,
+          "connected to a UCX listener without UCX");
+    CHECK(timesLogged("UCX could not be loaded") >= 1 &&
+              timesLogged("set SQUALL_NET_TRANSPORT=tcp on every node") >= 1,
+          "the failed connect does not say what to do:\n%s", gLogged.c_str());
+    CHECK_OK(t->finalize(ctx));
+  };
+  expectAllZero(runRanks(2, body, relayPair));
+}
 #endif
 
 // Garbage, stale and foreign handles fail connect, each in bounded time.
