@@ -207,8 +207,11 @@ SQUALL_API squallResult_t squallCommInitRank(squallComm_t* comm, int nranks, squ
 /* torchrun / launcher style: MASTER_ADDR, MASTER_PORT (+ SQUALL_PORT_OFFSET) or
  * SQUALL_PORT, RANK, WORLD_SIZE. */
 SQUALL_API squallResult_t squallCommInitFromEnv(squallComm_t* comm, const squallConfig_t* config);
-/* Runs over an existing MPI communicator: `mpiComm` points to an MPI_Comm.
- * squallUnsupported when Squall was built without MPI. */
+/* Runs over an existing MPI communicator: `mpiComm` points to an MPI_Comm of
+ * the MPI the process has loaded, which must be Open MPI (libmpi.so.40; found
+ * at run time, SQUALL_MPI_LIBRARY when none is loaded). squallUnsupported when
+ * Squall was built without MPI, or when that MPI is not Open MPI or cannot be
+ * found. */
 SQUALL_API squallResult_t squallCommInitFromMpi(squallComm_t* comm, const void* mpiComm,
                                                 const squallConfig_t* config);
 /* Ranks with the same color form a new communicator, ordered by (key, rank).

@@ -146,8 +146,10 @@ class Comm {
                        const CommConfig& config, std::unique_ptr<Comm>* out);
   // The same from MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE (torchrun).
   static Status fromEnv(const CommConfig& config, std::unique_ptr<Comm>* out);
-  // Over an existing MPI communicator (`mpiComm` points to an MPI_Comm);
-  // config.transport is ignored. kUnsupported in a build without MPI.
+  // Over an existing MPI communicator (`mpiComm` points to an MPI_Comm of
+  // the Open MPI the process has loaded); config.transport is ignored.
+  // kUnsupported in a build without MPI, or when the process's MPI is not
+  // Open MPI's ABI or no Open MPI can be loaded.
   static Status fromMpi(const void* mpiComm, const CommConfig& config, std::unique_ptr<Comm>* out);
   // Over a borrowed ncclComm_t (it must outlive the Comm). kUnsupported in a
   // build without CUDA and NCCL, or when NCCL cannot be loaded.

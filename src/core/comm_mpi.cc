@@ -1,6 +1,6 @@
-// Comm::fromMpi on its own, and built only with MPI: a program or plugin that
-// never builds a communicator over MPI links no MPI object from the static
-// core library, so nothing it produces needs libmpi.
+// Comm::fromMpi, built where Open MPI's headers are found (else
+// comm_mpi_stub.cc). It links no libmpi: the MPI transport calls the MPI the
+// process has loaded, found at run time (src/transport/mpi/mpi_table.h).
 #include "src/core/comm.h"
 #include "src/core/engine.h"
 #include "src/transport/mpi/mpi_transport.h"

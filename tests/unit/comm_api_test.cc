@@ -1,5 +1,6 @@
 // The communicator C API end to end: ranks as threads and as processes, over
 // every transport built in, through libsquall's public functions only.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -580,6 +581,27 @@ TEST(CommEnv, MpiIsRefusedOutsideInitFromMpi) {
   squallComm_t comm = nullptr;
   EXPECT_EQ(squallCommInitRank(&comm, 1, id, 0, &c), squallInvalidUsage);
   EXPECT_NE(std::string(squallGetLastError()).find("squallCommInitFromMpi"), std::string::npos);
+}
+
+// libsquall.so needs no MPI: a process that loaded none can still load it,
+// and a communicator from MPI then fails with what to install or set.
+TEST(CommEnv, InitFromMpiWithoutMpiSaysWhatToDo) {
+  void* mpi = dlopen("libmpi.so.40", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_EQ(mpi, nullptr) << "loading libsquall.so must not load libmpi";
+  setenv("SQUALL_MPI_LIBRARY", "/nonexistent/libmpi.so.40", 1);
+  int unused = 0;  // never read: the call fails before MPI sees it
+  squallComm_t comm = nullptr;
+  EXPECT_EQ(squallCommInitFromMpi(&comm, &unused, nullptr), squallUnsupported);
+  unsetenv("SQUALL_MPI_LIBRARY");
+  EXPECT_EQ(comm, nullptr);
+  const std::string error = squallGetLastError();
+#ifdef SQUALL_HAVE_MPI
+  EXPECT_NE(error.find("/nonexistent/libmpi.so.40"), std::string::npos) << error;
+  EXPECT_NE(error.find("SQUALL_MPI_LIBRARY"), std::string::npos) << error;
+#else
+  EXPECT_NE(error.find("built without MPI"), std::string::npos) << error;
+#endif
+  EXPECT_EQ(dlopen("libmpi.so.40", RTLD_NOW | RTLD_NOLOAD), nullptr);
 }
 
 // The GPU entry points exist in every build. Without CUDA/NCCL they return

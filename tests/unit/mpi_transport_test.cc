@@ -4,12 +4,14 @@
 // early cannot hang the others for long.
 #include "src/transport/mpi/mpi_transport.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <string>
 #include <vector>
 
+#include "src/transport/mpi/mpi_table.h"
 #include "tests/unit/transport_exchange.h"
 
 namespace squall::transport {
@@ -24,6 +26,30 @@ std::unique_ptr<Transport> makeMpi() {
   std::unique_ptr<Transport> transport;
   EXPECT_EQ(createMpiTransport(MPI_COMM_WORLD, &transport), Status::kOk) << lastError();
   return transport;
+}
+
+// The table is this program's MPI: its libmpi's functions, and the
+// predefined handles as the program sees them. This program names all four,
+// so the linker copies their objects into it (copy relocations) and libmpi
+// uses those copies, not its own.
+TEST(MpiTransport, TableIsTheProgramsMpi) {
+  const mpi::Table* table = nullptr;
+  ASSERT_EQ(mpi::mpiTable(&table), Status::kOk) << lastError();
+  void* lib = dlopen("libmpi.so.40", RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(lib, nullptr);
+  EXPECT_EQ(reinterpret_cast<void*>(table->Isend), dlsym(lib, "MPI_Isend"));
+  EXPECT_EQ(reinterpret_cast<void*>(table->Comm_dup), dlsym(lib, "MPI_Comm_dup"));
+  dlclose(lib);
+  EXPECT_EQ(table->byte, MPI_BYTE);
+  EXPECT_EQ(table->commNull, MPI_COMM_NULL);
+  EXPECT_EQ(table->errorsReturn, MPI_ERRORS_RETURN);
+  EXPECT_EQ(table->requestNull, MPI_REQUEST_NULL);
+  EXPECT_NE(std::string(table->origin).find("(already loaded)"), std::string::npos)
+      << table->origin;
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  EXPECT_EQ(std::string(version).rfind(table->version, 0), 0u) << table->version;
 }
 
 TEST(MpiTransport, AllSizesToAllRanks) {

@@ -25,6 +25,9 @@
 // does for sends already started), so destroying a large pending send can
 // block until the receiver takes it.
 //
+// Every MPI call goes through the table of the process's libmpi
+// (mpi_table.h), so nothing here links libmpi.
+//
 // Failures: the communicator gets MPI_ERRORS_RETURN and every failing call is
 // described with MPI's error string, but most MPI libraries abort the job
 // when a process dies, so a crashed peer usually ends the run rather than
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include "src/transport/message_header.h"
+#include "src/transport/mpi/mpi_table.h"
 
 namespace squall::transport {
 namespace {
@@ -47,31 +51,32 @@ constexpr size_t kMaxBlock = size_t{1} << 30;
 constexpr auto kSpinBeforeSleep = std::chrono::milliseconds(1);
 constexpr auto kIdleSleep = std::chrono::microseconds(50);
 
-std::string mpiError(int code) {
+std::string mpiError(const mpi::Table& lib, int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  MPI_Error_string(code, text, &length);
+  lib.Error_string(code, text, &length);
   return std::string(text, static_cast<size_t>(length));
 }
 
 // One committed datatype covering `pieces` at their absolute addresses, to be
 // used with MPI_BOTTOM and count 1.
-Status makeType(std::initializer_list<std::pair<void*, size_t>> pieces, MPI_Datatype* type) {
+Status makeType(const mpi::Table& lib, std::initializer_list<std::pair<void*, size_t>> pieces,
+                MPI_Datatype* type) {
   std::vector<int> lengths;
   std::vector<MPI_Aint> displacements;
   for (auto [base, bytes] : pieces) {
     for (size_t off = 0; off < bytes; off += kMaxBlock) {
       MPI_Aint address;
-      MPI_Get_address(static_cast<char*>(base) + off, &address);
+      lib.Get_address(static_cast<char*>(base) + off, &address);
       displacements.push_back(address);
       lengths.push_back(static_cast<int>(std::min(kMaxBlock, bytes - off)));
     }
   }
-  int rc = MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(),
-                                    displacements.data(), MPI_BYTE, type);
-  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(type);
+  int rc = lib.Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(),
+                                    displacements.data(), lib.byte, type);
+  if (rc == MPI_SUCCESS) rc = lib.Type_commit(type);
   SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kSystemError, Subsys::kTransport,
-                 "could not build an MPI datatype for a message: %s", mpiError(rc).c_str());
+                 "could not build an MPI datatype for a message: %s", mpiError(lib, rc).c_str());
   return Status::kOk;
 }
 
@@ -79,19 +84,21 @@ class MpiTransport;
 
 class MpiRequest final : public HeaderedRequest<MpiRequest> {
  public:
-  MpiRequest(MpiTransport* owner, bool isSend, int peer, const Tag& tag, void* data, size_t bytes)
-      : HeaderedRequest(isSend, peer, tag, data, bytes), owner_(owner) {}
+  MpiRequest(MpiTransport* owner, MPI_Request none, bool isSend, int peer, const Tag& tag,
+             void* data, size_t bytes)
+      : HeaderedRequest(isSend, peer, tag, data, bytes), owner_(owner), mpi_(none) {}
   ~MpiRequest() override;
 
  private:
   friend class MpiTransport;
   MpiTransport* owner_;   // nullptr once the transport is gone
   MPI_Count length_ = 0;  // a matched receive's message length
-  MPI_Request mpi_ = MPI_REQUEST_NULL;
+  MPI_Request mpi_;       // MPI_REQUEST_NULL when none is in flight
 };
 
 class MpiTransport final : public Transport {
  public:
+  explicit MpiTransport(const mpi::Table& lib) : lib_(lib), comm_(lib.commNull) {}
   ~MpiTransport() override;
 
   Status init(MPI_Comm comm);
@@ -118,7 +125,8 @@ class MpiTransport final : public Transport {
   Status post(MpiRequest* r, MPI_Message message, MPI_Count length);
   void finish(MpiRequest* r, Status status);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  const mpi::Table& lib_;  // the process's libmpi
+  MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 0;
   int tagBits_ = 15;
@@ -133,30 +141,30 @@ MpiRequest::~MpiRequest() {
 
 Status MpiTransport::init(MPI_Comm comm) {
   int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
+  lib_.Initialized(&initialized);
+  lib_.Finalized(&finalized);
   SQUALL_REQUIRE(initialized && !finalized, Status::kInvalidUsage, Subsys::kTransport,
                  "the MPI transport needs MPI to be initialised (and not yet finalised); call "
                  "MPI_Init_thread before creating it");
   int level = MPI_THREAD_SINGLE, isMain = 0;
-  MPI_Query_thread(&level);
-  MPI_Is_thread_main(&isMain);
+  lib_.Query_thread(&level);
+  lib_.Is_thread_main(&isMain);
   SQUALL_REQUIRE(level >= MPI_THREAD_SERIALIZED || isMain, Status::kUnsupported, Subsys::kTransport,
                  "MPI was initialised below MPI_THREAD_SERIALIZED and this is not the thread "
                  "that initialised it; initialise MPI with MPI_THREAD_SERIALIZED or use the "
                  "transport from the main thread");
-  int rc = MPI_Comm_dup(comm, &comm_);
+  int rc = lib_.Comm_dup(comm, &comm_);
   if (rc != MPI_SUCCESS) {
-    comm_ = MPI_COMM_NULL;
+    comm_ = lib_.commNull;
     return SQUALL_FAIL(Status::kSystemError, Subsys::kTransport,
-                       "could not duplicate the MPI communicator: %s", mpiError(rc).c_str());
+                       "could not duplicate the MPI communicator: %s", mpiError(lib_, rc).c_str());
   }
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  lib_.Comm_set_errhandler(comm_, lib_.errorsReturn);
+  lib_.Comm_rank(comm_, &rank_);
+  lib_.Comm_size(comm_, &size_);
   void* attribute = nullptr;
   int found = 0;
-  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attribute, &found);
+  lib_.Comm_get_attr(comm_, MPI_TAG_UB, &attribute, &found);
   int64_t tagUb = found ? *static_cast<int*>(attribute) : 32767;  // the standard's minimum
   tagBits_ = 0;
   while (tagBits_ < 62 && (int64_t{1} << (tagBits_ + 1)) - 1 <= tagUb) ++tagBits_;
@@ -168,14 +176,14 @@ Status MpiTransport::init(MPI_Comm comm) {
 
 MpiTransport::~MpiTransport() {
   int finalized = 0;
-  MPI_Finalized(&finalized);
+  lib_.Finalized(&finalized);
   std::vector<MpiRequest*> pending(pending_.live.begin(), pending_.live.end());
   for (MpiRequest* r : pending) {
     if (!finalized) cancel(r);
     r->owner_ = nullptr;
     if (!r->done()) r->complete(Status::kInternal);
   }
-  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+  if (comm_ != lib_.commNull && !finalized) lib_.Comm_free(&comm_);
 }
 
 Status MpiTransport::checkPeer(int peer, const char* what) const {
@@ -187,15 +195,16 @@ Status MpiTransport::checkPeer(int peer, const char* what) const {
 Status MpiTransport::send(int peer, const Tag& tag, const void* data, size_t bytes,
                           RequestPtr* request) {
   SQUALL_TRY(checkPeer(peer, "send to"));
-  auto r = std::make_unique<MpiRequest>(this, true, peer, tag, const_cast<void*>(data), bytes);
+  auto r = std::make_unique<MpiRequest>(this, lib_.requestNull, true, peer, tag,
+                                        const_cast<void*>(data), bytes);
   encodeMessageHeader(tag, bytes, r->header());
   MPI_Datatype type;
-  SQUALL_TRY(makeType({{r->header(), kMessageHeaderBytes}, {r->data(), bytes}}, &type));
-  int rc = MPI_Isend(MPI_BOTTOM, 1, type, peer, mpiTag(tag), comm_, &r->mpi_);
-  MPI_Type_free(&type);  // pending operations keep their own reference
+  SQUALL_TRY(makeType(lib_, {{r->header(), kMessageHeaderBytes}, {r->data(), bytes}}, &type));
+  int rc = lib_.Isend(MPI_BOTTOM, 1, type, peer, mpiTag(tag), comm_, &r->mpi_);
+  lib_.Type_free(&type);  // pending operations keep their own reference
   SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
                  "rank %d could not send %s to rank %d: %s", rank_, describe(tag).c_str(), peer,
-                 mpiError(rc).c_str());
+                 mpiError(lib_, rc).c_str());
   pending_.track(r.get());
   *request = std::move(r);
   return Status::kOk;
@@ -203,7 +212,7 @@ Status MpiTransport::send(int peer, const Tag& tag, const void* data, size_t byt
 
 Status MpiTransport::recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
   SQUALL_TRY(checkPeer(peer, "receive from"));
-  auto r = std::make_unique<MpiRequest>(this, false, peer, tag, data, bytes);
+  auto r = std::make_unique<MpiRequest>(this, lib_.requestNull, false, peer, tag, data, bytes);
   pending_.queueReceive(r.get());
   *request = std::move(r);
   return Status::kOk;
@@ -213,16 +222,17 @@ Status MpiTransport::post(MpiRequest* r, MPI_Message message, MPI_Count length) 
   r->length_ = length;
   MPI_Datatype type;
   if (r->fits(static_cast<size_t>(length))) {
-    SQUALL_TRY(makeType({{r->header(), kMessageHeaderBytes}, {r->data(), r->bytes()}}, &type));
+    SQUALL_TRY(
+        makeType(lib_, {{r->header(), kMessageHeaderBytes}, {r->data(), r->bytes()}}, &type));
   } else {
     size_t bytes = static_cast<size_t>(length);
-    SQUALL_TRY(makeType({{r->bounce(bytes), bytes}}, &type));
+    SQUALL_TRY(makeType(lib_, {{r->bounce(bytes), bytes}}, &type));
   }
-  int rc = MPI_Imrecv(MPI_BOTTOM, 1, type, &message, &r->mpi_);
-  MPI_Type_free(&type);
+  int rc = lib_.Imrecv(MPI_BOTTOM, 1, type, &message, &r->mpi_);
+  lib_.Type_free(&type);
   SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
                  "rank %d could not receive %s from rank %d: %s", rank_, describe(r->tag()).c_str(),
-                 r->peer(), mpiError(rc).c_str());
+                 r->peer(), mpiError(lib_, rc).c_str());
   return Status::kOk;
 }
 
@@ -240,17 +250,17 @@ Status MpiTransport::progress() {
     int flag = 0;
     MPI_Message message;
     MPI_Status status;
-    int rc = MPI_Improbe(r->peer(), mpiTag(r->tag()), comm_, &flag, &message, &status);
+    int rc = lib_.Improbe(r->peer(), mpiTag(r->tag()), comm_, &flag, &message, &status);
     SQUALL_REQUIRE(rc == MPI_SUCCESS, Status::kRemoteError, Subsys::kTransport,
                    "rank %d could not probe for a message from rank %d: %s", rank_, r->peer(),
-                   mpiError(rc).c_str());
+                   mpiError(lib_, rc).c_str());
     if (!flag) {
       ++it;
       continue;
     }
     it = pending_.matched(r);
     MPI_Count length = 0;
-    MPI_Get_elements_x(&status, MPI_BYTE, &length);
+    lib_.Get_elements_x(&status, lib_.byte, &length);
     Status posted = post(r, message, length);
     if (posted != Status::kOk) finish(r, posted);
   }
@@ -260,12 +270,12 @@ Status MpiTransport::progress() {
   for (MpiRequest* r : active) {
     int flag = 0;
     MPI_Status status;
-    int rc = MPI_Test(&r->mpi_, &flag, &status);
+    int rc = lib_.Test(&r->mpi_, &flag, &status);
     if (rc != MPI_SUCCESS) {
       finish(r, SQUALL_FAIL(Status::kRemoteError, Subsys::kTransport,
                             "rank %d's %s rank %d failed: %s", rank_,
                             r->isSend() ? "send to" : "receive from", r->peer(),
-                            mpiError(rc).c_str()));
+                            mpiError(lib_, rc).c_str()));
     } else if (flag) {
       finish(r, Status::kOk);
     }
@@ -286,9 +296,9 @@ Status MpiTransport::waitForActivity(Deadline until) {
 }
 
 void MpiTransport::cancel(MpiRequest* r) {
-  if (!r->waiting_ && r->mpi_ != MPI_REQUEST_NULL) {
-    if (r->isSend()) MPI_Cancel(&r->mpi_);
-    MPI_Wait(&r->mpi_, MPI_STATUS_IGNORE);
+  if (!r->waiting_ && r->mpi_ != lib_.requestNull) {
+    if (r->isSend()) lib_.Cancel(&r->mpi_);
+    lib_.Wait(&r->mpi_, MPI_STATUS_IGNORE);
   }
   pending_.untrack(r);
 }
@@ -296,7 +306,9 @@ void MpiTransport::cancel(MpiRequest* r) {
 }  // namespace
 
 Status createMpiTransport(MPI_Comm comm, std::unique_ptr<Transport>* out) {
-  auto transport = std::make_unique<MpiTransport>();
+  const mpi::Table* lib = nullptr;
+  SQUALL_TRY(mpi::mpiTable(&lib));
+  auto transport = std::make_unique<MpiTransport>(*lib);
   SQUALL_TRY(transport->init(comm));
   *out = std::move(transport);
   return Status::kOk;
