@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what is missing, builds with
-# warnings as errors, runs every test, then rebuilds the unit tests with
+# warnings as errors, runs every test (the Python suite under Debian's torch
+# and again under PyPI's newest, in a venv it makes), then rebuilds the unit tests with
 # AddressSanitizer + UndefinedBehaviorSanitizer and with ThreadSanitizer and
 # runs them again.
 set -euo pipefail
@@ -21,6 +22,11 @@ echo "== python"
 # collected) is a failure too.
 SQUALL_LIBRARY="$PWD/build/src/core/libsquall.so" /usr/bin/python3 -m pytest python/tests -q ||
   { rc=$?; echo "python tests failed (pytest exit code $rc)" >&2; exit 1; }
+
+echo "== python, PyPI's torch 2.15.0 with its own NCCL and CUDA wheels"
+# What most users run: a venv without system site packages, squall installed
+# with pip, both import orders (scripts/pypi_torch.sh).
+scripts/pypi_torch.sh build
 
 echo "== format"
 scripts/check_format.sh

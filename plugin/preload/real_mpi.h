@@ -1,7 +1,8 @@
 // The MPI functions the interposer itself calls. They are the profiling
 // (PMPI_) entry points, which the interposer never defines, so nothing it
-// calls can come back into it; Squall's MPI transport reaches MPI only through
-// functions the interposer does not define (it calls no MPI_Allreduce).
+// calls can come back into it; Squall's MPI transport resolves its entry points
+// from libmpi's own handle (src/transport/mpi/mpi_table.h), never through the
+// interposer's exports.
 #pragma once
 
 #include <mpi.h>

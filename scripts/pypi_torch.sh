@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The Python side against what most users run: PyPI's torch 2.15.0, with its
+# own NCCL (nvidia-nccl-cu13 2.30.7) and CUDA 13.2 runtime wheels, in a venv
+# without system site packages, with Squall installed into it the way
+# docs/python.md says (`pip install ./python` after building).
+#
+#   scripts/pypi_torch.sh [BUILD_DIR]     (default: build)
+#
+# It runs, in that venv and with no extra environment:
+#   - the NEEDED check on the installed package's copy of libsquall.so;
+#   - the Python suite twice: squall imported before torch, then after;
+#   - the README's Python example (2 ranks under torchrun), in both orders;
+#   - the NCCL tables of Squall and of the interposer against the wheel's
+#     real libnccl.so.2 (dlopen/dlsym and ncclGetVersion; no GPU needed).
+# The venv is kept in $SQUALL_TORCH_VENV (default BUILD_DIR/venv-torch) and
+# reused while its torch is the wanted one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${1:-build}"
+venv="${SQUALL_TORCH_VENV:-$build/venv-torch}"
+torch_version="${SQUALL_TORCH_VERSION:-2.15.0}"
+nccl_version="${SQUALL_TORCH_NCCL_VERSION:-2.30.7}"
+
+if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+  echo "pypi torch: making $venv with torch $torch_version (a few GB, a few minutes)"
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" \
+    "nvidia-nccl-cu13==$nccl_version" numpy pytest
+fi
+py="$venv/bin/python"
+# As a user who activated the venv: its torchrun and squallrun come first.
+venv_bin=$(cd "$venv/bin" && pwd)
+export PATH="$venv_bin:$PATH"
+py="$venv_bin/python"
+"$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./python
+rm -rf python/build
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+nccl_lib="$site/nvidia/nccl/lib/libnccl.so.2"
+echo "pypi torch: $("$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "NCCL", ".".join(map(str, torch.cuda.nccl.version())))')"
+
+echo "-- the installed package's library"
+"$py" tests/link/check_needed.py "$site/squall/_libs/libsquall.so"
+
+echo "-- NCCL tables against the wheel's $nccl_lib"
+for filter in 'NcclTableTest.TheRealLibrary*' 'NcclTableResolution.*'; do
+  SQUALL_TEST_NCCL_LIBRARY="$nccl_lib" SQUALL_TEST_NCCL_VERSION="$nccl_version" \
+    timeout 60 "$build/tests/nccl_table_test" --gtest_filter="$filter" --gtest_brief=1
+done
+if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
+  "$py" tests/plugin/preload/check_real_nccl.py "$build/plugin/preload/libsquall-preload-nccl.so" \
+    "$nccl_lib" "$nccl_version"
+fi
+
+# The suite runs the checkout's package (the same files pip installed) against
+# this build's library, importing squall and torch in the order
+# SQUALL_TEST_IMPORT_FIRST names (python/tests/conftest.py); the README
+# example and squallrun use the installed package.
+for first in squall torch; do
+  echo "-- the Python suite, $first imported first"
+  env -u SQUALL_LIBRARY SQUALL_TEST_IMPORT_FIRST=$first \
+    timeout 1800 "$py" -m pytest python/tests -q -p no:cacheprovider ||
+    { rc=$?; echo "pypi torch: the suite failed with $first first (pytest exit code $rc)" >&2; exit 1; }
+  echo "-- the README example (installed package), $first imported first"
+  (cd /tmp && env -u SQUALL_LIBRARY timeout 300 "$py" "$OLDPWD/python/tests/readme_example.py" \
+    --import-first $first)
+done
+
+echo "-- squallrun (installed) --hook onebit on an unmodified DDP script, 2 ranks"
+tmp=$(mktemp -d)
+(cd "$tmp" && env -u SQUALL_LIBRARY SQUALL_RUN_REPORT="$tmp" SQUALL_SOCKET_IFNAME=lo \
+  SQUALL_TRANSPORT=tcp GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 \
+  timeout 300 "$venv_bin/squallrun" --hook onebit --warmup 2 -- "$venv_bin/torchrun" --standalone \
+  --nproc_per_node 2 "$OLDPWD/python/tests/plain_train.py" "$tmp" sgd 6)
+for rank in 0 1; do
+  [[ -s $tmp/squallrun-rank$rank.json ]] ||
+    { echo "pypi torch: squallrun's rank $rank wrote no report" >&2; exit 1; }
+done
+grep -h -o '"compressed_buckets": [0-9]*' "$tmp"/squallrun-rank*.json
+rm -rf "$tmp"
+echo "pypi torch: all passed"
