@@ -14,29 +14,16 @@
 #include "plugin/nccl/devices.h"
 #include "plugin/nccl/net.h"
 #include "src/common/log.h"
+#include "src/transport/nccl/nccl_table.h"
 
 namespace squall::nccl_plugin {
 namespace {
 
 using namespace nccl_abi;
 
-// The one conversion from Squall's status to NCCL's.
-Result toNccl(Status status) {
-  switch (status) {
-    case Status::kOk: return kSuccess;
-    case Status::kInProgress: return kInProgress;
-    case Status::kInvalidArgument: return kInvalidArgument;
-    case Status::kInvalidUsage:
-    case Status::kUnsupported: return kInvalidUsage;
-    case Status::kRemoteError:
-    case Status::kTimeout:
-    case Status::kCorruptData: return kRemoteError;  // the peer is dead, silent or talks nonsense
-    case Status::kOutOfMemory:
-    case Status::kSystemError: return kSystemError;
-    case Status::kInternal: break;
-  }
-  return kInternalError;
-}
+// Squall's status as NCCL's result: the one conversion, shared with the
+// interposer (src/transport/nccl/nccl_table.h).
+Result toNccl(Status status) { return static_cast<Result>(transport::nccl::ncclResultOf(status)); }
 
 template <typename F>
 Result guarded(F&& body) {
