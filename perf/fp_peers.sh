@@ -44,6 +44,8 @@ mkdir -p "$out"
 bench=$build/perf/fp_bench
 [[ -x $bench ]] || { echo "fp_bench: $bench is missing (ninja -C $build perf/fp_bench, or set BUILD)" >&2; exit 1; }
 export SQUALL_TRANSPORT=${SQUALL_TRANSPORT:-tcp}
+# One random secret for the ranks started here: nobody else can join, init has nothing to warn about.
+export SQUALL_JOB_SECRET="${SQUALL_JOB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 IFS=, read -r -a order <<<"$libs"
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
