@@ -175,6 +175,8 @@ declare -a before
 for ((h = 0; h < hosts; h++)); do before[h]=$(link_bytes "$h"); done
 
 port=$(( 20000 + RANDOM % 20000 ))
+# One random secret for the job's ranks: nobody else can join, init has nothing to warn about.
+export SQUALL_JOB_SECRET="${SQUALL_JOB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 echo "links.sh: $ranks ranks on $hosts hosts ($per_host per host), $rate per host${delay:+, +$delay latency}, master 10.77.$job.1:$port" >&2
 for ((i = 0; i < ranks; i++)); do
   ip netns exec "${prefix}r$((i / per_host))" env RANK=$i WORLD_SIZE=$ranks \

@@ -13,6 +13,7 @@
 // same transport and the speedup.
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -391,9 +392,27 @@ int freePort() {
   return ntohs(addr.sin_port);
 }
 
+// The ranks this program starts itself share a random SQUALL_JOB_SECRET
+// (unless one is set), so that no other process can join their job and init
+// has no public secret to warn about.
+void shareJobSecret() {
+  const char* given = std::getenv("SQUALL_JOB_SECRET");
+  if (given != nullptr && *given != '\0') return;
+  unsigned char bytes[16];
+  if (getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    std::perror("squall_perf: getrandom (the job runs without a secret)");
+    return;
+  }
+  char hex[2 * sizeof(bytes) + 1];
+  for (size_t i = 0; i < sizeof(bytes); ++i)
+    std::snprintf(hex + 2 * i, 3, "%02x", static_cast<unsigned>(bytes[i]));
+  setenv("SQUALL_JOB_SECRET", hex, 1);
+}
+
 // -np N: re-executes this program N times as ranks on 127.0.0.1.
 int spawn(int np, char** argv) {
   const std::string port = std::to_string(freePort());
+  shareJobSecret();
   std::vector<pid_t> pids;
   for (int r = 0; r < np; ++r) {
     pid_t pid = fork();
@@ -465,6 +484,7 @@ int main(int argc, char** argv) {
     setenv("RANK", "0", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("SQUALL_PORT", std::to_string(freePort()).c_str(), 1);
+    shareJobSecret();
   }
   CHECK(squallCommInitFromEnv(&comm, &config));
   const int rc = run(a, comm);

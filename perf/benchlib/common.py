@@ -198,9 +198,13 @@ def local_ranks(n, cmd, env=None):
     """n processes of cmd on 127.0.0.1 with torchrun's variables; returns
     (status, rank 0's stdout), status the first failure's."""
     port = free_port()
+    # One random secret for the ranks started here: nobody else can join, and
+    # init has nothing to warn about.
+    secret = os.environ.get("SQUALL_JOB_SECRET") or os.urandom(16).hex()
     procs = []
     for r in range(n):
-        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r),
+        e = dict(os.environ, SQUALL_JOB_SECRET=secret, RANK=str(r), WORLD_SIZE=str(n),
+                 LOCAL_RANK=str(r),
                  LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                  SQUALL_PORT=str(port), GLOO_SOCKET_IFNAME="lo", **(env or {}))
         procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, text=True))

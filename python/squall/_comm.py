@@ -142,7 +142,7 @@ class Communicator:
 
         Only processes presenting the job's secret can join: SQUALL_JOB_SECRET,
         else the launcher's run id (TORCHELASTIC_RUN_ID, the Slurm or Open MPI
-        job id). With neither, the secret is public and libsquall warns once;
+        job id). With neither, the secret is public and rank 0 warns once (one line);
         squall.init() after torch.distributed.init_process_group needs no
         secret (rank 0 hands a random one out through the process group)."""
         cfg = _config(transport, timeout)

@@ -28,9 +28,11 @@ GPU hardware yet). On a host communicator CUDA buckets are staged through
 host memory.
 """
 
+import atexit
 import queue
 import threading
 import warnings
+import weakref
 
 import torch
 
@@ -64,6 +66,10 @@ def _bucket_params(bucket):
     return None
 
 
+# Completers whose thread runs; stopped at exit (_stop_completion_threads).
+_running = weakref.WeakSet()
+
+
 class _Completer:
     """Waits for a state's started operations in start order on one daemon
     thread and completes their futures; keeps the state's byte counters.
@@ -93,6 +99,7 @@ class _Completer:
                 self._thread = threading.Thread(target=self._run, name="squall-ddp-hook",
                                                 daemon=True)
                 self._thread.start()
+                _running.add(self)
 
     def submit(self, fut, finish):
         """After begin() and starting the operations: `finish()` waits for them
@@ -129,10 +136,25 @@ class _Completer:
                 fut.set_exception(error)
 
     def close(self):
+        """Stops the thread once it has completed what was submitted (each
+        operation ends by its communicator's timeout at the latest)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        _running.discard(self)
+
+
+@atexit.register
+def _stop_completion_threads():
+    """Before the interpreter finalises: a completion thread still running
+    then would be ended wherever it next takes the GIL, which is often inside
+    a torch call (copy_, set_result) that takes it back in a noexcept
+    destructor, and the process aborts ("terminate called without an active
+    exception"). A script that ends right after its last backward pass has
+    the last bucket's completion still in flight."""
+    for completer in list(_running):
+        completer.close()
 
 
 class _Layout:

@@ -234,3 +234,21 @@ def test_compressed_momentum(keep_1d_full):
         assert torch.allclose(last["sgd_buf"][-30:], last["true_m"][-30:], atol=1e-5)
     else:
         assert not torch.allclose(last["sgd_buf"][-30:], last["true_m"][-30:], atol=1e-5)
+
+
+def test_exit_with_the_hooks_completion_in_flight_does_not_abort():
+    """A script that ends while the onebit hook's completion thread is inside a
+    torch call of its last bucket exits cleanly (squall.ddp stops that thread
+    before the interpreter finalises), 200 times in a row."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run([sys.executable, os.path.join(here, "hook_exit_loop.py"), "200"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=os.path.dirname(here)))
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["runs"] == 200 and result["aborts"] == 0 and result["failures"] == 0, result

@@ -467,8 +467,9 @@ Status createUniqueId(UniqueId* id) {
   return Status::kOk;
 }
 
-// Said once per process, at WARN on every rank: without a secret, the
-// rendezvous and the transport accept any process that speaks the protocol.
+// Said once per process. Without a secret, the rendezvous and the transport
+// accept any process that speaks the protocol: rank 0 says so at WARN, in
+// one line with the fix, for the whole job; the other ranks at INFO.
 void warnOfPublicSecret(const LaunchEnv& env) {
   static std::once_flag once;
   if (!env.secretSource.empty()) {
@@ -482,16 +483,16 @@ void warnOfPublicSecret(const LaunchEnv& env) {
     return;
   }
   std::call_once(once, [&] {
+    if (env.rank != 0) {
+      SQUALL_INFO(Subsys::kBootstrap, "no job secret (rank 0 warns about it for the job)");
+      return;
+    }
     SQUALL_WARN(Subsys::kBootstrap,
-                "NO JOB SECRET: SQUALL_JOB_SECRET is unset and %s gives no run id, so this job "
-                "uses Squall's fixed, public secret. Any process that can reach %s port %d can "
-                "join as one of its ranks, receive this job's gradients and parameters and send "
-                "it false ones. Set SQUALL_JOB_SECRET to the same random value on every rank "
-                "(e.g. export SQUALL_JOB_SECRET=$(openssl rand -hex 16) before launching), or "
-                "give torchrun a run id (--rdzv-id=$(uuidgen), or --standalone), or create the "
-                "communicator with squall.init() after torch.distributed.init_process_group, "
-                "which shares a random one",
-                env.launcher, env.host.c_str(), env.port);
+                "NO JOB SECRET: any process that reaches %s port %d can join this job of %d "
+                "ranks (SQUALL_JOB_SECRET is unset, %s gives no run id); export "
+                "SQUALL_JOB_SECRET=$(openssl rand -hex 16) before launching (docs/usage.md, "
+                "\"From the environment\")",
+                env.host.c_str(), env.port, env.nranks, env.launcher);
   });
 }
 

@@ -118,9 +118,9 @@ Status watchForAborts(const OpContext& ctx, AbortWatch* watch) {
   watch->requests.resize(n);
   for (size_t peer = 0; peer < n; ++peer) {
     if (peer == static_cast<size_t>(ctx.rank())) continue;
-    SQUALL_TRY(ctx.transport->recv(static_cast<int>(peer), abortTag(ctx.sequence),
-                                   watch->reasons[peer].data(), kAbortBytes,
-                                   &watch->requests[peer]));
+    SQUALL_TRY(ctx.transport->watch(static_cast<int>(peer), abortTag(ctx.sequence),
+                                    watch->reasons[peer].data(), kAbortBytes,
+                                    &watch->requests[peer]));
   }
   return Status::kOk;
 }

@@ -35,6 +35,10 @@ class GroupTransport final : public transport::Transport {
               transport::RequestPtr* request) override {
     return base_->recv(global(peer), tag, data, bytes, request);
   }
+  Status watch(int peer, const transport::Tag& tag, void* data, size_t bytes,
+               transport::RequestPtr* request) override {
+    return base_->watch(global(peer), tag, data, bytes, request);
+  }
   Status progress() override { return base_->progress(); }
   Status waitForActivity(transport::Deadline until) override {
     return base_->waitForActivity(until);

@@ -65,6 +65,10 @@ Status Transport::waitAll(std::span<const RequestPtr> requests, Deadline deadlin
   }
 }
 
+Status Transport::watch(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) {
+  return recv(peer, tag, data, bytes, request);
+}
+
 Status Transport::waitForActivity(Deadline until) {
   SQUALL_TRY(progress());
   if (Clock::now() < until) std::this_thread::yield();

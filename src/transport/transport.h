@@ -107,6 +107,13 @@ class Transport {
   virtual Status send(int peer, const Tag& tag, const void* data, size_t bytes,
                       RequestPtr* request) = 0;
   virtual Status recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) = 0;
+  // A receive for a message the peer sends only if something goes wrong
+  // (an abort notice): it may stay pending for as long as the peer lives.
+  // The connection's end fails it like any receive, but a backend that says
+  // at WARN how many requests a peer's departure failed does not count it,
+  // so a peer that leaves while this rank waits only for such a message is
+  // no error. The default is recv().
+  virtual Status watch(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request);
 
   // Advances outstanding requests without blocking for long. Backends with a
   // progress thread may do nothing here.

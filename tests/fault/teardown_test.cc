@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -108,6 +109,36 @@ TEST_P(TeardownTest, PeerTeardownDoesNotFailAnOperationThatCompletes) {
   zero.join();
   EXPECT_EQ(got[3], 4.0f);
   EXPECT_EQ(sendStatus, Status::kOk);
+  watch.requests.clear();
+  transports.clear();
+}
+
+// A rank that finished its last collective keeps watching for that
+// collective's abort notices (the communicator holds them posted until its
+// next operation). A peer that finishes too and destroys its transport is
+// no error then: over tcp it says goodbye, and nothing is logged at WARN.
+TEST_P(TeardownTest, APeersShutdownAfterTheLastCollectiveIsNoWarning) {
+  if (GetParam() != Wire::kTcp) GTEST_SKIP() << "the goodbye is the tcp transport's";
+  std::vector<std::unique_ptr<bootstrap::Bootstrap>> boots;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  connectGroup(GetParam(), &boots, &transports);
+  for (auto& t : transports) ASSERT_NE(t, nullptr);
+  coll::Options options;
+  transport::Descriptor descriptor;
+  descriptor.kind = CollKind::kAllGather;
+  coll::OpContext ctx0{transports[0].get(), 3, descriptor, transport::Clock::now() + 20s, &options};
+  coll::AbortWatch watch;
+  ASSERT_EQ(coll::watchForAborts(ctx0, &watch), Status::kOk);
+  ::testing::internal::CaptureStderr();
+  transports[2].reset();
+  transports[1].reset();
+  const auto until = transport::Clock::now() + 10s;
+  while (!(watch.requests[1]->done() && watch.requests[2]->done()) &&
+         transport::Clock::now() < until)
+    transports[0]->waitForActivity(transport::Clock::now() + 10ms);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(watch.requests[1]->done() && watch.requests[2]->done());
+  EXPECT_EQ(log.find("WARN"), std::string::npos) << log;
   watch.requests.clear();
   transports.clear();
 }

@@ -292,63 +292,85 @@ std::string jobIdWithFreePort(const std::function<Vars(const std::string&)>& var
   return "";
 }
 
-// A one-rank torchrun-style job: without a secret or a run id, init warns
-// once per process, saying what is at risk and what to set; with a run id it
-// does not warn.
-TEST_F(LaunchEnvTest, NoSecretIsWarnedOnceAtInit) {
+// A three-rank torchrun-style job: without a secret or a run id, rank 0
+// warns once for the whole job (each rank initialises twice), in one line
+// that says what is at risk, what to set and where to read more; the other
+// ranks say nothing at WARN. With a run id nobody warns.
+TEST_F(LaunchEnvTest, NoSecretIsWarnedOnceByRankZero) {
+  constexpr int kRanks = 3;
   for (bool withRunId : {false, true}) {
     char path[] = "/tmp/squall_secret_warn_XXXXXX";
     const int fd = mkstemp(path);
     ASSERT_GE(fd, 0);
     close(fd);
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      if (std::freopen(path, "w", stderr) == nullptr) _exit(4);
-      int port = 0;
-      for (int p = 20000 + getpid() % 5000; port == 0 && p < 30000; p += 7)
-        if (portIsFree(p)) port = p;
-      Vars vars = {{"RANK", "0"},
-                   {"WORLD_SIZE", "1"},
-                   {"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", std::to_string(port)},
-                   {"SQUALL_PORT_OFFSET", "0"}};
-      if (withRunId) vars["TORCHELASTIC_RUN_ID"] = "run-" + std::to_string(getpid());
-      setVars(vars);
-      for (int i = 0; i < 2; ++i) {
-        squallConfig_t c = SQUALL_CONFIG_INIT;
-        c.transport = squallTransportTcp;
-        squallComm_t comm = nullptr;
-        if (squallCommInitFromEnv(&comm, &c) != squallSuccess) {
-          std::fprintf(stderr, "init: %s\n", squallGetLastError());
-          std::fflush(stderr);
-          _exit(2);
+    int port = 0;
+    for (int p = 20000 + getpid() % 5000; port == 0 && p < 30000; p += 7)
+      if (portIsFree(p)) port = p;
+    ASSERT_NE(port, 0);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < kRanks; ++r) {
+      const pid_t pid = fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        if (std::freopen(path, "a", stderr) == nullptr) _exit(4);
+        Vars vars = {{"RANK", std::to_string(r)},
+                     {"WORLD_SIZE", std::to_string(kRanks)},
+                     {"MASTER_ADDR", "127.0.0.1"},
+                     {"MASTER_PORT", std::to_string(port)},
+                     {"SQUALL_PORT_OFFSET", "0"}};
+        if (withRunId) vars["TORCHELASTIC_RUN_ID"] = "run-" + std::to_string(port);
+        setVars(vars);
+        for (int i = 0; i < 2; ++i) {
+          squallConfig_t c = SQUALL_CONFIG_INIT;
+          c.transport = squallTransportTcp;
+          c.timeoutSeconds = 20;
+          squallComm_t comm = nullptr;
+          if (squallCommInitFromEnv(&comm, &c) != squallSuccess) {
+            std::fprintf(stderr, "rank %d init: %s\n", r, squallGetLastError());
+            _exit(2);
+          }
+          double x = 1;
+          if (squallAllReduce(&x, &x, 1, squallFloat64, squallSum, comm) != squallSuccess) _exit(3);
+          squallCommDestroy(comm);
         }
-        squallCommDestroy(comm);
+        std::fflush(stderr);
+        _exit(0);
       }
-      std::fflush(stderr);
-      _exit(0);
+      pids.push_back(pid);
     }
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    std::string log;
+    for (int r = 0; r < kRanks; ++r) {
+      int status = -1;
+      ASSERT_EQ(waitpid(pids[r], &status, 0), pids[r]);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " " << status;
+    }
+    std::vector<std::string> lines;
     if (FILE* f = std::fopen(path, "r")) {
-      char buffer[4096];
-      size_t got;
-      while ((got = std::fread(buffer, 1, sizeof(buffer), f)) > 0) log.append(buffer, got);
+      char line[8192];
+      while (std::fgets(line, sizeof(line), f) != nullptr) lines.emplace_back(line);
       std::fclose(f);
     }
     std::remove(path);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << log;
-    size_t warnings = 0;
-    for (size_t at = log.find("NO JOB SECRET"); at != std::string::npos;
-         at = log.find("NO JOB SECRET", at + 1))
-      ++warnings;
-    EXPECT_EQ(warnings, withRunId ? 0u : 1u) << log;
-    if (!withRunId) {
-      EXPECT_NE(log.find("SQUALL_JOB_SECRET"), std::string::npos) << log;
-      EXPECT_NE(log.find("can join"), std::string::npos) << log;
+    std::string log;
+    std::vector<std::string> warnings;
+    size_t warnLines = 0;
+    for (const std::string& line : lines) {
+      log += line;
+      if (line.find("NO JOB SECRET") != std::string::npos) warnings.push_back(line);
+      if (line.find("[squall] WARN") != std::string::npos) ++warnLines;
     }
+    ASSERT_EQ(warnings.size(), withRunId ? 0u : 1u) << log;
+    EXPECT_EQ(warnLines, warnings.size()) << "nothing else is said at WARN:\n" << log;
+    if (withRunId) continue;
+    const std::string& warning = warnings[0];
+    // One line, from rank 0 (the log prefix is host:pid:tid).
+    char pid0[32];
+    std::snprintf(pid0, sizeof(pid0), ":%d:", static_cast<int>(pids[0]));
+    EXPECT_NE(warning.find(pid0), std::string::npos) << warning;
+    EXPECT_LT(warning.size(), 400u) << warning;
+    EXPECT_NE(warning.find("can join"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("SQUALL_JOB_SECRET=$(openssl rand -hex 16)"), std::string::npos)
+        << warning;
+    EXPECT_NE(warning.find("docs/usage.md"), std::string::npos) << warning;
   }
 }
 

@@ -687,7 +687,7 @@ TEST(TcpMesh, StraysAreRefused) {
     int fd = bootstrap::connectWithRetry(target, Clock::now() + 5s, &error);
     EXPECT_GE(fd, 0) << error;
     uint8_t bytes[40] = {};
-    uint32_t words[2] = {0x48545153, 1};
+    uint32_t words[2] = {0x48545153, 2};
     int32_t ranks[3] = {from, to, 2};
     std::memcpy(bytes, words, 8);
     std::memcpy(bytes + 8, key, 16);
@@ -763,7 +763,7 @@ TEST(TcpMesh, SilentStraysDoNotDelayTheRealPeer) {
   int fd = bootstrap::connectWithRetry(target, Clock::now() + 5s, &error);
   ASSERT_GE(fd, 0) << error;
   uint8_t hello[40] = {};
-  uint32_t words[2] = {0x48545153, 1};
+  uint32_t words[2] = {0x48545153, 2};
   int32_t ranks[3] = {0, 1, 2};
   std::memcpy(hello, words, 8);
   boot->jobSecret(hello + 8);
@@ -792,6 +792,7 @@ TEST(TcpMesh, ALastMessageSurvivesTheSendersClose) {
   ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk);
   std::atomic<bool> stop{false};
   size_t got = 0;
+  std::vector<char> tail;  // the last 40 bytes rank 1 got
   std::thread fake([&] {
     std::unique_ptr<bootstrap::Bootstrap> boot;
     ASSERT_EQ(bootstrap::Bootstrap::create(id, 2, 1, 10s, &boot), Status::kOk);
@@ -836,6 +837,8 @@ TEST(TcpMesh, ALastMessageSurvivesTheSendersClose) {
       ssize_t n = recv(fd, in.data(), in.size(), 0);
       if (n <= 0) break;
       got += static_cast<size_t>(n);
+      tail.insert(tail.end(), in.data(), in.data() + n);
+      if (tail.size() > 40) tail.erase(tail.begin(), tail.end() - 40);
     }
     stop = true;
     streamer.join();
@@ -854,7 +857,13 @@ TEST(TcpMesh, ALastMessageSurvivesTheSendersClose) {
     net.reset();
   }
   fake.join();
-  EXPECT_EQ(got, 40 + kBytes) << "rank 1 got only part of rank 0's last message";
+  // The frame, then the goodbye that says the close was deliberate.
+  EXPECT_EQ(got, 40 + kBytes + 40) << "rank 1 got only part of rank 0's last message";
+  uint32_t magic = 0;
+  ASSERT_EQ(tail.size(), 40u);
+  std::memcpy(&magic, tail.data(), 4);
+  EXPECT_EQ(magic, 0x42545153u);  // "SQTB"
+  EXPECT_TRUE(std::all_of(tail.begin() + 4, tail.end(), [](char c) { return c == 0; }));
 }
 
 // The TCP connection on its own, as the NCCL net plugin drives it: one
@@ -965,6 +974,94 @@ TEST(TcpConnection, HoldUntilPostedLeavesFramesInTheSocket) {
   EXPECT_EQ(r.status(), Status::kOk) << r.error();
   EXPECT_EQ(r.received(), kBig);
   EXPECT_EQ(in, out);
+}
+
+// How the end of a peer's connection is said, over a socket pair. b watches
+// for a notice from a (as every rank does for the abort notices of its last
+// collective), perhaps waits for a message too, and a goes away, saying
+// goodbye first or not. Returns what b logged at WARN; `watch` and
+// `expected` (if any) end with b's connection.
+std::string peerLeaves(bool goodbye, bool awaitMessage) {
+  int pair[2];
+  EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
+  using Kind = tcp::ConnectionRequest::Kind;
+  auto a = std::make_unique<tcp::Connection>(pair[0], 0, 1);
+  tcp::Connection b(pair[1], 1, 0);
+  char notice[64], message[8];
+  tcp::ConnectionRequest watch(Kind::kWatch, 0, rawTag(0, 0xffffffffu), notice, sizeof(notice));
+  tcp::ConnectionRequest expected(Kind::kRecv, 0, rawTag(1, 0), message, sizeof(message));
+  ::testing::internal::CaptureStderr();
+  b.postRecv(&watch);
+  if (awaitMessage) b.postRecv(&expected);
+  if (goodbye) {
+    EXPECT_TRUE(a->sayGoodbye(Clock::now() + 5s));
+  }
+  a->abandon(Status::kInvalidUsage);
+  a.reset();
+  for (auto until = Clock::now() + 5s; !b.failed() && Clock::now() < until;) b.progress();
+  EXPECT_TRUE(b.failed());
+  EXPECT_TRUE(watch.done() && watch.status() == Status::kRemoteError);
+  if (awaitMessage) {
+    EXPECT_TRUE(expected.done() && expected.status() == Status::kRemoteError);
+  }
+  return ::testing::internal::GetCapturedStderr();
+}
+
+TEST(TcpConnection, AGoodbyeWithOnlyAWatchPendingIsNoError) {
+  const std::string log = peerLeaves(true, false);
+  EXPECT_EQ(log.find("WARN"), std::string::npos) << log;
+}
+
+TEST(TcpConnection, AnEndWithOnlyAWatchPendingWaitsUntilItMatters) {
+  const std::string log = peerLeaves(false, false);
+  EXPECT_EQ(log.find("WARN"), std::string::npos) << log;
+}
+
+TEST(TcpConnection, AGoodbyeWhileAMessageIsAwaitedIsAnError) {
+  const std::string log = peerLeaves(true, true);
+  EXPECT_NE(log.find("rank 0 destroyed its communicator while rank 1 still had messages"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("failing rank 1's 1 pending request(s)"), std::string::npos) << log;
+}
+
+TEST(TcpConnection, AnEndWithoutGoodbyeWhileAMessageIsAwaitedIsACrash) {
+  const std::string log = peerLeaves(false, true);
+  EXPECT_NE(log.find("rank 0 closed its connection (it may have crashed); failing rank 1's 1 "
+                     "pending request(s)"),
+            std::string::npos)
+      << log;
+}
+
+// After an orderly close, a later watch ends quietly; a later receive says
+// at WARN, once, why it cannot be served.
+TEST(TcpConnection, RequestsAfterAGoodbyeSayWhyOnce) {
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
+  using Kind = tcp::ConnectionRequest::Kind;
+  auto a = std::make_unique<tcp::Connection>(pair[0], 0, 1);
+  tcp::Connection b(pair[1], 1, 0);
+  ASSERT_TRUE(a->sayGoodbye(Clock::now() + 5s));
+  a.reset();
+  for (auto until = Clock::now() + 5s; !b.failed() && Clock::now() < until;) b.progress();
+  ASSERT_TRUE(b.failed());
+  char buffer[8];
+  ::testing::internal::CaptureStderr();
+  tcp::ConnectionRequest watch(Kind::kWatch, 0, rawTag(2, 0xffffffffu), buffer, sizeof(buffer));
+  b.postRecv(&watch);
+  EXPECT_TRUE(watch.done() && watch.status() == Status::kRemoteError);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("WARN"), std::string::npos);
+  ::testing::internal::CaptureStderr();
+  tcp::ConnectionRequest r1(Kind::kRecv, 0, rawTag(2, 0), buffer, sizeof(buffer));
+  tcp::ConnectionRequest r2(Kind::kRecv, 0, rawTag(3, 0), buffer, sizeof(buffer));
+  b.postRecv(&r1);
+  b.postRecv(&r2);
+  EXPECT_TRUE(r1.done() && r1.status() == Status::kRemoteError);
+  EXPECT_TRUE(r2.done() && r2.status() == Status::kRemoteError);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  const size_t first = log.find("rank 0 closed its connection (it destroyed its communicator)");
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("WARN", log.find("WARN") + 1), std::string::npos) << log;
 }
 
 #endif  // SQUALL_TRANSPORT_TEST_MPI

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "src/bootstrap/socket.h"
 #include "src/common/params.h"
 
 namespace squall::transport::tcp {
@@ -30,6 +31,8 @@ namespace {
 constexpr size_t kScratchBytes = size_t{1} << 16;
 // An unexpected frame's buffer starts at this and doubles as bytes arrive.
 constexpr size_t kFirstGrowth = size_t{1} << 16;
+// The goodbye frame: a header of this magic, all else zero (docs/protocol.md).
+constexpr uint32_t kGoodbyeMagic = 0x42545153;  // "SQTB"
 
 uint64_t positiveParam(Param param, uint64_t fallback) {
   const int64_t value = paramInt(param);
@@ -78,6 +81,19 @@ bool Connection::accepts(ConnectionRequest* request, const Tag& tag, uint64_t by
   return false;
 }
 
+// The requests someone waits on: every send and receive but the watches,
+// and a receive whose frame is arriving.
+size_t Connection::awaited() const {
+  auto awaits = [](const ConnectionRequest* r) {
+    return r != nullptr && r->kind_ != ConnectionRequest::Kind::kWatch;
+  };
+  size_t n = target_ != nullptr ? 1 : 0;
+  for (const SendOp& op : sends_) n += op.request != nullptr ? 1 : 0;
+  for (const auto& [key, r] : posted_) n += awaits(r) ? 1 : 0;
+  for (const auto& [key, u] : unexpected_) n += awaits(u->waiter) ? 1 : 0;
+  return n;
+}
+
 void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
   if (failed_) return;
   failed_ = true;
@@ -87,9 +103,7 @@ void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
     close(fd_);  // also leaves any epoll set
     fd_ = -1;
   }
-  size_t pending = posted_.size() + sends_.size() + (target_ != nullptr ? 1 : 0);
-  for (auto& [key, u] : unexpected_)
-    if (u->waiter != nullptr) ++pending;
+  const size_t pending = awaited();
   if (pending == 0 && quietIfIdle) {
     SQUALL_INFO(Subsys::kTransport, "%s", why.c_str());
   } else {
@@ -143,6 +157,14 @@ void Connection::failIo(const char* what, int err, bool quietIfIdle) {
   else
     std::snprintf(why, sizeof(why), "rank %d %s: %s", peer_, what, std::strerror(err));
   fail(Status::kRemoteError, why, quietIfIdle);
+}
+
+bool Connection::sayGoodbye(Deadline until) {
+  if (loopback_ || failed_ || fd_ < 0 || !sends_.empty()) return false;
+  uint8_t frame[kMessageHeaderBytes] = {};
+  std::memcpy(frame, &kGoodbyeMagic, sizeof(kGoodbyeMagic));
+  int err = 0;
+  return bootstrap::sendAll(fd_, frame, sizeof(frame), until, &err) == bootstrap::Io::kOk;
 }
 
 size_t Connection::abandon(Status status) {
@@ -251,6 +273,22 @@ void Connection::eraseUnexpected(Unexpected* u) {
 void Connection::onHeader() {
   const MessageHeader h = decodeMessageHeader(header_);
   headerGot_ = 0;
+  if (h.magic == kGoodbyeMagic && h.payloadBytes == 0) {
+    // The peer destroyed its transport on purpose; it sends nothing more.
+    // That is an error here only if this rank still waits for it.
+    char why[320];
+    if (awaited() == 0)
+      std::snprintf(why, sizeof(why),
+                    "rank %d closed its connection (it destroyed its communicator)", peer_);
+    else
+      std::snprintf(why, sizeof(why),
+                    "rank %d destroyed its communicator while rank %d still had messages to "
+                    "exchange with it (every rank must run the same collectives, and wait for "
+                    "them, before destroying its communicator)",
+                    peer_, self_);
+    fail(Status::kRemoteError, why, true);
+    return;
+  }
   if (!h.valid()) {
     char why[256];
     std::snprintf(why, sizeof(why),
@@ -540,7 +578,13 @@ void Connection::postRecv(ConnectionRequest* request) {
     return;
   }
   if (failed_) {
-    failLater("cannot receive", "from", request);
+    // A watch waits for nothing the peer owes: the next request that does
+    // says why the connection is gone.
+    if (request->kind_ == ConnectionRequest::Kind::kWatch)
+      SQUALL_TRACE(Subsys::kTransport, "watch %s from rank %d ends at once: %s",
+                   describe(request->tag_).c_str(), peer_, why_.c_str());
+    else
+      failLater("cannot receive", "from", request);
     return finish(request, failure_);
   }
   posted_.emplace(key, request);

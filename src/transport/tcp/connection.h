@@ -24,7 +24,14 @@
 //
 // Failure: end of stream, a reset or a corrupt header fails the connection:
 // every pending request completes with kRemoteError naming the peer, and so
-// does every later one (frames that had fully arrived stay receivable).
+// does every later one (frames that had fully arrived stay receivable). The
+// failure is said once: at WARN when it failed a request this rank was
+// waiting for (a watch does not count) or cut a frame, else at INFO, and at
+// WARN later when a request is posted on the failed connection.
+//
+// Goodbye: an owner that closes on purpose says so first (sayGoodbye), with
+// a header-only frame of its own magic. The peer then knows the end of the
+// stream that follows is an orderly close, not a crash, and says so.
 //
 // Threads: a Connection is not thread-safe. Its owner serialises every call,
 // including cancel() from a request's destructor, typically with one mutex.
@@ -66,6 +73,7 @@ class ConnectionRequest : public Request {
     kSend,
     kRecv,      // the message must be exactly bytes() long
     kRecvUpTo,  // any size up to bytes() (NCCL's receives); see received()
+    kWatch,     // like kRecv, for a message that may never come (Transport::watch)
   };
   ConnectionRequest(Kind kind, int peer, const Tag& tag, void* data, size_t bytes)
       : Request(peer, bytes), kind_(kind), tag_(tag), data_(static_cast<char*>(data)) {}
@@ -118,6 +126,11 @@ class Connection {
   void progress();
   bool wantsWrite() const { return !sends_.empty(); }
 
+  // For an owner closing on purpose, before abandon(): writes the goodbye
+  // frame, waiting for room in the socket until `until`. Only between frames
+  // (no send queued) and on a connection that has not failed; elsewhere the
+  // peer sees the end of the stream as it is. False when nothing was sent.
+  bool sayGoodbye(Deadline until);
   // Fails every pending request with `status` (for an owner going away) and
   // returns how many there were. Failure is silent: the owner reports it.
   size_t abandon(Status status);
@@ -157,6 +170,7 @@ class Connection {
   void fail(Status status, const std::string& why, bool quietIfIdle);
   void failIo(const char* what, int err, bool quietIfIdle);
   void failLater(const char* verb, const char* preposition, const ConnectionRequest* request);
+  size_t awaited() const;
   void flushSends();
   void readFrames();
   void onHeader();

@@ -17,7 +17,7 @@ using bootstrap::SocketAddress;
 using bootstrap::WireAddress;
 
 constexpr uint32_t kHelloMagic = 0x48545153;  // "SQTH"
-constexpr uint32_t kHelloVersion = 1;
+constexpr uint32_t kHelloVersion = 2;         // 2: connections end with a goodbye frame
 constexpr size_t kSecretBytes = 16;
 
 struct Hello {

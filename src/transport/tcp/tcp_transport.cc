@@ -102,10 +102,13 @@ class TcpTransport final : public Transport {
                 static_cast<unsigned long long>(waits_.capped),
                 static_cast<unsigned long long>(serves_.load(std::memory_order_relaxed)));
     std::vector<int> fds;
+    const Deadline until = Clock::now() + kLinger;
     {
       std::lock_guard<std::mutex> lock(core_->mutex);
       size_t pending = 0;
       for (auto& c : core_->connections) {
+        // The peers then know that this end is a shutdown, not a crash.
+        c->sayGoodbye(until);
         pending += c->abandon(Status::kInvalidUsage);
         fds.push_back(c->releaseFd());
       }
@@ -119,7 +122,7 @@ class TcpTransport final : public Transport {
     }
     // A live peer answers our end of stream with its own at once (its
     // progress thread closes the connection), so this rarely waits long.
-    tcp::closeGracefully(fds, Clock::now() + kLinger);
+    tcp::closeGracefully(fds, until);
   }
 
   int rank() const override { return core_->rank; }
@@ -133,6 +136,10 @@ class TcpTransport final : public Transport {
 
   Status recv(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) override {
     return post(ConnectionRequest::Kind::kRecv, peer, tag, data, bytes, request);
+  }
+
+  Status watch(int peer, const Tag& tag, void* data, size_t bytes, RequestPtr* request) override {
+    return post(ConnectionRequest::Kind::kWatch, peer, tag, data, bytes, request);
   }
 
   Status progress() override { return Status::kOk; }
