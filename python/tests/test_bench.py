@@ -121,6 +121,9 @@ def test_committed_links_record_is_what_its_raw_files_give(tmp_path):
 
 
 def test_plots_render_from_a_small_record(tmp_path):
+    # The plots need matplotlib in the interpreter running the suite (Debian's
+    # python3-matplotlib; a venv with only torch has none).
+    pytest.importorskip("matplotlib")
     def record(bench_name, rows):
         rec = C.Record(bench_name, {}, [bench_name])
         for r in rows:
