@@ -21,12 +21,12 @@ venv="${SQUALL_TORCH_VENV:-$build/venv-torch}"
 torch_version="${SQUALL_TORCH_VERSION:-2.15.0}"
 nccl_version="${SQUALL_TORCH_NCCL_VERSION:-2.30.7}"
 
-if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import torch, sys, pytest, wheel; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   echo "pypi torch: making $venv with torch $torch_version (a few GB, a few minutes)"
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" \
-    "nvidia-nccl-cu13==$nccl_version" numpy pytest
+    "nvidia-nccl-cu13==$nccl_version" numpy pytest wheel
 fi
 py="$venv/bin/python"
 # As a user who activated the venv: its torchrun and squallrun come first.
