@@ -391,7 +391,7 @@ Result collCloseListenAny(void* comm) {
 // One table of adapters for both versions; only init (which logs the
 // version) and getProperties (the struct) tell them apart.
 template <int V, typename Table>
-constexpr Table netWithContext(decltype(Table::getProperties) getProperties) {
+constexpr Table netWithContext(decltype(Table::getProperties) getProperties) noexcept {
   return {
       "squall",
       netInitWithContext<V>,
@@ -419,7 +419,7 @@ constexpr Table netWithContext(decltype(Table::getProperties) getProperties) {
 }
 
 template <int V, typename Table>
-constexpr Table collNetWithContext(decltype(Table::getProperties) getProperties) {
+constexpr Table collNetWithContext(decltype(Table::getProperties) getProperties) noexcept {
   return {
       "squall",
       collInitWithContext<V>,

@@ -254,8 +254,11 @@ TEST(CoreNcclEmu, ReleaseLaterNeverWaitsForTheDevice) {
 // Not capturing, capturing, and not again: as the runtime says.
 TEST(CoreNcclEmu, StreamIsCapturingAsksTheRuntime) {
   cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const AtExit destroyStream{[&] { cudaStreamDestroy(stream); }};
+  const cudaError_t created = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  const AtExit destroyStream{[&] {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }};
+  ASSERT_EQ(created, cudaSuccess);
   bool capturing = true;
   ASSERT_EQ(streamIsCapturing(stream, &capturing), Status::kOk);
   EXPECT_FALSE(capturing);

@@ -34,7 +34,9 @@ bool contains(const std::string& text, const std::string& part) {
 
 // A communicator value that must never be dereferenced: every case here
 // fails before MPI would see it.
-MPI_Comm unusedComm() { return reinterpret_cast<MPI_Comm>(uintptr_t{0x10}); }
+MPI_Comm unusedComm() {
+  return reinterpret_cast<MPI_Comm>(uintptr_t{0x10});  // NOLINT(performance-no-int-to-ptr)
+}
 
 class MpiTableRefused : public ::testing::Test {
  protected:
@@ -47,7 +49,7 @@ TEST_F(MpiTableRefused, MissingLibrarySaysWhatToSet) {
   const Table* table = nullptr;
   EXPECT_EQ(mpiTable(&table), Status::kUnsupported);
   EXPECT_EQ(table, nullptr);
-  const std::string error = lastError();
+  const std::string& error = lastError();
   EXPECT_TRUE(contains(error, "/nonexistent/libmpi.so.40")) << error;
   EXPECT_TRUE(contains(error, "point SQUALL_MPI_LIBRARY at Open MPI's libmpi.so.40")) << error;
   // The transport, and so Comm::fromMpi, fails the same way.
@@ -70,7 +72,7 @@ TEST_F(MpiTableRefused, MpichNamedIsRefusedWithItsVersion) {
   setenv("SQUALL_MPI_LIBRARY", mpich, 1);
   const Table* table = nullptr;
   EXPECT_EQ(mpiTable(&table), Status::kUnsupported);
-  const std::string error = lastError();
+  const std::string& error = lastError();
   EXPECT_TRUE(contains(error, "MPICH Version")) << error;
   EXPECT_TRUE(contains(error, "speaks Open MPI's ABI")) << error;
 }
@@ -82,7 +84,7 @@ TEST_F(MpiTableRefused, MpichLoadedByTheProcessIsRefused) {
   ASSERT_NE(dlopen(mpich, RTLD_NOW | RTLD_LOCAL), nullptr) << dlerror();
   const Table* table = nullptr;
   EXPECT_EQ(mpiTable(&table), Status::kUnsupported);
-  const std::string error = lastError();
+  const std::string& error = lastError();
   EXPECT_TRUE(contains(error, "MPICH's ABI")) << error;
   EXPECT_TRUE(contains(error, "squallCommInitFromEnv")) << error;
 }

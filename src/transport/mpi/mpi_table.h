@@ -55,7 +55,8 @@ namespace squall::transport::mpi {
   X(Cancel)
 
 struct Table {
-#define SQUALL_MPI_ENTRY(name) decltype(&::MPI_##name) name;
+// The argument names a member, which parentheses would not declare.
+#define SQUALL_MPI_ENTRY(name) decltype(&::MPI_##name) name;  // NOLINT(bugprone-macro-parentheses)
   SQUALL_MPI_FUNCTIONS(SQUALL_MPI_ENTRY)
 #undef SQUALL_MPI_ENTRY
   // MPI_BYTE, MPI_COMM_NULL, MPI_ERRORS_RETURN and MPI_REQUEST_NULL as the
