@@ -589,7 +589,7 @@ TEST(CommEnv, InitFromMpiWithoutMpiSaysWhatToDo) {
   void* mpi = dlopen("libmpi.so.40", RTLD_NOW | RTLD_NOLOAD);
   ASSERT_EQ(mpi, nullptr) << "loading libsquall.so must not load libmpi";
   setenv("SQUALL_MPI_LIBRARY", "/nonexistent/libmpi.so.40", 1);
-  int unused = 0;  // never read: the call fails before MPI sees it
+  void* unused = nullptr;  // an MPI_Comm's size; the call fails before MPI sees it
   squallComm_t comm = nullptr;
   EXPECT_EQ(squallCommInitFromMpi(&comm, &unused, nullptr), squallUnsupported);
   unsetenv("SQUALL_MPI_LIBRARY");
