@@ -52,7 +52,8 @@ echo "== ThreadSanitizer (the unit tests that run threads)"
 # arithmetic; codec_simd alone took 157 s), the transport suites (the
 # conformance suite's close and timeout tests are timing-bound and failed
 # under TSan's slowdown; ucx_transport passed but took 110 s), MPI (Open MPI
-# is not built for TSan) and the NCCL plugin (58 s).
+# is not built for TSan), the NCCL plugin (58 s) and allreduce_pipeline (its
+# 16-segment bit-for-bit test, 7 s in release, ran past 5 minutes under TSan).
 [[ -f build-tsan/build.ninja ]] ||
   meson setup build-tsan -Dbuildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false \
     -Dperf=false -Dcuda=disabled -Dpreload=disabled >/dev/null
@@ -60,6 +61,6 @@ ninja -C build-tsan
 UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   meson test -C build-tsan --print-errorlogs --num-processes "$jobs" \
   --timeout-multiplier 3 local_transport reliability coll comm_api core_comm optim \
-  allreduce_pipeline bootstrap launch_env device_allreduce_emu device_optimizer_emu core_nccl_emu
+  bootstrap launch_env device_allreduce_emu device_optimizer_emu core_nccl_emu
 
 echo "== all tests passed"
