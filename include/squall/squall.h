@@ -275,6 +275,15 @@ typedef struct {
 SQUALL_API squallResult_t squallCompressorCreate(squallComm_t comm, size_t count,
                                                  const squallCodecSpec_t* spec,
                                                  squallCompressor_t* compressor);
+/* The same for a buffer that is one piece of a longer sequence (a call of a
+ * fused step): its element 0 is `phase` elements (below the codec's block)
+ * into one of the sequence's codec blocks, so its blocks are the sequence's
+ * wherever it begins. Host communicators with the flat layout honour the
+ * phase; the hierarchical layout and communicators from NCCL keep the
+ * buffer's own blocks. */
+SQUALL_API squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t count, size_t phase,
+                                                   const squallCodecSpec_t* spec,
+                                                   squallCompressor_t* compressor);
 SQUALL_API squallResult_t squallCompressorDestroy(squallCompressor_t compressor);
 /* Zeroes the residuals (e.g. after loading parameters from elsewhere). */
 SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);

@@ -23,6 +23,7 @@
 #include <set>
 #include <vector>
 
+#include "plugin/preload/compressors.h"
 #include "plugin/preload/interposer.h"
 #include "plugin/preload/real_mpi.h"
 #include "plugin/preload/report.h"
@@ -38,8 +39,9 @@ struct CommState {
   std::mutex mutex;  // the fields below, and this communicator's compressed call
   int64_t eligible = 0;
   StepTracker steps;
+  TensorEdges edges;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
-  ResidualMap<core::Compressor> residuals;
+  Compressors residuals;
   bool engineFailed = false;
 };
 
@@ -122,6 +124,7 @@ Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offs
   if (at.agree) {
     int64_t proposal[2];
     s.steps.proposal(proposal);
+    s.steps.windowEdges(proposal, &s.edges);
     s.steps.adopt(proposal);
     SQUALL_INFO(Subsys::kApi, "preload: a step of %lld elements, next call at %lld%s",
                 static_cast<long long>(proposal[0]), static_cast<long long>(proposal[1]),
@@ -129,8 +132,10 @@ Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offs
   }
   if (at.relearn) {
     s.residuals.clear();
+    s.edges.clear();
     Report::get().relearned();
   }
+  if (at.known) s.edges.add(at.offset, count);
   if (small) return Verdict::kSmall;
   if (s.eligible++ < p.warmupCalls) return Verdict::kWarmup;
   if (!at.known) return Verdict::kLearning;
@@ -245,30 +250,47 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
     return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
   }
 
-  InsideSquall inside;
-  const ResidualKey key{DataType::kF32, offset, facts.count};
-  core::Compressor* c = state->residuals.find(key);
-  if (c == nullptr) {
-    std::unique_ptr<core::Compressor> fresh;
-    if (state->engine->createCompressor(facts.count, policy().codec, &fresh) != Status::kOk)
-      return MPI_ERR_INTERN;  // described where it failed
-    c = fresh.get();
-    const uint64_t before = state->residuals.evictions();
-    if (!state->residuals.insert(key, std::move(fresh), residualBytes(facts.count, nranks))) {
-      // The state alone exceeds the cap (decide() normally says so first); the
-      // cap and the count are the same on every rank, so all pass it through.
-      Report::get().passed(Verdict::kResidualCap, fullBytes);
-      return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
-    }
-    Report::get().evicted(state->residuals.evictions() - before);
+  // The call cut at the tensor edges learnt so far: small tensors inside a
+  // fused buffer (biases, norms) go at full precision, as they would alone,
+  // and no codec block spans two runs.
+  const size_t minElements = policy().minBytes / sizeof(float);
+  const std::vector<TensorEdges::Run> runs = state->edges.runs(offset, facts.count, minElements);
+  if (runs.size() == 1 && runs[0].full) {
+    lock.unlock();
+    Report::get().passed(Verdict::kSmall, fullBytes);
+    return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
   }
-  const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
-  // Past this point the peers are in the compressed allreduce too: a failure
-  // cannot fall back to MPI, it is the collective's error.
-  if (state->engine->compressedAllReduce(in, recvbuf, DataType::kF32, ReduceOp::kSum, *c) !=
-      Status::kOk)
-    return MPI_ERR_OTHER;
-  core::CompressorStats stats;
-  Report::get().compressed(c->stats(&stats) == Status::kOk ? stats.bytesSent : 0, fullBytes);
+  InsideSquall inside;
+  uint64_t sent = 0;
+  for (const TensorEdges::Run& run : runs) {
+    const auto skip = static_cast<size_t>(run.offset - offset);
+    float* out = static_cast<float*>(recvbuf) + skip;
+    const float* in = (sendbuf == MPI_IN_PLACE ? static_cast<const float*>(recvbuf)
+                                               : static_cast<const float*>(sendbuf)) +
+                      skip;
+    core::Compressor* c = nullptr;
+    if (!run.full && compressorFor(state->residuals, *state->engine, policy().codec,
+                                   ResidualKey{DataType::kF32, run.offset, run.count}, nranks,
+                                   ReduceOp::kSum, nullptr, &c) != Status::kOk)
+      return MPI_ERR_INTERN;  // described where it failed
+    if (c == nullptr) {
+      // A small run, or a state over the cap (decide() normally says so
+      // first): the same on every rank, so all send it at full precision.
+      const int rc = real_mpi::allReduce(sendbuf == MPI_IN_PLACE ? MPI_IN_PLACE : in, out,
+                                         static_cast<int>(run.count), MPI_FLOAT, MPI_SUM, comm);
+      if (rc != MPI_SUCCESS) return rc;
+      sent += fullPrecisionBytes(run.count, DataType::kF32, nranks);
+      if (run.full) Report::get().keptFull(run.count);
+      continue;
+    }
+    // Past this point the peers are in the compressed allreduce too: a
+    // failure cannot fall back to MPI, it is the collective's error.
+    if (state->engine->compressedAllReduce(in, out, DataType::kF32, ReduceOp::kSum, *c) !=
+        Status::kOk)
+      return MPI_ERR_OTHER;
+    core::CompressorStats stats;
+    sent += c->stats(&stats) == Status::kOk ? stats.bytesSent : 0;
+  }
+  Report::get().compressed(sent, fullBytes);
   return MPI_SUCCESS;
 }

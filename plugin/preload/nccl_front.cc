@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 
+#include "plugin/preload/compressors.h"
 #include "plugin/preload/interposer.h"
 #include "plugin/preload/nccl_abi.h"
 #include "plugin/preload/real_nccl.h"
@@ -32,7 +33,7 @@ namespace {
 // on (members go in reverse order).
 struct DeviceState {
   std::unique_ptr<core::Comm> engine;
-  ResidualMap<core::Compressor> residuals;
+  Compressors residuals;
 };
 
 struct CommState {
@@ -52,7 +53,7 @@ struct CommState {
     if (engine == nullptr) return;  // compressors are made on the engine only
     auto doomed =
         std::make_shared<DeviceState>(DeviceState{std::move(engine), std::move(residuals)});
-    residuals = ResidualMap<core::Compressor>(policy().residualCapBytes);
+    residuals = Compressors(policy().residualCapBytes);
     const int device = doomed->engine->device();
     InsideSquall inside;
     if (offThread) {
@@ -76,7 +77,7 @@ struct CommState {
   int64_t eligible = 0;
   StepTracker steps;
   std::unique_ptr<core::Comm> engine;  // outlives the compressors below
-  ResidualMap<core::Compressor> residuals;
+  Compressors residuals;
   bool engineFailed = false;
 };
 
@@ -568,20 +569,15 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
 
   InsideSquall inside;
   const ResidualKey key{facts.dtype, offset, count};
-  core::Compressor* c = s->residuals.find(key);
+  core::Compressor* c = nullptr;
+  const Status found =
+      compressorFor(s->residuals, *s->engine, policy().codec, key, nranks, facts.op, stream, &c);
+  if (found != Status::kOk) return transport::nccl::ncclResultOf(found);
   if (c == nullptr) {
-    std::unique_ptr<core::Compressor> fresh;
-    const Status made = s->engine->createCompressor(count, policy().codec, &fresh);
-    if (made != Status::kOk) return transport::nccl::ncclResultOf(made);
-    c = fresh.get();
-    const uint64_t before = s->residuals.evictions();
-    if (!s->residuals.insert(key, std::move(fresh), residualBytes(count, nranks))) {
-      // The state alone exceeds the cap (decide() normally says so first); the
-      // cap and the count are the same on every rank, so all pass it through.
-      Report::get().passed(Verdict::kResidualCap, fullBytes);
-      return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
-    }
-    Report::get().evicted(s->residuals.evictions() - before);
+    // The state alone exceeds the cap (decide() normally says so first); the
+    // cap and the count are the same on every rank, so all pass it through.
+    Report::get().passed(Verdict::kResidualCap, fullBytes);
+    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   }
   const Status ran =
       s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream);

@@ -50,9 +50,11 @@ std::string Report::json(const std::string& codec) const {
                 "{\n  \"rank\": %d,\n  \"codec\": \"%s\",\n  \"calls_compressed\": %" PRIu64
                 ",\n  \"calls_passed\": %" PRIu64 ",\n  \"bytes_sent\": %" PRIu64
                 ",\n  \"bytes_full_precision\": %" PRIu64 ",\n  \"residual_evictions\": %" PRIu64
-                ",\n  \"step_relearns\": %" PRIu64 ",\n  \"calls_by_reason\": {",
+                ",\n  \"step_relearns\": %" PRIu64 ",\n  \"calls_recut\": %" PRIu64
+                ",\n  \"elements_kept_full\": %" PRIu64 ",\n  \"calls_by_reason\": {",
                 rank_.load(), codec.c_str(), callsCompressed_.load(), callsPassed_.load(),
-                bytesSent_.load(), bytesFull_.load(), evictions_.load(), relearns_.load());
+                bytesSent_.load(), bytesFull_.load(), evictions_.load(), relearns_.load(),
+                recuts_.load(), keptFull_.load());
   std::string out = buffer;
   for (int i = 0; i < static_cast<int>(Verdict::kCount); ++i) {
     std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 0 ? "" : ", ",

@@ -22,6 +22,11 @@ class Report {
   void passed(Verdict why, uint64_t bytesFull);
   void evicted(uint64_t entries) { evictions_ += entries; }
   void relearned() { ++relearns_; }
+  // A call cut differently from before: it took over what other residuals owed.
+  void recut() { ++recuts_; }
+  // Elements of a compressed call sent at full precision: learnt tensors
+  // below SQUALL_PRELOAD_MIN_BYTES inside a fused buffer.
+  void keptFull(uint64_t elements) { keptFull_ += elements; }
   // The process's rank for the file name, first caller wins.
   void setRank(int rank);
   // Used when neither setRank nor the launcher's variables gave one.
@@ -36,7 +41,7 @@ class Report {
 
  private:
   std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
-  std::atomic<uint64_t> evictions_{0}, relearns_{0};
+  std::atomic<uint64_t> evictions_{0}, relearns_{0}, recuts_{0}, keptFull_{0};
   std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
   std::atomic<int> rank_{-1}, fallback_{-1};
   std::atomic<bool> finished_{false};

@@ -28,12 +28,41 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 #include <vector>
 
+#include "src/common/status.h"
 #include "src/common/types.h"
 
 namespace squall::preload {
+
+// The tensor boundaries of a step, learnt from where its calls begin and
+// end: a framework fuses whole tensors into a call, so every call edge is a
+// tensor edge, and across steps whose cuts differ they reveal the tensors
+// that fusion hides. Every rank sees the same calls, so the same edges.
+class TensorEdges {
+ public:
+  void add(int64_t offset, size_t count) {
+    edges_.insert(offset);
+    edges_.insert(offset + static_cast<int64_t>(count));
+  }
+  void clear() { edges_.clear(); }
+  size_t size() const { return edges_.size(); }
+
+  // A call cut at the edges learnt so far into runs: each run is either a
+  // span of tensors to compress or consecutive tensors each smaller than
+  // `minElements`, to send at full precision (what they would get alone).
+  struct Run {
+    int64_t offset = 0;
+    size_t count = 0;
+    bool full = false;
+  };
+  std::vector<Run> runs(int64_t offset, size_t count, size_t minElements) const;
+
+ private:
+  std::set<int64_t> edges_;
+};
 
 class StepTracker {
  public:
@@ -52,6 +81,8 @@ class StepTracker {
   // The learnt step: {elements per step (0: none found), offset of the next call}.
   void proposal(int64_t out[2]) const;
   void adopt(const int64_t in[2]);
+  // The edges of the learning window's calls under `proposal` (before adopt).
+  void windowEdges(const int64_t proposal[2], TensorEdges* edges) const;
 
   int64_t stepElements() const { return step_; }
   uint64_t relearns() const { return relearns_; }
@@ -108,7 +139,35 @@ class ResidualMap {
     lru_.clear();
     used_ = 0;
   }
+  // The keys of the other entries of key's element type whose elements
+  // intersect key's, in key order.
+  std::vector<ResidualKey> overlapping(const ResidualKey& key) const {
+    std::vector<ResidualKey> found;
+    for (const auto& [k, at] : index_) {
+      if (k.dtype != key.dtype || (k.offset == key.offset && k.count == key.count)) continue;
+      const int64_t end = k.offset + static_cast<int64_t>(k.count);
+      if (k.offset < key.offset + static_cast<int64_t>(key.count) && key.offset < end)
+        found.push_back(k);
+    }
+    return found;
+  }
+  // Removes the entry and hands its value over (null when absent).
+  std::unique_ptr<Value> take(const ResidualKey& key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    std::unique_ptr<Value> value = std::move(it->second->value);
+    erase(key);
+    return value;
+  }
+  // The least recently used entry's key; false when empty.
+  bool leastRecent(ResidualKey* key) const {
+    if (lru_.empty()) return false;
+    *key = lru_.front().key;
+    return true;
+  }
   bool fits(size_t bytes) const { return bytes <= cap_; }
+  // Whether `bytes` more fit without evicting.
+  bool roomFor(size_t bytes) const { return used_ + bytes <= cap_; }
   size_t size() const { return index_.size(); }
   size_t usedBytes() const { return used_; }
   uint64_t evictions() const { return evictions_; }
@@ -131,6 +190,108 @@ class ResidualMap {
   uint64_t evictions_ = 0;
   std::list<Entry> lru_;
   std::map<ResidualKey, typename std::list<Entry>::iterator> index_;
+};
+
+// Error still owed to the elements of a step, in step coordinates: what the
+// residuals of entries that were dropped (their cut changed, or they were
+// evicted) held, until the next call that covers those elements takes it.
+class OwedError {
+ public:
+  // The owed error of elements [offset, offset + count), writable (zero
+  // where nothing is owed); grows the store to hold them.
+  float* span(int64_t offset, size_t count);
+  // Marks [offset, offset + count) as holding owed error.
+  void markPending(int64_t offset, size_t count);
+  // Whether any element of [offset, offset + count) holds owed error.
+  bool pending(int64_t offset, size_t count) const;
+  // Zeroes [offset, offset + count) and marks it as owing nothing.
+  void settle(int64_t offset, size_t count);
+  void clear();
+  // Elements with owed error.
+  int64_t pendingElements() const;
+
+ private:
+  std::vector<float> values_;
+  std::map<int64_t, int64_t> pending_;  // begin -> end, disjoint, not adjacent
+};
+
+// The residuals of one communicator, keyed by where each call lies in its
+// step, under one rule that makes error feedback survive a change of cut:
+// entries never overlap. A call whose key is held runs with it; a call cut
+// differently first drains every entry it overlaps (their owed error goes
+// to OwedError, in step coordinates, and the entries go), and its new entry
+// is seeded with the owed error of its own elements. Eviction drains too,
+// so error is lost only when the step is learnt again. Drain and seed are
+// local to each rank; every rank sees the same calls, so every rank drops,
+// makes and evicts the same entries.
+template <class Value>
+class StepResiduals {
+ public:
+  explicit StepResiduals(size_t capBytes) : map_(capBytes) {}
+
+  struct Outcome {
+    Value* value = nullptr;  // null: the state alone exceeds the cap
+    bool recut = false;      // the call took over what other entries held
+    uint64_t evicted = 0;
+  };
+  // The entry for `key` (of `bytes`, residualBytes), made when missing.
+  // ops.make(std::unique_ptr<Value>*), ops.drain(Value&, float* owed) and
+  // ops.seed(Value&, const float* owed) return Status.
+  template <class Ops>
+  Status acquire(const ResidualKey& key, size_t bytes, Ops& ops, Outcome* out) {
+    *out = Outcome{};
+    out->value = map_.find(key);
+    if (out->value != nullptr) return Status::kOk;
+    OwedError& owed = owed_[key.dtype];
+    for (const ResidualKey& other : map_.overlapping(key)) {
+      SQUALL_TRY(drain(other, ops));
+      out->recut = true;
+    }
+    if (!map_.fits(bytes)) return Status::kOk;
+    ResidualKey oldest;
+    while (!map_.roomFor(bytes) && map_.leastRecent(&oldest)) {
+      SQUALL_TRY(drain(oldest, ops));
+      ++out->evicted;
+    }
+    std::unique_ptr<Value> fresh;
+    SQUALL_TRY(ops.make(&fresh));
+    if (owed.pending(key.offset, key.count)) {
+      SQUALL_TRY(ops.seed(*fresh, owed.span(key.offset, key.count)));
+      owed.settle(key.offset, key.count);
+      out->recut = true;
+    }
+    out->value = fresh.get();
+    if (!map_.insert(key, std::move(fresh), bytes)) out->value = nullptr;  // fits() said so
+    return Status::kOk;
+  }
+
+  // Forgets everything, owed error too (the step was learnt again).
+  void clear() {
+    map_.clear();
+    owed_.clear();
+  }
+  size_t size() const { return map_.size(); }
+  size_t usedBytes() const { return map_.usedBytes(); }
+  bool fits(size_t bytes) const { return map_.fits(bytes); }
+  // Elements of `dtype` whose owed error waits for a call.
+  int64_t pendingElements(DataType dtype) const {
+    auto it = owed_.find(dtype);
+    return it == owed_.end() ? 0 : it->second.pendingElements();
+  }
+
+ private:
+  template <class Ops>
+  Status drain(const ResidualKey& key, Ops& ops) {
+    std::unique_ptr<Value> value = map_.take(key);
+    if (value == nullptr) return Status::kOk;
+    OwedError& owed = owed_[key.dtype];
+    SQUALL_TRY(ops.drain(*value, owed.span(key.offset, key.count)));
+    owed.markPending(key.offset, key.count);
+    return Status::kOk;
+  }
+
+  ResidualMap<Value> map_;
+  std::map<DataType, OwedError> owed_;
 };
 
 // What the compressed allreduce keeps for `count` elements over `nranks`

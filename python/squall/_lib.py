@@ -221,6 +221,8 @@ _CORE = {
     "squallBroadcast": (c_result, [P, SZ, c_enum, ctypes.c_int, P]),
     "squallBarrier": (c_result, [P]),
     "squallCompressorCreate": (c_result, [P, SZ, ctypes.POINTER(CodecSpec), ctypes.POINTER(P)]),
+    "squallCompressorCreateAt": (c_result, [P, SZ, SZ, ctypes.POINTER(CodecSpec),
+                                             ctypes.POINTER(P)]),
     "squallCompressorDestroy": (c_result, [P]),
     "squallCompressorReset": (c_result, [P]),
     "squallCompressorGetStats": (c_result, [P, ctypes.POINTER(CompressorStats)]),

@@ -453,9 +453,9 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
   };
 }
 
-Status Communicator::createCompressedState(size_t count, const codec::Spec& spec,
+Status Communicator::createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
                                            std::unique_ptr<CompressedState>* out) const {
-  if (hierarchy_ == nullptr) return CompressedState::create(size(), count, spec, out);
+  if (hierarchy_ == nullptr) return CompressedState::create(size(), count, spec, out, phase);
   const HostLayout& l = hierarchy_->layout;
   return CompressedState::createHierarchical(l.hosts, l.local, l.localIndex, count, spec, out);
 }

@@ -132,10 +132,11 @@ class Communicator {
   void setHierarchy(std::unique_ptr<Hierarchy> hierarchy) { hierarchy_ = std::move(hierarchy); }
   const Hierarchy* hierarchy() const { return hierarchy_.get(); }
   // A state for compressed allreduces of `count` elements on this
-  // communicator: hierarchical when it has a hierarchy, else flat. (A flat
-  // state made with CompressedState::create runs the flat algorithm on any
-  // communicator of its size.)
-  Status createCompressedState(size_t count, const codec::Spec& spec,
+  // communicator: hierarchical when it has a hierarchy, else flat, of phase
+  // `phase` (the hierarchical layout has none). (A flat state made with
+  // CompressedState::create runs the flat algorithm on any communicator of
+  // its size.)
+  Status createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
                                std::unique_ptr<CompressedState>* out) const;
 
  private:

@@ -79,19 +79,29 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   const int n = ctx.size();
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(ctx.rank());
-  const size_t count = state->count();
+  // Segments are cut at virtual positions (a state's phase, compressed_state.h).
+  const size_t phase = state->phase();
+  const size_t span = phase + state->count();
+  const size_t unit = state->unit();
   const codec::Spec spec = state->spec();
-  const size_t seg = segmentLength(*ctx.options, state->unit(), count);
-  const size_t segments = (count + seg - 1) / seg;
+  const size_t seg = segmentLength(*ctx.options, unit, span);
+  const size_t segments = (span + seg - 1) / seg;
   const size_t esize = dataTypeSize(dtype);
   codec::Residual& worker = state->worker();
   CompressedStats stats;
   stats.algorithm = "allgather";
   stats.segments = segments;
 
-  auto length = [&](size_t k) { return std::min(seg, count - k * seg); };
-  size_t slot = 0;
+  // Segment k: its first element's virtual position, and its piece.
+  auto firstOf = [&](size_t k) { return std::max(k * seg, phase); };
+  auto pieceOf = [&](size_t k) {
+    return pieceAt(firstOf(k), std::min((k + 1) * seg, span) - firstOf(k), phase, unit);
+  };
+  // A slot holds a segment's encoding, or a piece's two (one header more).
+  size_t slot = 0, headroom = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
+  SQUALL_TRY(codec::encodedSize(spec, unit, &headroom));
+  slot += headroom;
   state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
   if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
   auto slotOf = [&](size_t j, size_t k) {
@@ -102,7 +112,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   sends.reserve(nn * segments);
   for (size_t k = 0; k < segments; ++k) {
     size_t bytes = 0;
-    SQUALL_TRY(codec::encodedSize(spec, length(k), &bytes));
+    SQUALL_TRY(pieceBytes(spec, pieceOf(k), &bytes));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       SQUALL_TRY(ctx.recv(static_cast<int>(j), static_cast<uint32_t>(k), slotOf(j, k), bytes,
@@ -112,11 +122,11 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   }
   const auto* input = static_cast<const uint8_t*>(in);
   for (size_t k = 0; k < segments; ++k) {
-    const size_t at = k * seg;
+    const size_t at = firstOf(k);  // the worker residual is indexed virtually
     codec::EncodeResult result;
-    SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, codecDType(dtype), length(k),
-                                worker.current() + at, worker.next() + at, slotOf(rr, k), slot,
-                                &result));
+    SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
+                           worker.current() + at, worker.next() + at, slotOf(rr, k), slot,
+                           &result));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();
@@ -133,25 +143,27 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   bool finite = true;  // every rank's encoding of every segment
   for (size_t k = 0; k < segments; ++k) {
     size_t bytes = 0;
-    SQUALL_TRY(codec::encodedSize(spec, length(k), &bytes));
-    for (size_t j = 0; j < nn; ++j) SQUALL_TRY(checkPiece(slotOf(j, k), bytes, length(k), &finite));
+    SQUALL_TRY(pieceBytes(spec, pieceOf(k), &bytes));
+    for (size_t j = 0; j < nn; ++j)
+      SQUALL_TRY(checkPiece(spec, slotOf(j, k), bytes, pieceOf(k), &finite));
   }
   for (size_t k = 0; k < segments; ++k) {
     // fp32 output is its own accumulator: decoding straight into it saves a
     // copy of every output byte (the input is no longer read, see above).
-    float* acc = dtype == DataType::kF32 ? static_cast<float*>(out) + k * seg
+    const size_t at = firstOf(k) - phase;  // the output index
+    float* acc = dtype == DataType::kF32 ? static_cast<float*>(out) + at
                                          : state->scratch().accumulator.data();
-    const size_t m = length(k);
+    const Piece piece = pieceOf(k);
+    const size_t m = piece.count;
     size_t bytes = 0;
-    SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
+    SQUALL_TRY(pieceBytes(spec, piece, &bytes));
     for (size_t j = 0; j < nn; ++j) {
-      SQUALL_TRY(j == 0 ? codec::decode(slotOf(j, k), bytes, acc, m)
-                        : codec::decodeAccumulate(slotOf(j, k), bytes, acc, m));
+      SQUALL_TRY(decodePiece(spec, slotOf(j, k), bytes, piece, acc, j != 0));
     }
     if (op == ReduceOp::kAvg) {
       divideAll(acc, m, n);
     }
-    if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, k * seg, m);
+    if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, at, m);
   }
   if (verdict != nullptr) {
     *verdict = finite;

@@ -51,12 +51,78 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
   for (size_t i = 0; i < count; ++i) acc[i] = acc[i] / divisor;
 }
 
-// Checks an encoding before anything is decoded from it: a well-formed header
-// holding `count` elements (then decode cannot fail), and folds whether it
+// A piece of a call: `count` elements, of which the first `head` end a codec
+// block that began before the piece (a buffer of nonzero phase,
+// compressed_state.h); head is 0 when the piece begins on a block boundary or
+// lies inside one block. A piece with a head travels as two encodings back to
+// back, the head's and the rest's, so that its blocks are the sequence's.
+struct Piece {
+  size_t head = 0;
+  size_t count = 0;
+};
+
+// The piece of `count` elements at virtual position `at` of a buffer of
+// phase `phase` in blocks of `unit`.
+inline Piece pieceAt(size_t at, size_t count, size_t phase, size_t unit) {
+  const size_t head = at == phase && phase % unit != 0 ? unit - phase % unit : 0;
+  return Piece{head < count ? head : 0, count};
+}
+
+inline Status pieceBytes(const codec::Spec& spec, Piece piece, size_t* bytes) {
+  if (piece.head == 0) return codec::encodedSize(spec, piece.count, bytes);
+  size_t head = 0, rest = 0;
+  SQUALL_TRY(codec::encodedSize(spec, piece.head, &head));
+  SQUALL_TRY(codec::encodedSize(spec, piece.count - piece.head, &rest));
+  *bytes = head + rest;
+  return Status::kOk;
+}
+
+// codec::encodeRaw of a piece: the head's encoding, then the rest's.
+inline Status encodePiece(const codec::Spec& spec, Piece piece, const uint8_t* input,
+                          codec::DType dtype, const float* residualIn, float* residualOut,
+                          uint8_t* output, size_t capacity, codec::EncodeResult* result) {
+  if (piece.head == 0)
+    return codec::encodeRaw(spec, input, dtype, piece.count, residualIn, residualOut, output,
+                            capacity, result);
+  codec::EncodeResult head, rest;
+  SQUALL_TRY(codec::encodeRaw(spec, input, dtype, piece.head, residualIn, residualOut, output,
+                              capacity, &head));
+  const size_t skip = piece.head * codec::dtypeSize(dtype);
+  SQUALL_TRY(codec::encodeRaw(spec, input + skip, dtype, piece.count - piece.head,
+                              residualIn == nullptr ? nullptr : residualIn + piece.head,
+                              residualOut + piece.head, output + head.bytes, capacity - head.bytes,
+                              &rest));
+  result->bytes = head.bytes + rest.bytes;
+  result->finite = head.finite && rest.finite;
+  return Status::kOk;
+}
+
+// The byte length of a piece's head encoding (0 without a head).
+inline size_t headBytes(const codec::Spec& spec, Piece piece) {
+  size_t bytes = 0;
+  if (piece.head != 0 && codec::encodedSize(spec, piece.head, &bytes) != Status::kOk) return 0;
+  return bytes;
+}
+
+// decode (accumulate false) or decodeAccumulate of a piece into out[0, count).
+inline Status decodePiece(const codec::Spec& spec, const uint8_t* encoded, size_t bytes,
+                          Piece piece, float* out, bool accumulate) {
+  auto one = [&](const uint8_t* at, size_t length, float* to, size_t count) {
+    return accumulate ? codec::decodeAccumulate(at, length, to, count)
+                      : codec::decode(at, length, to, count);
+  };
+  if (piece.head == 0) return one(encoded, bytes, out, piece.count);
+  const size_t head = headBytes(spec, piece);
+  SQUALL_TRY(one(encoded, head, out, piece.head));
+  return one(encoded + head, bytes - head, out + piece.head, piece.count - piece.head);
+}
+
+// Checks the encoding of one piece before anything is decoded from it: a
+// well-formed header holding `count` elements (then decode cannot fail), and folds whether it
 // decodes to finite values into *finite. Both algorithms check every piece of
 // a call before they write the first output element, so a call that fails
 // leaves the output as it was.
-inline Status checkPiece(const uint8_t* encoded, size_t bytes, size_t count, bool* finite) {
+inline Status checkEncoding(const uint8_t* encoded, size_t bytes, size_t count, bool* finite) {
   codec::Spec spec;
   size_t held = 0;
   SQUALL_TRY(codec::inspect(encoded, bytes, &spec, &held));
@@ -68,6 +134,20 @@ inline Status checkPiece(const uint8_t* encoded, size_t bytes, size_t count, boo
   SQUALL_TRY(codec::encodingFinite(encoded, bytes, &pieceFinite));
   *finite = *finite && pieceFinite;
   return Status::kOk;
+}
+
+// The head's length comes from the call's spec: a peer that encoded with
+// another one fails the head's check.
+inline Status checkPiece(const codec::Spec& spec, const uint8_t* encoded, size_t bytes, Piece piece,
+                         bool* finite) {
+  if (piece.head == 0) return checkEncoding(encoded, bytes, piece.count, finite);
+  const size_t head = headBytes(spec, piece);
+  SQUALL_REQUIRE(head != 0 && head < bytes, Status::kRemoteError, Subsys::kColl,
+                 "a received piece of %zu bytes is too short for its two encodings; the peer "
+                 "sent corrupt data",
+                 bytes);
+  SQUALL_TRY(checkEncoding(encoded, head, piece.head, finite));
+  return checkEncoding(encoded + head, bytes - head, piece.count - piece.head, finite);
 }
 
 // Writes `count` decoded floats to element `offset` of `out` (of `dtype`),

@@ -5,7 +5,7 @@
 namespace squall::coll {
 
 Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec,
-                               std::unique_ptr<CompressedState>* out) {
+                               std::unique_ptr<CompressedState>* out, size_t phase) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(nranks >= 1, Status::kInvalidArgument, Subsys::kColl,
@@ -16,10 +16,15 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   s->count_ = count;
   s->spec_ = spec;
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
+  SQUALL_REQUIRE(phase < s->unit_, Status::kInvalidArgument, Subsys::kColl,
+                 "a compressed buffer's phase is its position within a codec block, below %zu, "
+                 "not %zu",
+                 s->unit_, phase);
+  s->phase_ = phase;
   const size_t group = s->unit_ * static_cast<size_t>(nranks);
-  SQUALL_REQUIRE(count <= SIZE_MAX / 8 - group, Status::kInvalidArgument, Subsys::kColl,
+  SQUALL_REQUIRE(count <= SIZE_MAX / 8 - 2 * group, Status::kInvalidArgument, Subsys::kColl,
                  "a compressed allreduce of %zu elements is too large for this machine", count);
-  const size_t padded = (count + group - 1) / group * group;
+  const size_t padded = (phase + count + group - 1) / group * group;
   s->chunk_ = padded / static_cast<size_t>(nranks);
   SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
   SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));

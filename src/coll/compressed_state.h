@@ -47,7 +47,7 @@ struct CompressedStats {
 class CompressedState {
  public:
   static Status create(int nranks, size_t count, const codec::Spec& spec,
-                       std::unique_ptr<CompressedState>* out);
+                       std::unique_ptr<CompressedState>* out, size_t phase = 0);
   // The hierarchical layout for local index localIndex of `local` ranks per
   // host on `hosts` hosts (nranks() = hosts * local).
   static Status createHierarchical(int hosts, int local, int localIndex, size_t count,
@@ -71,6 +71,8 @@ class CompressedState {
   int nranks() const { return nranks_; }
   size_t count() const { return count_; }
   size_t paddedCount() const { return chunk_ * static_cast<size_t>(nranks_); }
+  // The virtual position of element 0 (above); 0 for the hierarchical layout.
+  size_t phase() const { return phase_; }
   // This rank's server chunk (of its slice when hierarchical).
   size_t chunk() const { return cross_ != nullptr ? cross_->chunk() : chunk_; }
   size_t unit() const { return unit_; }
@@ -110,6 +112,7 @@ class CompressedState {
   size_t count_ = 0;
   size_t chunk_ = 0;
   size_t unit_ = 1;
+  size_t phase_ = 0;
   codec::Spec spec_;
   CompressedAlgo algo_{};  // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;

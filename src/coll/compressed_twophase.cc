@@ -3,7 +3,10 @@
 //
 // The buffer of N elements is padded (conceptually) to N_pad, a multiple of
 // n * B (B = codec block), and cut into n chunks of C = N_pad / n; rank r is
-// the "server" of chunk r. Padding is never encoded or sent.
+// the "server" of chunk r. Padding is never encoded or sent. A state of
+// phase P lays this over P + N virtual elements (compressed_state.h): chunk
+// and segment boundaries are virtual positions, and the one piece that
+// begins inside a block travels as two encodings (Piece).
 //  1. Worker: encode every chunk of the input with the worker residual e_w
 //     (z = x + e_w, e_w' = z - decode(encode(z))).
 //  2. Exchange: send encoded chunk j to rank j (all-to-all).
@@ -49,10 +52,12 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   const int r = ctx.rank();
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(r);
-  const size_t count = state->count();
+  const size_t phase = state->phase();
+  const size_t span = phase + state->count();  // virtual positions [phase, span) hold elements
+  const size_t unit = state->unit();
   const size_t chunk = state->chunk();
   const codec::Spec spec = state->spec();
-  const size_t seg = segmentLength(*ctx.options, state->unit(), chunk);
+  const size_t seg = segmentLength(*ctx.options, unit, chunk);
   const size_t segments = (chunk + seg - 1) / seg;
   const size_t esize = dataTypeSize(dtype);
   const codec::DType inType = codecDType(dtype);
@@ -62,14 +67,20 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   stats.algorithm = "twophase";
   stats.segments = segments;
 
-  // Elements of segment k of chunk c that lie below N.
-  auto realCount = [&](size_t c, size_t k) -> size_t {
-    const size_t begin = c * chunk + k * seg;
-    const size_t end = std::min(c * chunk + std::min((k + 1) * seg, chunk), count);
-    return begin < end ? end - begin : 0;
+  // Segment k of chunk c: the virtual position of its first element, and
+  // its piece (the elements it holds, none for padding).
+  auto firstOf = [&](size_t c, size_t k) { return std::max(c * chunk + k * seg, phase); };
+  auto pieceOf = [&](size_t c, size_t k) -> Piece {
+    const size_t begin = firstOf(c, k);
+    const size_t end = std::min(c * chunk + std::min((k + 1) * seg, chunk), span);
+    return begin < end ? pieceAt(begin, end - begin, phase, unit) : Piece{};
   };
-  size_t slot = 0;
+  auto realCount = [&](size_t c, size_t k) { return pieceOf(c, k).count; };
+  // A slot holds a segment's encoding, or a piece's two (one header more).
+  size_t slot = 0, headroom = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
+  SQUALL_TRY(codec::encodedSize(spec, unit, &headroom));
+  slot += headroom;
   state->scratch().sendBuffer.resize(nn * segments * slot);
   state->scratch().recvBuffer.resize(nn * segments * slot);
   state->scratch().gatherBuffer.resize(nn * segments * slot);
@@ -97,13 +108,13 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     for (size_t j = 0; j < nn; ++j) {
       size_t bytes = 0;
       if (j != rr && realCount(rr, k) != 0) {
-        SQUALL_TRY(codec::encodedSize(spec, realCount(rr, k), &bytes));
+        SQUALL_TRY(pieceBytes(spec, pieceOf(rr, k), &bytes));
         SQUALL_TRY(ctx.recv(static_cast<int>(j), static_cast<uint32_t>(k), recvSlot(j, k), bytes,
                             &exchange[k * nn + j]));
         stats.bytesReceived += bytes;
       }
       if (j != rr && realCount(j, k) != 0) {
-        SQUALL_TRY(codec::encodedSize(spec, realCount(j, k), &bytes));
+        SQUALL_TRY(pieceBytes(spec, pieceOf(j, k), &bytes));
         SQUALL_TRY(ctx.recv(static_cast<int>(j), gatherStep + static_cast<uint32_t>(k),
                             gatherSlot(j, k), bytes, &gather[k * nn + j]));
         stats.bytesReceived += bytes;
@@ -120,22 +131,25 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
 
   // Server step for segment k: sum the n pieces in rank order, encode, send.
   auto serve = [&](size_t k) -> Status {
-    const size_t m = realCount(rr, k);
+    const Piece piece = pieceOf(rr, k);
+    const size_t m = piece.count;
     if (m == 0) return Status::kOk;
     size_t bytes = 0;
-    SQUALL_TRY(codec::encodedSize(spec, m, &bytes));
+    SQUALL_TRY(pieceBytes(spec, piece, &bytes));
     float* acc = state->scratch().accumulator.data();
     for (size_t j = 0; j < nn; ++j) {
-      const uint8_t* piece = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
-      SQUALL_TRY(j == 0 ? codec::decode(piece, bytes, acc, m)
-                        : codec::decodeAccumulate(piece, bytes, acc, m));
+      const uint8_t* encoded = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
+      SQUALL_TRY(decodePiece(spec, encoded, bytes, piece, acc, j != 0));
     }
     if (op == ReduceOp::kAvg) {
       divideAll(acc, m, n);
     }
+    // The server residual is indexed by position within the chunk.
+    const size_t at = firstOf(rr, k) - rr * chunk;
     codec::EncodeResult result;
-    SQUALL_TRY(codec::encodeRaw(spec, acc, codec::DType::kF32, m, server.current() + k * seg,
-                                server.next() + k * seg, serverSlot(k), slot, &result));
+    SQUALL_TRY(encodePiece(spec, piece, reinterpret_cast<const uint8_t*>(acc), codec::DType::kF32,
+                           server.current() + at, server.next() + at, serverSlot(k), slot,
+                           &result));
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
       if (j != rr)
@@ -158,12 +172,13 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     // Own chunk last, so it is encoded by the time segment k is served.
     for (size_t i = 1; i <= nn; ++i) {
       const size_t c = (rr + i) % nn;
-      const size_t m = realCount(c, k);
-      if (m == 0) continue;
-      const size_t at = c * chunk + k * seg;
+      const Piece piece = pieceOf(c, k);
+      if (piece.count == 0) continue;
+      const size_t at = firstOf(c, k);  // the worker residual is indexed virtually
       codec::EncodeResult result;
-      SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, m, worker.current() + at,
-                                  worker.next() + at, sendSlot(c, k), slot, &result));
+      SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType,
+                             worker.current() + at, worker.next() + at, sendSlot(c, k), slot,
+                             &result));
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());
@@ -181,36 +196,31 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   // piece is checked, before the first output element is written.
   for (size_t k = 0; k < segments; ++k) SQUALL_TRY(ctx.waitAll(pieces(gather, k)));
   SQUALL_TRY(ctx.waitAll(sends));
-  auto encodedOf = [&](size_t c, size_t k, size_t m, size_t* bytes) -> Status {
-    *bytes = serverBytes[k];
-    if (c != rr) SQUALL_TRY(codec::encodedSize(spec, m, bytes));
-    return Status::kOk;
-  };
-  // Calls visit(encoded, bytes, count, at) for every non-empty piece, server
-  // slots and gathered ones alike, in output order.
+  // Calls visit(encoded, bytes, piece, at) for every non-empty piece, server
+  // slots and gathered ones alike, in output order (`at`: the output index).
   auto eachPiece = [&](auto&& visit) -> Status {
     for (size_t k = 0; k < segments; ++k) {
       for (size_t c = 0; c < nn; ++c) {
-        const size_t m = realCount(c, k);
-        if (m == 0) continue;
-        size_t bytes = 0;
-        SQUALL_TRY(encodedOf(c, k, m, &bytes));
+        const Piece piece = pieceOf(c, k);
+        if (piece.count == 0) continue;
+        size_t bytes = serverBytes[k];
+        if (c != rr) SQUALL_TRY(pieceBytes(spec, piece, &bytes));
         SQUALL_TRY(
-            visit(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, m, c * chunk + k * seg));
+            visit(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, piece, firstOf(c, k) - phase));
       }
     }
     return Status::kOk;
   };
   bool finite = true;  // every server encoding of the call, so every block
-  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, size_t m, size_t) {
-    return checkPiece(encoded, bytes, m, &finite);
+  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t) {
+    return checkPiece(spec, encoded, bytes, piece, &finite);
   }));
-  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, size_t m, size_t at) {
+  SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t at) {
     if (dtype == DataType::kF32) {
-      return codec::decode(encoded, bytes, static_cast<float*>(out) + at, m);
+      return decodePiece(spec, encoded, bytes, piece, static_cast<float*>(out) + at, false);
     }
-    SQUALL_TRY(codec::decode(encoded, bytes, state->scratch().decoded.data(), m));
-    storeDecoded(dtype, state->scratch().decoded.data(), out, at, m);
+    SQUALL_TRY(decodePiece(spec, encoded, bytes, piece, state->scratch().decoded.data(), false));
+    storeDecoded(dtype, state->scratch().decoded.data(), out, at, piece.count);
     return Status::kOk;
   }));
   if (verdict != nullptr) {

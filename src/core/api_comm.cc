@@ -366,6 +366,12 @@ squallResult_t squallBarrier(squallComm_t comm) {
 squallResult_t squallCompressorCreate(squallComm_t comm, size_t count,
                                       const squallCodecSpec_t* spec,
                                       squallCompressor_t* compressor) {
+  return squallCompressorCreateAt(comm, count, 0, spec, compressor);
+}
+
+squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t count, size_t phase,
+                                        const squallCodecSpec_t* spec,
+                                        squallCompressor_t* compressor) {
   return SQUALL_API_GUARD({
     core::Comm* c = nullptr;
     SQUALL_TRY(core::commOf(comm, &c));
@@ -373,7 +379,7 @@ squallResult_t squallCompressorCreate(squallComm_t comm, size_t count,
     squall::codec::Spec s;
     SQUALL_TRY(core::toCodecSpec(spec, &s));
     auto handle = std::make_unique<squallCompressor>();
-    SQUALL_TRY(c->createCompressor(count, s, &handle->impl));
+    SQUALL_TRY(c->createCompressor(count, s, &handle->impl, phase));
     *compressor = handle.release();
     return Status::kOk;
   });

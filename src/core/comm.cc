@@ -223,10 +223,10 @@ Status Comm::startBarrier(coll::OperationPtr* operation) {
 }
 
 Status Comm::createCompressor(size_t count, const codec::Spec& spec,
-                              std::unique_ptr<Compressor>* out) {
+                              std::unique_ptr<Compressor>* out, size_t phase) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the compressor output pointer is NULL");
-  return engine_->createCompressor(this, count, spec, out);
+  return engine_->createCompressor(this, count, spec, phase, out);
 }
 
 Status Comm::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -89,19 +89,41 @@ class Compressor {
   const Comm& comm() const { return *comm_; }
   size_t count() const { return count_; }
   const codec::Spec& spec() const { return spec_; }
+  // Where the codec's blocks lie: element 0 is `phase` elements into a block
+  // of the sequence the buffer belongs to (Comm::createCompressor).
+  size_t phase() const { return phase_; }
   // Zeroes the residuals (a device compressor waits for its last stream).
   virtual Status reset() = 0;
   // A device compressor waits for its last stream.
   virtual Status stats(CompressorStats* out) = 0;
 
+  // Handing error feedback from one compressor to another, for a caller that
+  // cuts the same elements into buffers differently from call to call (the
+  // interposer's step, docs/preload.md). Local to this rank; each rank hands
+  // over its own part, and no element's owed error is counted twice.
+  //
+  // drain adds to owed[i] (i < count()) what this rank's residuals hold for
+  // element i and has not been delivered yet, and zeroes them: the worker
+  // residual, plus the server residual of the elements this rank serves,
+  // times the group size when the calls averaged (their server residual is
+  // of the mean, and a worker's input reaches the mean divided by n). seed
+  // adds owed[i] to this rank's worker residual of element i, so the next
+  // call delivers it. A device compressor copies through host memory and
+  // waits for `cudaStream` (ignored on the host). kUnsupported for the
+  // hierarchical layout, whose worker residual covers one slice of the
+  // buffer per rank.
+  virtual Status drain(float* owed, ReduceOp averagedOrSummed, void* cudaStream) = 0;
+  virtual Status seed(const float* owed, void* cudaStream) = 0;
+
  protected:
-  Compressor(const Comm* comm, size_t count, const codec::Spec& spec)
-      : comm_(comm), count_(count), spec_(spec) {}
+  Compressor(const Comm* comm, size_t count, const codec::Spec& spec, size_t phase)
+      : comm_(comm), count_(count), spec_(spec), phase_(phase) {}
 
  private:
   const Comm* comm_;
   size_t count_;
   codec::Spec spec_;
+  size_t phase_;
 };
 
 // APMSqueeze / sync / local Adam (+ SlowMo) over one flat fp32 buffer of
@@ -197,8 +219,14 @@ class Comm {
                         coll::OperationPtr* operation);
   Status startBarrier(coll::OperationPtr* operation);
 
-  // A compressor for `count` elements; every rank makes one alike.
-  Status createCompressor(size_t count, const codec::Spec& spec, std::unique_ptr<Compressor>* out);
+  // A compressor for `count` elements; every rank makes one alike. `phase`
+  // (below the codec's block) places the buffer inside a longer sequence:
+  // its element 0 is `phase` elements into one of the sequence's blocks, so
+  // its blocks are the sequence's wherever the buffer begins. Host engines
+  // with the flat layout honour it; the hierarchical layout and the NCCL
+  // engine keep the buffer's own blocks (the compressor's phase() says 0).
+  Status createCompressor(size_t count, const codec::Spec& spec, std::unique_ptr<Compressor>* out,
+                          size_t phase = 0);
   // The compressed allreduce of c.count() elements of fp32, fp16 or bf16,
   // sum or avg, on host buffers (host engine).
   Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op, Compressor& c);

@@ -2,6 +2,7 @@
 // it rendezvoused through, destroyed in the reverse order. Compressors hold a
 // coll::CompressedState, optimizers are optim::Optimizer over host memory;
 // device buffers are staged through host memory (host_staging.cc).
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -16,7 +17,7 @@ class HostCompressor final : public Compressor {
  public:
   HostCompressor(const Comm* comm, size_t count, const codec::Spec& spec,
                  std::unique_ptr<coll::CompressedState> state)
-      : Compressor(comm, count, spec), state_(std::move(state)) {}
+      : Compressor(comm, count, spec, state->phase()), state_(std::move(state)) {}
 
   Status reset() override {
     state_->reset();
@@ -36,11 +37,44 @@ class HostCompressor final : public Compressor {
     return Status::kOk;
   }
 
+  Status drain(float* owed, ReduceOp op, void*) override {
+    SQUALL_TRY(flatOnly("drain"));
+    coll::CompressedState& s = *state_;
+    const size_t phase = s.phase(), n = count();
+    float* worker = s.worker().current();
+    for (size_t i = 0; i < n; ++i) owed[i] += worker[phase + i];
+    std::fill(worker, worker + s.paddedCount(), 0.0f);
+    // This rank's chunk of the virtual layout (compressed_state.h).
+    const float scale = op == ReduceOp::kAvg ? static_cast<float>(s.nranks()) : 1.0f;
+    const size_t first = static_cast<size_t>(comm().rank()) * s.chunk();
+    float* server = s.server().current();
+    for (size_t j = 0; j < s.chunk(); ++j) {
+      const size_t at = first + j;
+      if (at >= phase && at - phase < n) owed[at - phase] += scale * server[j];
+    }
+    std::fill(server, server + s.chunk(), 0.0f);
+    return Status::kOk;
+  }
+  Status seed(const float* owed, void*) override {
+    SQUALL_TRY(flatOnly("seed"));
+    float* worker = state_->worker().current() + state_->phase();
+    for (size_t i = 0; i < count(); ++i) worker[i] += owed[i];
+    return Status::kOk;
+  }
+
   coll::CompressedState& state() { return *state_; }
   std::unique_ptr<Staging>& staging() { return staging_; }
   void called() { ++calls_; }
 
  private:
+  Status flatOnly(const char* what) const {
+    SQUALL_REQUIRE(!state_->hierarchical(), Status::kUnsupported, Subsys::kApi,
+                   "a compressor of the hierarchical layout cannot %s its residuals: each rank "
+                   "holds the worker residual of one slice only",
+                   what);
+    return Status::kOk;
+  }
+
   std::unique_ptr<coll::CompressedState> state_;
   std::unique_ptr<Staging> staging_;  // pinned buffers, once given device pointers
   uint64_t calls_ = 0;
@@ -67,10 +101,10 @@ class HostEngine final : public Engine {
   coll::Communicator* host() override { return coll_.get(); }
   bool canSplit() const override { return bootstrap_ != nullptr; }
 
-  Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
+  Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec, size_t phase,
                           std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::CompressedState> state;
-    SQUALL_TRY(coll_->createCompressedState(count, spec, &state));
+    SQUALL_TRY(coll_->createCompressedState(count, spec, phase, &state));
     *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
     return Status::kOk;
   }

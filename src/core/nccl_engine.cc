@@ -28,7 +28,7 @@ class DeviceCompressor final : public Compressor {
  public:
   DeviceCompressor(const Comm* comm, size_t count, const codec::Spec& spec,
                    std::unique_ptr<coll::device::DeviceCompressedState> state)
-      : Compressor(comm, count, spec), state_(std::move(state)) {}
+      : Compressor(comm, count, spec, 0), state_(std::move(state)) {}
 
   Status reset() override {
     SQUALL_TRY(state_->reset(lastStream_));
@@ -49,6 +49,20 @@ class DeviceCompressor final : public Compressor {
     s.algorithm = calls_ != 0 ? "twophase" : "none";  // the device path is always flat
     s.sliceCount = count();
     *out = s;
+    return Status::kOk;
+  }
+
+  Status drain(float* owed, ReduceOp op, void* stream) override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    SQUALL_TRY(
+        state_->drain(s, owed, op == ReduceOp::kAvg ? static_cast<float>(comm().size()) : 1));
+    lastStream_ = s;
+    return Status::kOk;
+  }
+  Status seed(const float* owed, void* stream) override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    SQUALL_TRY(state_->seed(s, owed));
+    lastStream_ = s;
     return Status::kOk;
   }
 
@@ -75,7 +89,8 @@ class NcclEngine final : public Engine {
   const char* transportName() const override { return "nccl"; }
   int device() const override { return device_; }
 
-  Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
+  // The device path keeps the buffer's own blocks: `phase` is not honoured.
+  Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec, size_t,
                           std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::device::DeviceCompressedState> state;
     SQUALL_TRY(coll::device::DeviceCompressedState::create(comm_.size(), comm_.rank(), count, spec,

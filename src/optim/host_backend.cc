@@ -15,7 +15,7 @@ Status HostBackend::createChannel(Channel channel, size_t count, const codec::Sp
                                   coll::CompressedAlgo algo) {
   Slot& s = slot(channel);
   s.count = count;
-  SQUALL_TRY(comm_->createCompressedState(count, spec, &s.state));
+  SQUALL_TRY(comm_->createCompressedState(count, spec, 0, &s.state));
   s.state->setAlgorithm(algo);
   return Status::kOk;
 }

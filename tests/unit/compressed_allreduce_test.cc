@@ -60,14 +60,15 @@ struct Case {
   ReduceOp op;
   size_t segmentBytes;
   int calls;
+  size_t phase = 0;  // the buffer's position within a codec block
 };
 
 std::string describeCase(const Case& c) {
   char text[200];
-  std::snprintf(text, sizeof(text), "n=%d count=%zu %s/%u %s %s segment=%zu", c.n, c.count,
-                codec::codecName(c.spec.codec), c.spec.block,
+  std::snprintf(text, sizeof(text), "n=%d count=%zu %s/%u %s %s segment=%zu phase=%zu", c.n,
+                c.count, codec::codecName(c.spec.codec), c.spec.block,
                 c.algo == CompressedAlgo::kAllGather ? "allgather" : "twophase", reduceOpName(c.op),
-                c.segmentBytes);
+                c.segmentBytes, c.phase);
   return text;
 }
 
@@ -87,8 +88,9 @@ void checkAgainstReference(const Case& c, Group* reuse = nullptr) {
   ASSERT_EQ(group.size(), c.n);
   for (int r = 0; r < c.n; ++r) group.comm(r).options() = options;
   std::vector<std::unique_ptr<CompressedState>> states(c.n);
-  for (auto& s : states) ASSERT_EQ(CompressedState::create(c.n, c.count, c.spec, &s), Status::kOk);
-  CompressedReference reference(c.n, c.count, c.spec);
+  for (auto& s : states)
+    ASSERT_EQ(CompressedState::create(c.n, c.count, c.spec, &s, c.phase), Status::kOk);
+  CompressedReference reference(c.n, c.count, c.spec, c.phase);
   for (int call = 0; call < c.calls; ++call) {
     auto inputs = randomInputs(c.n, c.count, 1000u * static_cast<unsigned>(call) + 7u);
     const bool average = c.op == ReduceOp::kAvg;
@@ -108,11 +110,13 @@ void checkAgainstReference(const Case& c, Group* reuse = nullptr) {
     for (int r = 0; r < c.n; ++r) {
       ASSERT_TRUE(sameBits(outputs[r].data(), expected.data(), c.count))
           << "rank " << r << " call " << call << " differs from the reference";
-      ASSERT_TRUE(
-          sameBits(states[r]->worker().current(), reference.workerResidual(r).data(), c.count))
+      ASSERT_TRUE(sameBits(states[r]->worker().current(), reference.workerResidual(r).data(),
+                           c.phase + c.count))
           << "worker residual of rank " << r << " call " << call;
-      const size_t begin = std::min(c.count, static_cast<size_t>(r) * states[r]->chunk());
-      const size_t served = std::min(c.count - begin, states[r]->chunk());
+      // Virtual positions: rank r serves [r C, (r + 1) C) of phase + count.
+      const size_t span = c.phase + c.count;
+      const size_t begin = std::min(span, static_cast<size_t>(r) * states[r]->chunk());
+      const size_t served = std::min(span - begin, states[r]->chunk());
       ASSERT_TRUE(
           sameBits(states[r]->server().current(), reference.serverResidual(r).data(), served))
           << "server residual of rank " << r << " call " << call;
@@ -135,6 +139,51 @@ TEST_P(CompressedAllReduce, MatchesReferenceAcrossRanksSizesAndSegments) {
       }
     }
   }
+}
+
+// A buffer that begins inside a codec block of a longer sequence (the
+// interposer's calls within a step): its blocks are the sequence's, the piece
+// holding element 0 travels as two encodings, and everything still matches
+// the reference bit for bit, over segments, ranks and both algorithms.
+TEST_P(CompressedAllReduce, PhaseAlignsBlocksToTheSequence) {
+  const codec::Spec onebit64 = specOf(codec::CodecId::kOnebit, 64);
+  for (int n : {2, 3, 4}) {
+    Group group(n);
+    for (size_t count :
+         {size_t{1}, size_t{40}, size_t{64}, size_t{1000}, static_cast<size_t>(n) * 64 * 3 + 17}) {
+      for (size_t phase : {size_t{1}, size_t{24}, size_t{63}}) {
+        for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+          for (size_t segmentBytes : {size_t{0}, size_t{256}}) {
+            checkAgainstReference(
+                Case{n, count, onebit64, algo, ReduceOp::kSum, segmentBytes, 2, phase}, &group);
+            checkAgainstReference(
+                Case{n, count, onebit64, algo, ReduceOp::kAvg, segmentBytes, 2, phase}, &group);
+          }
+        }
+      }
+    }
+  }
+  // The head is the sequence's block: a phased buffer's first U - P outputs
+  // are those of a buffer of U - P elements alone (the same inputs).
+  Group pair(2);
+  const size_t phase = 40, count = 300, head = 64 - phase;
+  auto inputs = randomInputs(2, count, 11);
+  std::vector<std::vector<float>> whole(2, std::vector<float>(count)),
+      alone(2, std::vector<float>(head));
+  pair.run([&](Communicator& comm, int r) {
+    std::unique_ptr<CompressedState> phased, short_;
+    ASSERT_EQ(CompressedState::create(2, count, onebit64, &phased, phase), Status::kOk);
+    ASSERT_EQ(CompressedState::create(2, head, onebit64, &short_), Status::kOk);
+    ASSERT_EQ(comm.compressedAllReduce(inputs[r].data(), whole[r].data(), DataType::kF32,
+                                       ReduceOp::kSum, phased.get()),
+              Status::kOk);
+    ASSERT_EQ(comm.compressedAllReduce(inputs[r].data(), alone[r].data(), DataType::kF32,
+                                       ReduceOp::kSum, short_.get()),
+              Status::kOk);
+  });
+  EXPECT_TRUE(sameBits(whole[0].data(), alone[0].data(), head));
+  std::unique_ptr<CompressedState> bad;
+  EXPECT_EQ(CompressedState::create(2, count, onebit64, &bad, 64), Status::kInvalidArgument);
 }
 
 TEST_P(CompressedAllReduce, MatchesReferenceForEveryCodec) {

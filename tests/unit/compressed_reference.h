@@ -3,6 +3,9 @@
 // transport. It follows the contract of src/coll/compressed_twophase.cc and
 // src/coll/compressed_allgather.cc step by step, unsegmented; the collectives
 // must match it bit for bit whatever the segment size and implementation.
+// With a phase P (compressed_state.h) element i sits at virtual position
+// P + i: chunks are cut from the virtual buffer, and the piece holding
+// element 0 is encoded as its first U - P elements and the rest.
 #pragma once
 
 #include <algorithm>
@@ -19,12 +22,12 @@ namespace squall::testing {
 class CompressedReference {
  public:
   // Residual state of one buffer for n virtual ranks.
-  CompressedReference(int n, size_t count, const codec::Spec& spec)
-      : n_(n), count_(count), spec_(spec) {
-    const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
-    const size_t group = unit * static_cast<size_t>(n);
-    chunk_ = (count + group - 1) / group;
-    chunk_ *= unit;
+  CompressedReference(int n, size_t count, const codec::Spec& spec, size_t phase = 0)
+      : n_(n), count_(count), spec_(spec), phase_(phase) {
+    unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
+    const size_t group = unit_ * static_cast<size_t>(n);
+    chunk_ = (phase + count + group - 1) / group;
+    chunk_ *= unit_;
     for (int r = 0; r < n; ++r) {
       worker_.push_back(Residual(chunk_ * static_cast<size_t>(n)));
       server_.push_back(Residual(chunk_));
@@ -44,21 +47,22 @@ class CompressedReference {
     bool finite = true;  // every encode of the call, on every rank
     for (size_t j = 0; j < n; ++j) {
       for (size_t c = 0; c < n; ++c) {
-        const size_t at = c * chunk_;
-        encoded[j].push_back(encode(inputs[j].data() + std::min(at, count_), realCount(c),
-                                    worker_[j].current.data() + at, worker_[j].next.data() + at,
-                                    &finite));
+        const size_t at = first(c);  // virtual
+        encoded[j].push_back(encodePiece(inputs[j].data() + (at - phase_), realCount(c),
+                                         worker_[j].current.data() + at,
+                                         worker_[j].next.data() + at, head(c), &finite));
       }
     }
     std::vector<std::vector<uint8_t>> serverEncoded(n);
     for (size_t r = 0; r < n; ++r) {
       const size_t m = realCount(r);
       std::vector<float> acc(m);
-      for (size_t j = 0; j < n; ++j) decode(encoded[j][r], acc.data(), m, j != 0);
+      for (size_t j = 0; j < n; ++j) decodePiece(encoded[j][r], acc.data(), m, head(r), j != 0);
       if (average)
         for (float& v : acc) v = v / static_cast<float>(n);
-      serverEncoded[r] =
-          encode(acc.data(), m, server_[r].current.data(), server_[r].next.data(), &finite);
+      const size_t at = first(r) - r * chunk_;
+      serverEncoded[r] = encodePiece(acc.data(), m, server_[r].current.data() + at,
+                                     server_[r].next.data() + at, head(r), &finite);
     }
     for (size_t r = 0; r < n; ++r) {
       worker_[r].commit(finite);
@@ -67,7 +71,9 @@ class CompressedReference {
     }
     std::vector<float> out(count_);
     for (size_t c = 0; c < n; ++c)
-      decode(serverEncoded[c], out.data() + std::min(c * chunk_, count_), realCount(c), false);
+      if (realCount(c) != 0)
+        decodePiece(serverEncoded[c], out.data() + (first(c) - phase_), realCount(c), head(c),
+                    false);
     return out;
   }
 
@@ -79,16 +85,18 @@ class CompressedReference {
     serverCommitted.assign(n, false);
     std::vector<std::vector<uint8_t>> encoded(n);
     bool finite = true;  // every rank's encode
+    const size_t lead = phase_ != 0 ? std::min(unit_ - phase_, count_) : 0;
     for (size_t j = 0; j < n; ++j) {
-      encoded[j] = encode(inputs[j].data(), count_, worker_[j].current.data(),
-                          worker_[j].next.data(), &finite);
+      encoded[j] = encodePiece(inputs[j].data(), count_, worker_[j].current.data() + phase_,
+                               worker_[j].next.data() + phase_, lead < count_ ? lead : 0, &finite);
     }
     for (size_t j = 0; j < n; ++j) {
       worker_[j].commit(finite);
       workerCommitted[j] = finite;
     }
     std::vector<float> out(count_);
-    for (size_t j = 0; j < n; ++j) decode(encoded[j], out.data(), count_, j != 0);
+    for (size_t j = 0; j < n; ++j)
+      decodePiece(encoded[j], out.data(), count_, lead < count_ ? lead : 0, j != 0);
     if (average)
       for (float& v : out) v = v / static_cast<float>(n);
     return out;
@@ -109,10 +117,39 @@ class CompressedReference {
     std::vector<float> current, next;
   };
 
+  // Chunk c's first element (virtual position), its element count, and
+  // the length of its head (0: none).
+  size_t first(size_t c) const { return std::max(c * chunk_, phase_); }
   size_t realCount(size_t c) const {
-    const size_t begin = c * chunk_;
-    const size_t end = std::min(begin + chunk_, count_);
-    return begin < end ? end - begin : 0;
+    const size_t end = std::min((c + 1) * chunk_, phase_ + count_);
+    return first(c) < end ? end - first(c) : 0;
+  }
+  size_t head(size_t c) const {
+    if (first(c) != phase_ || phase_ == 0) return 0;
+    const size_t h = unit_ - phase_;
+    return h < realCount(c) ? h : 0;
+  }
+
+  // A piece: its first `h` elements and the rest as two encodings.
+  std::vector<uint8_t> encodePiece(const float* x, size_t m, const float* residualIn,
+                                   float* residualOut, size_t h, bool* finite) const {
+    if (h == 0) return encode(x, m, residualIn, residualOut, finite);
+    std::vector<uint8_t> bytes = encode(x, h, residualIn, residualOut, finite);
+    const std::vector<uint8_t> rest = encode(x + h, m - h, residualIn + h, residualOut + h, finite);
+    bytes.insert(bytes.end(), rest.begin(), rest.end());
+    return bytes;
+  }
+  void decodePiece(const std::vector<uint8_t>& bytes, float* out, size_t m, size_t h,
+                   bool accumulate) const {
+    if (h == 0) return decode(bytes, out, m, accumulate);
+    codec::Layout layout;
+    if (codec::layoutFor(spec_, h, &layout) != Status::kOk) std::abort();
+    const std::vector<uint8_t> first(bytes.begin(),
+                                     bytes.begin() + static_cast<ptrdiff_t>(layout.totalBytes));
+    const std::vector<uint8_t> rest(bytes.begin() + static_cast<ptrdiff_t>(layout.totalBytes),
+                                    bytes.end());
+    decode(first, out, h, accumulate);
+    decode(rest, out + h, m - h, accumulate);
   }
 
   std::vector<uint8_t> encode(const float* x, size_t m, const float* residualIn, float* residualOut,
@@ -142,6 +179,8 @@ class CompressedReference {
   int n_;
   size_t count_;
   codec::Spec spec_;
+  size_t phase_ = 0;
+  size_t unit_ = 1;
   size_t chunk_ = 0;
   std::vector<Residual> worker_, server_;
 };

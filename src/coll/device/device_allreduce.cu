@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
@@ -184,6 +185,57 @@ Status DeviceCompressedState::reset(cudaStream_t stream) {
   SQUALL_TRY(codec::cudaResidualReset(*worker_, stream));
   SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
   return leave(stream, captured);
+}
+
+Status DeviceCompressedState::drain(cudaStream_t stream, float* owed, float serverScale) {
+  if (worker_ == nullptr) return Status::kOk;  // the identity keeps no state
+  bool captured = false;
+  SQUALL_TRY(enter(stream, &captured));
+  SQUALL_REQUIRE(!captured, Status::kInvalidUsage, Subsys::kColl,
+                 "a compressor's residuals cannot be drained on a stream being captured");
+  const float* worker = nullptr;
+  const float* server = nullptr;
+  SQUALL_TRY(codec::cudaResidualCurrent(*worker_, stream, &worker));
+  SQUALL_TRY(codec::cudaResidualCurrent(*server_, stream, &server));
+  // This rank's chunk: elements [rank * chunk, ...) below count.
+  const size_t first = std::min(static_cast<size_t>(rank_) * chunk_, count_);
+  const size_t served = std::min(chunk_, count_ - first);
+  std::vector<float> held(count_ + served);
+  if (count_ != 0)
+    SQUALL_CUDA_TRY(cudaMemcpyAsync(held.data(), worker, count_ * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream));
+  if (served != 0)
+    SQUALL_CUDA_TRY(cudaMemcpyAsync(held.data() + count_, server, served * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream));
+  SQUALL_CUDA_TRY(cudaMemsetAsync(const_cast<float*>(worker), 0,
+                                  chunk_ * static_cast<size_t>(nranks_) * sizeof(float), stream));
+  SQUALL_CUDA_TRY(cudaMemsetAsync(const_cast<float*>(server), 0, chunk_ * sizeof(float), stream));
+  SQUALL_TRY(leave(stream, captured));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < count_; ++i) owed[i] += held[i];
+  for (size_t j = 0; j < served; ++j) owed[first + j] += serverScale * held[count_ + j];
+  return Status::kOk;
+}
+
+Status DeviceCompressedState::seed(cudaStream_t stream, const float* owed) {
+  if (worker_ == nullptr || count_ == 0) return Status::kOk;
+  bool captured = false;
+  SQUALL_TRY(enter(stream, &captured));
+  SQUALL_REQUIRE(!captured, Status::kInvalidUsage, Subsys::kColl,
+                 "a compressor's residuals cannot be seeded on a stream being captured");
+  const float* worker = nullptr;
+  SQUALL_TRY(codec::cudaResidualCurrent(*worker_, stream, &worker));
+  std::vector<float> sum(count_);
+  SQUALL_CUDA_TRY(
+      cudaMemcpyAsync(sum.data(), worker, count_ * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < count_; ++i) sum[i] += owed[i];
+  SQUALL_CUDA_TRY(cudaMemcpyAsync(const_cast<float*>(worker), sum.data(), count_ * sizeof(float),
+                                  cudaMemcpyHostToDevice, stream));
+  SQUALL_TRY(leave(stream, captured));
+  // `sum` is pageable and local: the copy must have read it before it goes.
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  return Status::kOk;
 }
 
 Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) {

@@ -68,6 +68,13 @@ class DeviceCompressedState {
 
   // Zeroes both residuals (stream-ordered).
   Status reset(cudaStream_t stream);
+  // core::Compressor::drain and seed: through host memory, waiting for
+  // `stream`. drain adds the current worker residual of every element and,
+  // times serverScale, the server residual of this rank's chunk into
+  // owed[0, count()), then zeroes both; seed adds owed into the current
+  // worker residual. Refused on a stream being captured.
+  Status drain(cudaStream_t stream, float* owed, float serverScale);
+  Status seed(cudaStream_t stream, const float* owed);
   // 1 when a decode saw a header that did not match (device flag; waits for
   // `stream`, diagnostics only), and clears it.
   Status takeDecodeError(cudaStream_t stream, bool* error);

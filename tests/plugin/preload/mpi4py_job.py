@@ -50,10 +50,15 @@ sq(lib.squallCommInitFromMpi(ctypes.byref(ref), handle, None), "squallCommInitFr
 spec = Spec()
 sq(lib.squallCodecSpecParse(b"onebit", ctypes.byref(spec)), "squallCodecSpecParse")
 compressors = []
-for n in counts:
+lib.squallCompressorCreateAt.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                         ctypes.c_void_p, ctypes.c_void_p]
+for t, n in enumerate(counts):
     c = ctypes.c_void_p()
-    sq(lib.squallCompressorCreate(ref, ctypes.c_size_t(n), ctypes.byref(spec), ctypes.byref(c)),
-       "squallCompressorCreate")
+    # The interposer puts each call's codec blocks on the step's.
+    phase = sum(counts[:t]) % spec.blockSize
+    sq(lib.squallCompressorCreateAt(ref, ctypes.c_size_t(n), ctypes.c_size_t(phase),
+                                    ctypes.byref(spec), ctypes.byref(c)),
+       "squallCompressorCreateAt")
     compressors.append(c)
 
 rng = np.random.default_rng(rank)

@@ -161,15 +161,154 @@ TEST(PreloadResiduals, EvictsLeastRecentlyUsedWithinTheCap) {
   EXPECT_EQ(m.size(), 0u);
 }
 
+// A residual of the fake kind: `owed` values in step order.
+struct FakeResidual {
+  std::vector<float> owed;
+};
+struct FakeOps {
+  const ResidualKey* key = nullptr;
+  int made = 0;
+  Status make(std::unique_ptr<FakeResidual>* out) {
+    ++made;
+    *out = std::make_unique<FakeResidual>(FakeResidual{std::vector<float>(key->count, 0.0f)});
+    return Status::kOk;
+  }
+  Status drain(FakeResidual& r, float* owed) {
+    for (size_t i = 0; i < r.owed.size(); ++i) owed[i] += r.owed[i];
+    std::fill(r.owed.begin(), r.owed.end(), 0.0f);
+    return Status::kOk;
+  }
+  Status seed(FakeResidual& r, const float* owed) {
+    for (size_t i = 0; i < r.owed.size(); ++i) r.owed[i] += owed[i];
+    return Status::kOk;
+  }
+};
+
+// Error feedback survives a change of cut: every element's owed error moves
+// to whichever entry covers it next, nothing is counted twice, and entries
+// never overlap.
+TEST(PreloadResiduals, OwedErrorFollowsTheElementsAcrossCuts) {
+  StepResiduals<FakeResidual> residuals(1 << 20);
+  FakeOps ops;
+  auto at = [&](int64_t offset, size_t count, bool* recut = nullptr) {
+    static ResidualKey key;
+    key = ResidualKey{DataType::kF32, offset, count};
+    ops.key = &key;
+    StepResiduals<FakeResidual>::Outcome outcome;
+    EXPECT_EQ(residuals.acquire(key, count * 4, ops, &outcome), Status::kOk);
+    if (recut != nullptr) *recut = outcome.recut;
+    return outcome.value;
+  };
+  // Step of 30 elements cut [0,10) [10,30); each element i owes i.
+  FakeResidual* a = at(0, 10);
+  FakeResidual* b = at(10, 20);
+  for (int i = 0; i < 10; ++i) a->owed[i] = static_cast<float>(i);
+  for (int i = 0; i < 20; ++i) b->owed[i] = static_cast<float>(10 + i);
+  bool recut = true;
+  EXPECT_EQ(at(0, 10, &recut), a);  // the same cut: the same entry
+  EXPECT_FALSE(recut);
+  // Cut [0,30): both drained into it, each element once.
+  FakeResidual* whole = at(0, 30, &recut);
+  EXPECT_TRUE(recut);
+  EXPECT_EQ(residuals.size(), 1u);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(whole->owed[i], static_cast<float>(i)) << i;
+  for (float& v : whole->owed) v *= 2;
+  // Cut [0,5) [5,30): the first takes its part, the rest waits for the second.
+  FakeResidual* head = at(0, 5, &recut);
+  EXPECT_TRUE(recut);
+  EXPECT_EQ(residuals.pendingElements(DataType::kF32), 25);
+  FakeResidual* tail = at(5, 25, &recut);
+  EXPECT_TRUE(recut);
+  EXPECT_EQ(residuals.pendingElements(DataType::kF32), 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(head->owed[i], 2.0f * i);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(tail->owed[i], 2.0f * (5 + i));
+  // Another element type is another step.
+  StepResiduals<FakeResidual>::Outcome outcome;
+  ResidualKey half{DataType::kF16, 0, 30};
+  ops.key = &half;
+  ASSERT_EQ(residuals.acquire(half, 120, ops, &outcome), Status::kOk);
+  EXPECT_FALSE(outcome.recut);
+  EXPECT_EQ(residuals.size(), 3u);
+}
+
+TEST(PreloadResiduals, EvictionDrainsInsteadOfLosing) {
+  StepResiduals<FakeResidual> residuals(100);
+  FakeOps ops;
+  auto at = [&](int64_t offset, size_t count, uint64_t* evicted) {
+    static ResidualKey key;
+    key = ResidualKey{DataType::kF32, offset, count};
+    ops.key = &key;
+    StepResiduals<FakeResidual>::Outcome outcome;
+    EXPECT_EQ(residuals.acquire(key, count * 4, ops, &outcome), Status::kOk);
+    *evicted = outcome.evicted;
+    return outcome.value;
+  };
+  uint64_t evicted = 0;
+  FakeResidual* a = at(0, 20, &evicted);  // 80 of 100 bytes
+  a->owed.assign(20, 1.0f);
+  FakeResidual* b = at(20, 10, &evicted);  // 40 more: a is drained and goes
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(evicted, 1u);
+  EXPECT_EQ(residuals.pendingElements(DataType::kF32), 20);
+  FakeResidual* again = at(0, 20, &evicted);  // b goes; a's error comes back
+  EXPECT_EQ(again->owed, std::vector<float>(20, 1.0f));
+  EXPECT_EQ(at(0, 26, &evicted), nullptr);  // 104 bytes: over the cap alone
+}
+
+TEST(PreloadEdges, RunsKeepSmallTensorsAtFullPrecision) {
+  TensorEdges edges;
+  // A step like Horovod's fused MLP: b3 10, w3 2560, b2 256, w2 65536.
+  edges.add(0, 10);
+  edges.add(10, 2560);
+  edges.add(2570, 256);
+  edges.add(2826, 65536);
+  auto runs = edges.runs(0, 68362, 1024);
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_TRUE(runs[0].full);
+  EXPECT_EQ(runs[0].count, 10u);
+  EXPECT_FALSE(runs[1].full);
+  EXPECT_EQ(runs[1].offset, 10);
+  EXPECT_TRUE(runs[2].full);
+  EXPECT_EQ(runs[2].offset, 2570);
+  EXPECT_EQ(runs[3].count, 65536u);
+  // Adjacent small tensors merge into one run; a call inside one tensor is one run.
+  edges.add(68362, 100);
+  edges.add(68462, 100);
+  runs = edges.runs(68362, 200, 1024);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_TRUE(runs[0].full);
+  runs = edges.runs(2826, 65536, 1024);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_FALSE(runs[0].full);
+}
+
+TEST(PreloadSteps, TheLearningWindowRevealsItsEdges) {
+  StepTracker steps(0, 6);
+  // Step of 30 = [10, 20] in one step and [30] in the next, then [10, 20].
+  for (size_t n : {10, 20, 30, 10, 20}) steps.place(n);
+  ASSERT_TRUE(steps.place(30).agree);
+  int64_t proposal[2];
+  steps.proposal(proposal);
+  ASSERT_EQ(proposal[0], 30);
+  TensorEdges edges;
+  steps.windowEdges(proposal, &edges);
+  const auto runs = edges.runs(0, 30, 15);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_TRUE(runs[0].full);   // the 10 below 15
+  EXPECT_FALSE(runs[1].full);  // the 20
+}
+
 TEST(PreloadReport, JsonHasTheFields) {
   Report& r = Report::get();
   r.setRank(3);
   r.compressed(10, 320);
   r.passed(Verdict::kSmall, 8);
+  r.recut();
+  r.keptFull(256);
   const std::string j = r.json("onebit");
-  for (const char* field :
-       {"\"calls_compressed\": 1", "\"calls_passed\": 1", "\"bytes_sent\": 18",
-        "\"bytes_full_precision\": 328", "\"codec\": \"onebit\"", "\"rank\": 3", "\"small\": 1"})
+  for (const char* field : {"\"calls_compressed\": 1", "\"calls_passed\": 1", "\"bytes_sent\": 18",
+                            "\"bytes_full_precision\": 328", "\"codec\": \"onebit\"", "\"rank\": 3",
+                            "\"small\": 1", "\"calls_recut\": 1", "\"elements_kept_full\": 256"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " in " << j;
 }
 
