@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -152,6 +153,44 @@ TEST(CoreComm, CompressorAndOptimizer) {
     for (size_t i = 0; i < p.size(); ++i) EXPECT_EQ(all[i], all[p.size() + i]);
     EXPECT_LT(p[0], 1.0f);
   });
+}
+
+// drain hands over what the residuals still owe, each element once: with
+// zero residuals before a call, sum of inputs = output (times n for avg)
+// plus what every rank drains; seed gives it to another compressor whole.
+TEST(CoreComm, CompressorResidualsDrainAndSeed) {
+  setenv("SQUALL_COMPRESSED_ALGO", "twophase", 1);  // a server residual too
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    runRanks(3, [&](Comm& comm) {
+      const size_t count = 300;
+      codec::Spec spec;
+      spec.block = 64;
+      std::unique_ptr<Compressor> a, b;
+      ASSERT_EQ(comm.createCompressor(count, spec, &a, 40), Status::kOk) << lastError();
+      EXPECT_EQ(a->phase(), 40u);
+      std::vector<float> x(count), y(count), sum(count), owed(count, 0.0f), total(count);
+      for (size_t i = 0; i < count; ++i)
+        x[i] = static_cast<float>((i * 7 + static_cast<size_t>(comm.rank()) * 13) % 17) - 8.0f;
+      ASSERT_EQ(comm.compressedAllReduce(x.data(), y.data(), DataType::kF32, op, *a), Status::kOk)
+          << lastError();
+      ASSERT_EQ(a->drain(owed.data(), op, nullptr), Status::kOk);
+      ASSERT_EQ(comm.allReduce(x.data(), sum.data(), count, DataType::kF32, ReduceOp::kSum),
+                Status::kOk);
+      ASSERT_EQ(comm.allReduce(owed.data(), total.data(), count, DataType::kF32, ReduceOp::kSum),
+                Status::kOk);
+      const float n = op == ReduceOp::kAvg ? 3.0f : 1.0f;
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_NEAR(n * y[i] + total[i], sum[i], 1e-4f * (1.0f + std::abs(sum[i]))) << i;
+      std::vector<float> again(count, 0.0f), back(count, 0.0f);
+      ASSERT_EQ(a->drain(again.data(), op, nullptr), Status::kOk);
+      EXPECT_EQ(again, std::vector<float>(count, 0.0f));  // drained means zeroed
+      ASSERT_EQ(comm.createCompressor(count, spec, &b), Status::kOk);
+      ASSERT_EQ(b->seed(owed.data(), nullptr), Status::kOk);
+      ASSERT_EQ(b->drain(back.data(), op, nullptr), Status::kOk);
+      EXPECT_EQ(back, owed);
+    });
+  }
+  unsetenv("SQUALL_COMPRESSED_ALGO");
 }
 
 TEST(CoreComm, CompressorOfAnotherCommIsRefused) {
