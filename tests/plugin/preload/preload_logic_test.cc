@@ -167,9 +167,7 @@ struct FakeResidual {
 };
 struct FakeOps {
   const ResidualKey* key = nullptr;
-  int made = 0;
   Status make(std::unique_ptr<FakeResidual>* out) {
-    ++made;
     *out = std::make_unique<FakeResidual>(FakeResidual{std::vector<float>(key->count, 0.0f)});
     return Status::kOk;
   }
@@ -184,20 +182,25 @@ struct FakeOps {
   }
 };
 
+// The entry of [offset, offset + count) of fp32 (4 bytes an element).
+FakeResidual* acquireAt(StepResiduals<FakeResidual>& residuals, int64_t offset, size_t count,
+                        StepResiduals<FakeResidual>::Outcome* outcome) {
+  const ResidualKey key{DataType::kF32, offset, count};
+  FakeOps ops{&key};
+  EXPECT_EQ(residuals.acquire(key, count * 4, ops, outcome), Status::kOk);
+  return outcome->value;
+}
+
 // Error feedback survives a change of cut: every element's owed error moves
 // to whichever entry covers it next, nothing is counted twice, and entries
 // never overlap.
 TEST(PreloadResiduals, OwedErrorFollowsTheElementsAcrossCuts) {
   StepResiduals<FakeResidual> residuals(1 << 20);
-  FakeOps ops;
   auto at = [&](int64_t offset, size_t count, bool* recut = nullptr) {
-    static ResidualKey key;
-    key = ResidualKey{DataType::kF32, offset, count};
-    ops.key = &key;
     StepResiduals<FakeResidual>::Outcome outcome;
-    EXPECT_EQ(residuals.acquire(key, count * 4, ops, &outcome), Status::kOk);
+    FakeResidual* value = acquireAt(residuals, offset, count, &outcome);
     if (recut != nullptr) *recut = outcome.recut;
-    return outcome.value;
+    return value;
   };
   // Step of 30 elements cut [0,10) [10,30); each element i owes i.
   FakeResidual* a = at(0, 10);
@@ -224,8 +227,8 @@ TEST(PreloadResiduals, OwedErrorFollowsTheElementsAcrossCuts) {
   for (int i = 0; i < 25; ++i) EXPECT_EQ(tail->owed[i], 2.0f * (5 + i));
   // Another element type is another step.
   StepResiduals<FakeResidual>::Outcome outcome;
-  ResidualKey half{DataType::kF16, 0, 30};
-  ops.key = &half;
+  const ResidualKey half{DataType::kF16, 0, 30};
+  FakeOps ops{&half};
   ASSERT_EQ(residuals.acquire(half, 120, ops, &outcome), Status::kOk);
   EXPECT_FALSE(outcome.recut);
   EXPECT_EQ(residuals.size(), 3u);
@@ -233,15 +236,11 @@ TEST(PreloadResiduals, OwedErrorFollowsTheElementsAcrossCuts) {
 
 TEST(PreloadResiduals, EvictionDrainsInsteadOfLosing) {
   StepResiduals<FakeResidual> residuals(100);
-  FakeOps ops;
   auto at = [&](int64_t offset, size_t count, uint64_t* evicted) {
-    static ResidualKey key;
-    key = ResidualKey{DataType::kF32, offset, count};
-    ops.key = &key;
     StepResiduals<FakeResidual>::Outcome outcome;
-    EXPECT_EQ(residuals.acquire(key, count * 4, ops, &outcome), Status::kOk);
+    FakeResidual* value = acquireAt(residuals, offset, count, &outcome);
     *evicted = outcome.evicted;
-    return outcome.value;
+    return value;
   };
   uint64_t evicted = 0;
   FakeResidual* a = at(0, 20, &evicted);  // 80 of 100 bytes
