@@ -17,6 +17,7 @@ PNG plots (loss vs step, loss vs bytes sent per rank) per task.
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -41,8 +42,26 @@ LABELS = {
     "local_sgd": "Local SGD (periodic averaging of SGD)",
     "slowmo_sgd": "SlowMo over local SGD",
 }
-DEFAULT_METHODS = ("adam,apmsqueeze,apmsqueeze_old,naive_onebit,periodic_adam,slowmo_adam,"
-                   "slowmo_adam_1bit")
+# APMSqueeze with one setting changed from the library's defaults: what each part costs
+APM_VARIANTS = {
+    "apm_fp32_warmup": ({"warmup_codec": "none"}, "APMSqueeze, fp32 warmup (not bf16)"),
+    "apm_allgather": ({"compressed_algo": "allgather"}, "APMSqueeze, all-gather (not two-phase)"),
+    "apm_block2048": ({"codec": "onebit:block=2048:scale=rms"},
+                      "APMSqueeze, 2048-element blocks (not 64)"),
+    "apm_meanabs_scale": ({"codec": "onebit:block=64"},
+                          "APMSqueeze, mean-abs block scale (not RMS; the previous default)"),
+    "apm_fixed_warmup": ({"freeze_threshold": 0.0},
+                         "APMSqueeze, fixed 15% warmup (no variance test)"),
+    "apm_threshold_0.1": ({"freeze_threshold": 0.1}, "APMSqueeze, freeze threshold 0.1 (not 0.2)"),
+    # diagnostics, not in the default plan
+    "apm_fp32_momentum": ({"codec": "none"},
+                          "APMSqueeze, fp32 momentum (frozen variance, no compression)"),
+    "apm_warmup_30": ({"warmup": 0.3}, "APMSqueeze, warmup bound 30% (not 15%)"),
+}
+METHODS += list(APM_VARIANTS)
+LABELS.update({k: v[1] for k, v in APM_VARIANTS.items()})
+DEFAULT_METHODS = ("adam,apmsqueeze,periodic_adam,slowmo_adam,apm_fp32_warmup,apm_allgather,"
+                   "apm_block2048,apm_meanabs_scale,apm_fixed_warmup,apm_threshold_0.1")
 ENV = {
     "SQUALL_SOCKET_IFNAME": "lo",
     "SQUALL_TRANSPORT": "tcp",
@@ -117,29 +136,42 @@ class DigitsCNNTask(DigitsTask):
             torch.nn.Flatten(), torch.nn.Linear(32 * 2 * 2, 10))
 
 
+class TextData:
+    """The (deduplicated) texts of /usr/share/common-licenses, concatenated in
+    name order; the last 10% is validation. Loaded once per process."""
+    _cache = None
+
+    @classmethod
+    def load(cls):
+        if cls._cache is None:
+            root = "/usr/share/common-licenses"
+            seen, parts = set(), []
+            for f in sorted(os.listdir(root)):
+                real = os.path.realpath(os.path.join(root, f))
+                if real in seen or not os.path.isfile(real):
+                    continue
+                seen.add(real)
+                with open(real, "rb") as fh:
+                    parts.append(fh.read().decode("utf-8", "replace"))
+            text = "\n".join(parts)
+            chars = sorted(set(text))
+            stoi = {c: i for i, c in enumerate(chars)}
+            data = torch.tensor([stoi[c] for c in text], dtype=torch.int64)
+            cls._cache = (data, len(chars), sorted(seen))
+        return cls._cache
+
+
 class CharLMTask:
-    """Character-level LM on the (deduplicated) texts of /usr/share/common-licenses:
-    last 10% of the concatenation is validation. 1-layer GRU, embedding 32, hidden 128."""
+    """Character-level LM on TextData. The GRU: 1 layer, embedding 32, hidden
+    --lm-hidden. Evaluated on fixed validation windows: loss and next-character
+    accuracy."""
     name = "charlm"
 
     def __init__(self, args):
-        root = "/usr/share/common-licenses"
-        seen, parts = set(), []
-        for f in sorted(os.listdir(root)):
-            real = os.path.realpath(os.path.join(root, f))
-            if real in seen or not os.path.isfile(real):
-                continue
-            seen.add(real)
-            with open(real, "rb") as fh:
-                parts.append(fh.read().decode("utf-8", "replace"))
-        text = "\n".join(parts)
-        chars = sorted(set(text))
-        self.vocab = len(chars)
-        stoi = {c: i for i, c in enumerate(chars)}
-        data = torch.tensor([stoi[c] for c in text], dtype=torch.int64)
+        data, self.vocab, self.files = TextData.load()
+        self.nchars = len(data)
         cut = int(len(data) * 0.9)
         self.train, self.val = data[:cut], data[cut:]
-        self.files, self.nchars = sorted(seen), len(data)
         self.seq = args.lm_seq
         self.hidden = args.lm_hidden
         self.batch = args.lm_batch
@@ -169,7 +201,80 @@ class CharLMTask:
 
     @torch.no_grad()
     def evaluate(self, model):
-        return {"val_loss": float(self.loss(model, (self.vx, self.vy)))}
+        out = model(self.vx)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                 self.vy.reshape(-1))
+        acc = (out.argmax(-1) == self.vy).float().mean()
+        return {"val_loss": float(loss), "val_acc": float(acc) * 100.0}
+
+
+class CharCNNTask(CharLMTask):
+    """The same text with a gated, dilated, causal 1-D convolutional LM."""
+    name = "charcnn"
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.seq, self.lr = args.cnnlm_seq, {"adam": args.cnnlm_lr, "sgd": args.lm_sgd_lr}
+
+    def model(self):
+        return GatedConvLM(self.vocab)
+
+
+class TransformerLMTask(CharLMTask):
+    """The same text with a small pre-norm causal transformer."""
+    name = "transformer"
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.seq, self.lr = args.tflm_seq, {"adam": args.tflm_lr, "sgd": args.lm_sgd_lr}
+        self.max_len = max(self.seq, args.lm_val_seq)
+
+    def model(self):
+        return TinyTransformerLM(self.vocab, self.max_len)
+
+
+class TabularTask:
+    """A tabular MLP. tabular_small: sklearn's breast-cancer data (569 rows,
+    30 features; stratified 80/20 split, 455 training rows), which an MLP
+    overfits within a few epochs. tabular_large: a fixed synthetic
+    4-class problem (sklearn make_classification, 20,000 rows, 32 features,
+    random_state=0; 16,000 training rows). Features standardised with the
+    training split's mean and std."""
+
+    def __init__(self, args, name):
+        from sklearn.model_selection import train_test_split
+        self.name = name
+        if name == "tabular_small":
+            from sklearn.datasets import load_breast_cancer
+            d = load_breast_cancer()
+            x, y, hidden = d.data, d.target, 64
+            self.batch, steps_lr = args.tab_small_batch, args.tab_small_lr
+        else:
+            from sklearn.datasets import make_classification
+            x, y = make_classification(n_samples=20000, n_features=32, n_informative=16,
+                                       n_redundant=8, n_classes=4, n_clusters_per_class=2,
+                                       class_sep=1.0, flip_y=0.02, random_state=0)
+            hidden = 128
+            self.batch, steps_lr = args.tab_large_batch, args.tab_large_lr
+        tr, te = train_test_split(torch.arange(len(y)).numpy(), test_size=0.2, random_state=0,
+                                  stratify=y)
+        x = torch.tensor(x, dtype=torch.float32)
+        y = torch.tensor(y, dtype=torch.int64)
+        mu, sd = x[tr].mean(0), x[tr].std(0).clamp_min(1e-6)
+        x = (x - mu) / sd
+        self.xtr, self.ytr, self.xte, self.yte = x[tr], y[tr], x[te], y[te]
+        self.nin, self.nout, self.hidden = x.shape[1], int(y.max()) + 1, hidden
+        self.lr = {"adam": steps_lr, "sgd": args.digits_sgd_lr}
+
+    def model(self):
+        h = self.hidden
+        return torch.nn.Sequential(torch.nn.Linear(self.nin, h), torch.nn.ReLU(),
+                                   torch.nn.Linear(h, h), torch.nn.ReLU(),
+                                   torch.nn.Linear(h, self.nout))
+
+    batch_for = DigitsTask.batch_for
+    loss = DigitsTask.loss
+    evaluate = DigitsTask.evaluate
 
 
 class CharGRU(torch.nn.Module):
@@ -182,6 +287,79 @@ class CharGRU(torch.nn.Module):
     def forward(self, x):
         h, _ = self.rnn(self.emb(x))
         return self.head(h)
+
+
+class GatedConvLM(torch.nn.Module):
+    """Embedding 32 -> 4 gated causal conv layers (48 channels, kernel 3,
+    dilations 1, 2, 4, 8; GLU, residual) -> linear head."""
+
+    def __init__(self, vocab, emb=32, channels=48, dilations=(1, 2, 4, 8)):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, emb)
+        self.inp = torch.nn.Conv1d(emb, channels, 1)
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv1d(channels, 2 * channels, 3, dilation=d) for d in dilations)
+        self.dilations = dilations
+        self.head = torch.nn.Linear(channels, vocab)
+
+    def forward(self, x):
+        h = self.inp(self.emb(x).transpose(1, 2))
+        for conv, d in zip(self.convs, self.dilations):
+            z = conv(torch.nn.functional.pad(h, (2 * d, 0)))  # causal: pad the past only
+            h = h + torch.nn.functional.glu(z, dim=1)
+        return self.head(h.transpose(1, 2))
+
+
+class TinyTransformerLM(torch.nn.Module):
+    """Embedding + learnt positions (64), 2 pre-norm causal layers (4 heads,
+    feed-forward 128, no dropout), final norm, linear head."""
+
+    def __init__(self, vocab, max_len, d=64, layers=2, heads=4, ff=128):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.zeros(max_len, d))
+        torch.nn.init.normal_(self.pos, std=0.02)
+        layer = torch.nn.TransformerEncoderLayer(d, heads, ff, dropout=0.0, batch_first=True,
+                                                 norm_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, layers)
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, x):
+        n = x.shape[1]
+        mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+        h = self.body(self.emb(x) + self.pos[:n], mask=mask)
+        return self.head(self.norm(h))
+
+
+# name: (what builds it, default steps, label in the tables)
+TASKS = {
+    "digits": (DigitsTask, 300, "digits (MLP)"),
+    "digits_cnn": (DigitsCNNTask, 300, "digits (CNN)"),
+    "charlm": (CharLMTask, 160, "charlm (GRU)"),
+    "charcnn": (CharCNNTask, 300, "charcnn (gated conv LM)"),
+    "transformer": (TransformerLMTask, 300, "transformer LM"),
+    "tabular_small": (lambda a: TabularTask(a, "tabular_small"), 300,
+                      "tabular, 455 rows (MLP)"),
+    "tabular_large": (lambda a: TabularTask(a, "tabular_large"), 600,
+                      "tabular, 16k rows (MLP)"),
+}
+DEFAULT_TASKS = "charcnn,tabular_small,digits_cnn,charlm,digits,tabular_large,transformer"
+
+
+def make_task(name, args):
+    return TASKS[name][0](args)
+
+
+def steps_of(spec, task):
+    """--steps: empty (each task's default), N (every task) or task=N,..."""
+    steps = TASKS[task][1]
+    for part in filter(None, (spec or "").split(",")):
+        if "=" not in part:
+            steps = int(part)
+        elif part.split("=")[0] == task:
+            steps = int(part.split("=")[1])
+    return steps
 
 
 # ------------------------------------------------------------- training ----
@@ -224,6 +402,9 @@ def train_one(task, method, seed, steps, rank, world, args):
                                  ("compressed_algo", args.apm_algo)) if v is not None}
         opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
                                       total_steps=steps, guard=bool(args.apm_guard), **kw)
+    elif method in APM_VARIANTS:
+        opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
+                                      total_steps=steps, **APM_VARIANTS[method][0])
     elif method == "apmsqueeze_old":
         opt = squall.optim.APMSqueeze(params, lr=lr, eps=args.eps, weight_decay=0.0,
                                       warmup=0.15, total_steps=steps, codec="onebit:block=2048",
@@ -282,7 +463,7 @@ def train_one(task, method, seed, steps, rank, world, args):
             evals.append(e)
     elapsed = time.time() - t0
     extra = {"vchange": vchange} if vchange else {}
-    if method.startswith("apmsqueeze"):
+    if method.startswith("apm"):
         inf = opt.info()
         extra = {"warmup_steps": inf["warmup_steps"], "skipped_steps": inf["skipped_steps"]}
         opt.close()
@@ -290,7 +471,13 @@ def train_one(task, method, seed, steps, rank, world, args):
         extra = {"compressor_calls": comp.stats["calls"],
                  "skipped_calls": comp.stats["skipped_calls"]}
         comp.close()
+    # replicas of the methods that keep them equal every step: compared bit for bit
+    digest = None
+    if method == "adam" or method == "naive_onebit" or method.startswith("apm"):
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     return {"losses": losses, "bytes": bytes_cum, "evals": evals, "nparam": nparam,
+            "digest": digest,
             "elapsed_s": elapsed, "lr": lr, **extra}
 
 
@@ -355,30 +542,32 @@ def worker(rank, world, port, args, plan, out_path):
         if progress is not None:
             progress.start(task_name, method, seed, steps)
         if task_name not in tasks:
-            tasks[task_name] = {"digits": DigitsTask, "digits_cnn": DigitsCNNTask,
-                                "charlm": CharLMTask}[task_name](args)
+            tasks[task_name] = make_task(task_name, args)
         task = tasks[task_name]
         r = train_one(task, method, seed, steps, rank, world, args)
         # gather per-rank losses and bytes (measurement only; not counted)
         allr = [None] * world
         dist.all_gather_object(allr, {"losses": r["losses"], "bytes": r["bytes"][-1],
-                                      "elapsed_s": r["elapsed_s"]})
+                                      "elapsed_s": r["elapsed_s"], "digest": r["digest"]})
         if rank == 0:
             losses = torch.tensor([a["losses"] for a in allr]).mean(0).tolist()
             rec = {"task": task_name, "method": method, "seed": seed, "steps": steps,
-                   "world": world, **{k: v for k, v in r.items() if k != "losses"},
+                   "world": world,
+                   **{k: v for k, v in r.items() if k not in ("losses", "digest")},
                    "train_loss": losses,
                    "bytes_per_rank_final": [a["bytes"] for a in allr],
                    "elapsed_max_s": max(a["elapsed_s"] for a in allr)}
+            if r["digest"] is not None:
+                rec["replicas_identical"] = len({a["digest"] for a in allr}) == 1
             records = [x for x in records if not (x["task"] == task_name and
                        x["method"] == method and x["seed"] == seed)] + [rec]
             meta.update({"args": vars(args), "world": world,
                          "compressed_algo": os.environ.get("SQUALL_COMPRESSED_ALGO", "auto")})
             if task_name.startswith("digits"):
                 meta[task_name] = {"dropped_pixels": task.dropped, "inputs": task.nin}
-            if task_name == "charlm":
-                meta["charlm"] = {"files": task.files, "chars": task.nchars,
-                                  "vocab": task.vocab}
+            if isinstance(task, CharLMTask):
+                meta[task_name] = {"files": task.files, "chars": task.nchars,
+                                   "vocab": task.vocab}
             with open(out_path + ".tmp", "w") as f:
                 json.dump({"meta": meta, "runs": records}, f)
             os.replace(out_path + ".tmp", out_path)
@@ -464,8 +653,10 @@ def plot(runs, outdir):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = dict(zip(METHODS, ["k", "tab:red", "tab:pink", "tab:orange", "tab:cyan",
-                                "tab:blue", "tab:purple", "tab:green", "tab:olive"]))
+    palette = ["k", "tab:red", "tab:pink", "tab:orange", "tab:cyan", "tab:blue", "tab:purple",
+               "tab:green", "tab:olive", "tab:brown", "tab:gray", "gold", "lime", "navy",
+               "teal", "salmon"]
+    colors = dict(zip(METHODS, palette))
     paths = []
     for task in sorted({r["task"] for r in runs}):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)
@@ -500,13 +691,16 @@ def plot(runs, outdir):
     return paths
 
 
-QUALITY = {"digits": ("test_acc", "points"), "digits_cnn": ("test_acc", "points"),
-           "charlm": ("val_loss", "%")}
-TASK_NAMES = {"digits": "digits (MLP)", "digits_cnn": "digits (CNN)", "charlm": "charlm (GRU)"}
+def _metric_keys(runs, task):
+    """(loss key, accuracy key) of a task's evaluations."""
+    e = next(r["evals"][-1] for r in runs if r["task"] == task)
+    loss = next(k for k in e if k.endswith("_loss"))
+    acc = next(k for k in e if k.endswith("_acc"))
+    return loss, acc
 
 
 def _paired(runs, task, method, key, unit):
-    """Mean over seeds of (method - Adam) on the same seed: points, or % of Adam's loss."""
+    """Per seed, method - Adam on the same seed: points, or % of Adam's loss."""
     adam = {r["seed"]: r["evals"][-1][key] for r in runs
             if r["task"] == task and r["method"] == "adam"}
     d = [(r["evals"][-1][key] - adam[r["seed"]]) * (1.0 if unit == "points" else
@@ -515,52 +709,111 @@ def _paired(runs, task, method, key, unit):
     return (_mean(d), d) if d else (None, [])
 
 
-def goal_tables(runs):
-    """The goal table of docs/convergence.md: per task, every method against
-    Adam of the same run (paired over seeds), bytes at the transport."""
+def verdicts(runs):
+    """Per task: the paired deltas of every method and whether the goals hold.
+    APMSqueeze (defaults): >= 8x fewer bytes, loss within +2%, accuracy within
+    -0.5 points. SlowMo: loss and accuracy at least those of periodic
+    averaging of the same base optimizer (paired means)."""
     summary = summarize(runs)
-    out = []
-    for task in [t for t in ("digits", "digits_cnn", "charlm") if t in summary]:
-        rows = summary[task]
-        key, unit = QUALITY[task]
-        seeds = max(r["n_seeds"] for r in rows.values())
-        steps = next(r["steps"] for r in runs if r["task"] == task)
-        nparam = next(r["nparam"] for r in runs if r["task"] == task)
-        out.append(f"**{TASK_NAMES[task]}**: {nparam:,} parameters, {steps} steps, "
-                   f"{seeds} seeds, {runs[0]['world']} ranks.\n")
-        qname = "test accuracy (%)" if unit == "points" else "validation loss (nats/char)"
-        delta = "vs Adam (points)" if unit == "points" else "vs Adam (% loss)"
-        out.append(f"| method | {qname} | {delta} | MB sent / rank | Adam bytes / method bytes "
-                   "| warmup steps | goal |")
-        out.append("|---|---|---|---|---|---|---|")
-        periodic = _paired(runs, task, "periodic_adam", key, unit)[0]
-        for m, row in rows.items():
-            mu, sd = row["metrics"][key]
-            d, per = _paired(runs, task, m, key, unit)
-            ratio = row["bytes_vs_adam"]
-            ws = [r.get("warmup_steps") for r in runs if r["task"] == task and r["method"] == m
+    out = {}
+    for task in [t for t in TASKS if t in summary]:
+        lk, ak = _metric_keys(runs, task)
+        rows = {}
+        for m, row in summary[task].items():
+            dl, dls = _paired(runs, task, m, lk, "%")
+            da, das = _paired(runs, task, m, ak, "points")
+            ws = [r["warmup_steps"] for r in runs if r["task"] == task and r["method"] == m
                   and r.get("warmup_steps") is not None]
-            wtxt = (f"{min(ws)}–{max(ws)}" if min(ws) != max(ws) else f"{ws[0]}") if ws else "–"
-            goal = ""
-            if m == "apmsqueeze":
-                okq = d >= -0.5 if unit == "points" else d <= 2.0
-                okb = ratio >= 8.0
-                goal = ("met" if okq and okb else "**missed**: " + ", ".join(
-                    x for x, ok in (("quality", okq), ("bytes", okb)) if not ok))
-            elif m == "slowmo_adam" and periodic is not None:
-                better = d >= periodic if unit == "points" else d <= periodic
-                goal = "met (>= periodic)" if better else "**missed** (< periodic)"
-            dtxt = "–" if m == "adam" else (f"{d:+.2f}" if unit == "points" else f"{d:+.1f}%")
-            qtxt = f"{mu:.2f} ± {sd:.2f}" if unit == "points" else f"{mu:.3f} ± {sd:.3f}"
-            out.append(f"| {LABELS[m]} | {qtxt} | {dtxt} | {row['bytes_per_rank'] / 1e6:.2f} | "
-                       f"{ratio:.1f}x | {wtxt} | {goal} |")
+            same = [r["replicas_identical"] for r in runs if r["task"] == task and
+                    r["method"] == m and "replicas_identical" in r]
+            rows[m] = {"loss": row["metrics"][lk], "acc": row["metrics"][ak], "d_loss": dl,
+                       "d_loss_seeds": dls, "d_acc": da, "d_acc_seeds": das,
+                       "ratio": row["bytes_vs_adam"], "mb": row["bytes_per_rank"] / 1e6,
+                       "warmup": ws, "seeds": row["n_seeds"],
+                       "identical": (all(same) if same else None)}
+        apm, per, slo = rows.get("apmsqueeze"), rows.get("periodic_adam"), rows.get("slowmo_adam")
+        goal = {}
+        if apm and apm["d_loss"] is not None:
+            goal["apmsqueeze"] = [name for name, ok in (
+                ("bytes", apm["ratio"] >= 8.0), ("loss", apm["d_loss"] <= 2.0),
+                ("accuracy", apm["d_acc"] >= -0.5)) if not ok]
+        if per and slo and per["d_loss"] is not None:
+            goal["slowmo_adam"] = [name for name, ok in (
+                ("loss", slo["d_loss"] <= per["d_loss"]),
+                ("accuracy", slo["d_acc"] >= per["d_acc"])) if not ok]
+        out[task] = {"rows": rows, "goal": goal, "loss_key": lk, "acc_key": ak,
+                     "steps": next(r["steps"] for r in runs if r["task"] == task),
+                     "nparam": next(r["nparam"] for r in runs if r["task"] == task),
+                     "world": next(r["world"] for r in runs if r["task"] == task)}
+    return out
+
+
+def _goal_cell(missed):
+    return "met" if not missed else "**missed**: " + ", ".join(missed)
+
+
+def _range(xs):
+    return "–" if not xs else (f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}–{max(xs)}")
+
+
+def goal_tables(runs):
+    """docs/convergence.md's tables: the goal per family, what each part of
+    the defaults costs, then every method per family, all paired against
+    Adam of the same seeds."""
+    v = verdicts(runs)
+    out = ["| family | parameters, steps, seeds | bytes vs Adam (≥ 8x) | loss vs Adam (≤ +2%) "
+           "| accuracy vs Adam (≥ −0.5 points) | warmup steps | APMSqueeze | SlowMo vs periodic "
+           "(loss; points) | SlowMo |", "|---|---|---|---|---|---|---|---|---|"]
+    for task, t in v.items():
+        a = t["rows"].get("apmsqueeze")
+        if a is None or a["d_loss"] is None:
+            continue
+        s, p = t["rows"].get("slowmo_adam"), t["rows"].get("periodic_adam")
+        sp = (f"{s['d_loss'] - p['d_loss']:+.1f}%; {s['d_acc'] - p['d_acc']:+.2f}"
+              if s and p and s["d_loss"] is not None and p["d_loss"] is not None else "–")
+        out.append(f"| {TASKS[task][2]} | {t['nparam']:,}, {t['steps']}, {a['seeds']} | "
+                   f"{a['ratio']:.1f}x | {a['d_loss']:+.2f}% | {a['d_acc']:+.2f} | "
+                   f"{_range(a['warmup'])} | {_goal_cell(t['goal'].get('apmsqueeze', []))} | "
+                   f"{sp} | {_goal_cell(t['goal']['slowmo_adam']) if 'slowmo_adam' in t['goal'] else '–'} |")
+    out.append("")
+    variants = [m for m in ["apmsqueeze"] + list(APM_VARIANTS) + ["apmsqueeze_old"]
+                if any(m in t["rows"] for t in v.values())]
+    if len(variants) > 1:
+        fams = [task for task in v if "apmsqueeze" in v[task]["rows"]]
+        out.append("What each part of the defaults costs: APMSqueeze with one setting changed, "
+                   "paired against Adam (loss %; accuracy points; bytes ratio).\n")
+        out.append("| variant | " + " | ".join(TASKS[f][2] for f in fams) + " |")
+        out.append("|---" * (len(fams) + 1) + "|")
+        for m in variants:
+            cells = []
+            for f in fams:
+                r = v[f]["rows"].get(m)
+                cells.append("–" if r is None or r["d_loss"] is None else
+                             f"{r['d_loss']:+.1f}%; {r['d_acc']:+.2f}; {r['ratio']:.1f}x")
+            out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
         out.append("")
-        per = {m: _paired(runs, task, m, key, unit)[1] for m in rows if m != "adam"}
-        fmt = (lambda x: f"{x:+.2f}") if unit == "points" else (lambda x: f"{x:+.1f}%")
-        out.append("Per seed vs Adam: " + "; ".join(
-            f"{LABELS[m].split(' (')[0] if m != 'apmsqueeze_old' else 'old defaults'} "
-            + ", ".join(fmt(x) for x in v) for m, v in per.items() if m in
-            ("apmsqueeze", "apmsqueeze_old", "slowmo_adam", "periodic_adam")) + ".\n")
+    for task, t in v.items():
+        out.append(f"**{TASKS[task][2]}**: {t['nparam']:,} parameters, {t['steps']} steps, "
+                   f"{t['world']} ranks; {t['loss_key']} and {t['acc_key']} at the last step.\n")
+        out.append("| method | seeds | loss | vs Adam | accuracy (%) | vs Adam (points) | "
+                   "MB sent / rank | Adam bytes / method bytes | warmup steps | replicas |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for m, r in t["rows"].items():
+            ident = {True: "identical", False: "**differ**", None: "–"}[r["identical"]]
+            dl = "–" if m == "adam" else f"{r['d_loss']:+.2f}%"
+            da = "–" if m == "adam" else f"{r['d_acc']:+.2f}"
+            out.append(f"| {LABELS[m]} | {r['seeds']} | {r['loss'][0]:.4f} ± {r['loss'][1]:.4f} | "
+                       f"{dl} | {r['acc'][0]:.2f} ± {r['acc'][1]:.2f} | {da} | {r['mb']:.2f} | "
+                       f"{r['ratio']:.1f}x | {_range(r['warmup'])} | {ident} |")
+        per = [(m, t["rows"][m]) for m in ("apmsqueeze", "slowmo_adam", "periodic_adam")
+               if m in t["rows"]]
+        if per:
+            out.append("")
+            out.append("Per seed vs Adam (loss %, accuracy points): " + "; ".join(
+                f"{LABELS[m].split(' (')[0]} " + ", ".join(
+                    f"{x:+.1f}%/{y:+.2f}" for x, y in zip(r["d_loss_seeds"], r["d_acc_seeds"]))
+                for m, r in per) + ".")
+        out.append("")
     return "\n".join(out)
 
 
@@ -600,14 +853,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--tasks", default="digits,digits_cnn,charlm")
+    ap.add_argument("--tasks", default=DEFAULT_TASKS, help="from: " + ",".join(TASKS))
     ap.add_argument("--methods", default=DEFAULT_METHODS,
                     help="comma-separated, from: " + ",".join(METHODS))
-    ap.add_argument("--seeds", type=int, default=None, help="seeds of every task")
-    ap.add_argument("--digits-seeds", type=int, default=5, help="digits and digits_cnn")
-    ap.add_argument("--lm-seeds", type=int, default=5)
-    ap.add_argument("--digits-steps", type=int, default=300, help="digits and digits_cnn")
-    ap.add_argument("--lm-steps", type=int, default=160)
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of every task")
+    ap.add_argument("--steps", default="",
+                    help="N (every task) or task=N,...; default: each task's own (" +
+                         ", ".join(f"{t} {v[1]}" for t, v in TASKS.items()) + ")")
     ap.add_argument("--digits-batch", type=int, default=64, help="global batch")
     ap.add_argument("--digits-drop-constant", type=int, default=0,
                     help="drop input pixels constant (0) over the training set (1/0)")
@@ -618,6 +870,14 @@ def main():
     ap.add_argument("--lm-hidden", type=int, default=96, help="GRU width")
     ap.add_argument("--lm-lr", type=float, default=3e-3)
     ap.add_argument("--lm-sgd-lr", type=float, default=0.5)
+    ap.add_argument("--cnnlm-seq", type=int, default=64, help="charcnn's windows")
+    ap.add_argument("--cnnlm-lr", type=float, default=3e-3)
+    ap.add_argument("--tflm-seq", type=int, default=32, help="transformer's windows")
+    ap.add_argument("--tflm-lr", type=float, default=3e-3)
+    ap.add_argument("--tab-small-batch", type=int, default=32, help="global batch")
+    ap.add_argument("--tab-small-lr", type=float, default=3e-3)
+    ap.add_argument("--tab-large-batch", type=int, default=128, help="global batch")
+    ap.add_argument("--tab-large-lr", type=float, default=3e-3)
     ap.add_argument("--lm-val-seq", type=int, default=128)
     ap.add_argument("--lm-val-windows", type=int, default=48)
     ap.add_argument("--warmup", type=float, default=None,
@@ -650,11 +910,8 @@ def main():
     ap.add_argument("--doc", action="store_true",
                     help="also rewrite the goal tables of docs/convergence.md from results.json")
     args = ap.parse_args()
-    if args.seeds is not None:
-        args.digits_seeds = args.lm_seeds = args.seeds
     if args.quick:
-        args.digits_seeds = args.lm_seeds = 1
-        args.digits_steps = args.lm_steps = 48
+        args.seeds, args.steps = 1, "48"
         args.eval_every = 24
     os.makedirs(args.out, exist_ok=True)
     if args.replot_all:
@@ -667,9 +924,8 @@ def main():
     if not args.plots_only:
         plan = []
         for t in args.tasks.split(","):
-            nseeds = args.digits_seeds if t.startswith("digits") else args.lm_seeds
-            steps = args.digits_steps if t.startswith("digits") else args.lm_steps
-            for seed in range(nseeds):
+            steps = steps_of(args.steps, t)
+            for seed in range(args.seeds):
                 for m in args.methods.split(","):
                     plan.append((t, m, seed, steps))
         with socket.socket() as s:
