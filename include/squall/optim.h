@@ -84,13 +84,15 @@ typedef struct {
 
 /* The optimizers' defaults (docs/convergence.md measures them, docs/optim.md explains
  * them): the adaptive warmup (threshold 0.2 over 8-step windows, the 15% fraction as the
- * upper bound), a bf16 warmup, and onebit momentum in 64-element blocks. */
+ * upper bound), a bf16 warmup, and onebit momentum in 64-element blocks, each with the
+ * scale that keeps its norm (RMS). */
 #define SQUALL_OPTIM_FREEZE_THRESHOLD 0.2
 #define SQUALL_OPTIM_FREEZE_WINDOW 8
 #define SQUALL_OPTIM_WARMUP_CODEC squallCodecBf16
 #define SQUALL_OPTIM_BLOCK_SIZE 64
+#define SQUALL_OPTIM_SCALE squallScaleRms
 #define SQUALL_OPTIM_CODEC_SPEC \
-  { squallCodecOnebit, squallScaleMeanAbs, SQUALL_OPTIM_BLOCK_SIZE }
+  { squallCodecOnebit, SQUALL_OPTIM_SCALE, SQUALL_OPTIM_BLOCK_SIZE }
 
 #define SQUALL_OPTIM_CONFIG_INIT                                                                   \
   {                                                                                                \

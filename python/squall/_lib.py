@@ -169,7 +169,7 @@ class OptimConfig(ctypes.Structure):
 
     def __init__(self):
         super().__init__(ctypes.sizeof(OptimConfig), MODE_APMSQUEEZE, 1e-3, 0.9, 0.999, 1e-8, 0.0,
-                         -1, 0.15, 0, CodecSpec(CODEC_ONEBIT, SCALE_MEAN_ABS,
+                         -1, 0.15, 0, CodecSpec(CODEC_ONEBIT, SCALE_RMS,
                                                 OPTIM_BLOCK_SIZE), 0, 1.0, 0.5, 0,
                          1, 0.0, FREEZE_THRESHOLD, FREEZE_WINDOW, OPTIM_ALGOS["bytes"],
                          WARMUP_CODECS[WARMUP_CODEC])

@@ -168,7 +168,7 @@ class APMSqueeze(torch.optim.Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, *, maximize=False, foreach=None, capturable=False,
                  differentiable=False, fused=None, warmup=0.15, total_steps=None,
-                 codec="onebit:block=64", comm=None, mode="apmsqueeze", guard=True,
+                 codec="onebit:block=64:scale=rms", comm=None, mode="apmsqueeze", guard=True,
                  max_update=None,
                  broadcast_initial=True, freeze_threshold=None, freeze_window=None,
                  compressed_algo="bytes", warmup_codec=None):

@@ -198,6 +198,26 @@ def _bad_worker(rank, world):
     return raised
 
 
+def _defaults_worker(rank, world):
+    from squall import _lib
+    from squall.optim import APMSqueeze
+
+    squall.init()
+    opt = APMSqueeze([torch.zeros(4, requires_grad=True)], warmup=1)
+    cfg = _lib.OptimConfig()  # what a C caller's SQUALL_OPTIM_CONFIG_INIT holds
+    return ((opt._spec.codec, opt._spec.scale, opt._spec.blockSize),
+            (cfg.codec.codec, cfg.codec.scale, cfg.codec.blockSize))
+
+
+def test_apmsqueeze_default_codec_is_rms_onebit_in_64_element_blocks():
+    """The study's default (docs/convergence.md): the same in Python and in the C config."""
+    from squall import _lib
+
+    want = (_lib.CODEC_ONEBIT, _lib.SCALE_RMS, 64)
+    for py, c in _dist.run(_defaults_worker, world=WORLD):
+        assert py == want and c == want
+
+
 def test_apmsqueeze_bad_input():
     res = _dist.run(_bad_worker, world=WORLD)
     assert res[0] == res[1] and len(res[0]) == 11

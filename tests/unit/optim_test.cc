@@ -889,6 +889,20 @@ class OptimApi : public ::testing::Test {
   squallComm_t comm_ = nullptr;
 };
 
+// The defaults the convergence study chose (docs/convergence.md): 1-bit
+// momentum in 64-element blocks with the norm-keeping (RMS) scale, the
+// adaptive bf16 warmup bounded by 15% of the run.
+TEST(OptimDefaults, AreTheStudysChoice) {
+  const squallOptimConfig_t c = SQUALL_OPTIM_CONFIG_INIT;
+  EXPECT_EQ(c.codec.codec, squallCodecOnebit);
+  EXPECT_EQ(c.codec.scale, squallScaleRms);
+  EXPECT_EQ(c.codec.blockSize, 64u);
+  EXPECT_EQ(c.warmupCodec, squallCodecBf16);
+  EXPECT_EQ(c.freezeThreshold, 0.2);
+  EXPECT_EQ(c.warmupFraction, 0.15);
+  EXPECT_EQ(c.compressedAlgo, squallOptimAlgoBytes);
+}
+
 TEST_F(OptimApi, BadConfigsAreRejectedWithClearErrors) {
   squallOptimConfig_t c = valid();
   c.lr = 0.0f;
