@@ -756,6 +756,26 @@ def _range(xs):
     return "–" if not xs else (f"{min(xs)}" if min(xs) == max(xs) else f"{min(xs)}–{max(xs)}")
 
 
+def vchange_table(runs, steps=(16, 24, 32, 40, 48, 56), seeds=(0, 1)):
+    """The adaptive warmup's signal on full-precision Adam's own v (the Adam
+    runs' log): the relative change over the window ending at each step."""
+    rows = []
+    for task in TASKS:
+        logs = {r["seed"]: dict(map(tuple, r["vchange"])) for r in runs
+                if r["task"] == task and r["method"] == "adam" and r.get("vchange")
+                and r["seed"] in seeds}
+        if logs:
+            rows.append(f"| {TASKS[task][2]} | " + " | ".join(
+                ", ".join(f"{logs[sd][st]:.2f}" for sd in sorted(logs) if st in logs[sd]) or "–"
+                for st in steps) + " |")
+    if not rows:
+        return ""
+    return ("The warmup's signal on Adam's own variance (relative change over the 8 steps "
+            f"ending at each step; seeds {', '.join(map(str, seeds))}): the default "
+            "threshold is 0.2.\n\n| family | " + " | ".join(str(st) for st in steps) + " |\n"
+            + "|---" * (len(steps) + 1) + "|\n" + "\n".join(rows) + "\n")
+
+
 def goal_tables(runs):
     """docs/convergence.md's tables: the goal per family, what each part of
     the defaults costs, then every method per family, all paired against
@@ -792,6 +812,7 @@ def goal_tables(runs):
                              f"{r['d_loss']:+.1f}%; {r['d_acc']:+.2f}; {r['ratio']:.1f}x")
             out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
         out.append("")
+    out.append(vchange_table(runs))
     for task, t in v.items():
         out.append(f"**{TASKS[task][2]}**: {t['nparam']:,} parameters, {t['steps']} steps, "
                    f"{t['world']} ranks; {t['loss_key']} and {t['acc_key']} at the last step.\n")
