@@ -239,6 +239,16 @@ TEST(DeviceOptimizerEmu, AdaptiveWarmupStillWarmingUp) {
   expectSame(2, c, 5);
 }
 
+// The optimizer's default block scale (SQUALL_OPTIM_SCALE): the device's
+// RMS encoder gives the host's bits through the switch and after it.
+TEST(DeviceOptimizerEmu, RmsScaleMatchesTheHost) {
+  Config c = apm(3);
+  c.codec.scale = codec::Scale::kRms;
+  c.codec.block = 64;
+  expectSame(2, c, 8);
+  expectSame(4, c, 6);
+}
+
 TEST(DeviceOptimizerEmu, Bf16WarmupMatchesTheHost) {
   Config c = apm(4);
   c.warmupCodec = codec::CodecId::kBf16;
