@@ -248,14 +248,14 @@ class TabularTask:
             from sklearn.datasets import load_breast_cancer
             d = load_breast_cancer()
             x, y, hidden = d.data, d.target, 64
-            self.batch, steps_lr = args.tab_small_batch, args.tab_small_lr
+            self.batch, adam_lr = args.tab_small_batch, args.tab_small_lr
         else:
             from sklearn.datasets import make_classification
             x, y = make_classification(n_samples=20000, n_features=32, n_informative=16,
                                        n_redundant=8, n_classes=4, n_clusters_per_class=2,
                                        class_sep=1.0, flip_y=0.02, random_state=0)
             hidden = 128
-            self.batch, steps_lr = args.tab_large_batch, args.tab_large_lr
+            self.batch, adam_lr = args.tab_large_batch, args.tab_large_lr
         tr, te = train_test_split(torch.arange(len(y)).numpy(), test_size=0.2, random_state=0,
                                   stratify=y)
         x = torch.tensor(x, dtype=torch.float32)
@@ -264,7 +264,7 @@ class TabularTask:
         x = (x - mu) / sd
         self.xtr, self.ytr, self.xte, self.yte = x[tr], y[tr], x[te], y[te]
         self.nin, self.nout, self.hidden = x.shape[1], int(y.max()) + 1, hidden
-        self.lr = {"adam": steps_lr, "sgd": args.digits_sgd_lr}
+        self.lr = {"adam": adam_lr, "sgd": args.digits_sgd_lr}
 
     def model(self):
         h = self.hidden
