@@ -1,12 +1,18 @@
 #include "src/codec/codec.h"
 
+#include <unistd.h>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "src/codec/kernels.h"
 #include "src/codec/numeric.h"
 #include "src/codec/parallel.h"
+#include "src/common/log.h"
+#include "src/common/params.h"
 
 namespace squall::codec {
 namespace {
@@ -24,7 +30,8 @@ void zeroPadding(const Layout& l, uint8_t* payload) {
   std::memset(payload + l.dataOffset + l.dataBytes, 0, l.payloadBytes - l.dataOffset - l.dataBytes);
 }
 
-Status decodeInto(const void* input, size_t bytes, float* output, size_t count, bool accumulate) {
+Status decodeInto(const void* input, size_t bytes, float* output, size_t count, bool accumulate,
+                  Stores stores = Stores::kCached) {
   SQUALL_REQUIRE(input != nullptr || bytes == 0, Status::kInvalidArgument, Subsys::kCodec,
                  "the encoded input pointer is NULL");
   SQUALL_REQUIRE(output != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
@@ -44,10 +51,62 @@ Status decodeInto(const void* input, size_t bytes, float* output, size_t count, 
                  "buffer");
   if (count == 0) return Status::kOk;
   const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
-  DecodeJob job{static_cast<const uint8_t*>(input) + kHeaderBytes, count, spec, layout, output};
+  DecodeJob job{static_cast<const uint8_t*>(input) + kHeaderBytes,
+                count,
+                spec,
+                layout,
+                output,
+                stores == Stores::kStream};
   parallelDecode(accumulate ? k.accumulate : k.decode, job, codecThreads());
   return Status::kOk;
 }
+
+// Whether two specs encode alike (an element-wise codec's block and any
+// codec's scale kind but onebit's are not part of the encoding).
+bool sameEncoding(const Spec& a, const Spec& b) {
+  return a.codec == b.codec && (a.codec != CodecId::kOnebit || a.scale == b.scale) &&
+         (!usesBlocks(a.codec) || a.block == b.block);
+}
+
+// Reads the headers of the n encodings of a sum: each holds `count`
+// elements in `bytes`, all with one spec (*spec and *layout get it).
+Status checkSum(const uint8_t* const* encodings, size_t n, size_t bytes, size_t count, Spec* spec,
+                Layout* layout, const uint8_t** payloads) {
+  SQUALL_REQUIRE(encodings != nullptr && n >= 1, Status::kInvalidArgument, Subsys::kCodec,
+                 "a sum needs at least one encoding (got %zu, pointer %p)", n,
+                 static_cast<const void*>(encodings));
+  for (size_t j = 0; j < n; ++j) {
+    SQUALL_REQUIRE(encodings[j] != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                   "encoding %zu of a sum is NULL", j);
+    Spec got;
+    size_t held = 0;
+    Layout l;
+    SQUALL_TRY(readHeader(encodings[j], bytes, &got, &held, &l));
+    SQUALL_REQUIRE(held == count, Status::kInvalidUsage, Subsys::kCodec,
+                   "encoding %zu of a sum holds %zu elements where %zu were expected; sum "
+                   "encodings of the same elements",
+                   j, held, count);
+    if (j == 0) {
+      *spec = got;
+      *layout = l;
+    }
+    SQUALL_REQUIRE(sameEncoding(got, *spec), Status::kInvalidUsage, Subsys::kCodec,
+                   "encoding %zu of a sum was made with %s block %u, encoding 0 with %s block "
+                   "%u; sum encodings of one spec",
+                   j, codecName(got.codec), got.block, codecName(spec->codec), spec->block);
+    payloads[j] = encodings[j] + kHeaderBytes;
+  }
+  return Status::kOk;
+}
+
+// The payload pointers of a sum: on the stack for the usual few ranks.
+struct Payloads {
+  explicit Payloads(size_t n) : heap(n > kInline ? n : 0) {}
+  const uint8_t** data() { return heap.empty() ? inline_ : heap.data(); }
+  static constexpr size_t kInline = 16;
+  const uint8_t* inline_[kInline] = {};
+  std::vector<const uint8_t*> heap;
+};
 
 }  // namespace
 
@@ -124,9 +183,26 @@ Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t 
   return Status::kOk;
 }
 
+Stores storesFor(size_t bytes) {
+  // Past the last-level cache, a written line is evicted before anyone reads
+  // it; sysconf may not know the size (0 or -1), then 32 MiB is assumed.
+  // SQUALL_STREAM_STORES=always / never moves the threshold to 0 / infinity.
+  static const size_t threshold = [] {
+    const std::string mode = paramString(Param::kStreamStores);
+    if (mode == "always") return size_t{0};
+    if (mode == "never") return SIZE_MAX;
+    if (!mode.empty() && mode != "auto")
+      SQUALL_WARN(Subsys::kEnv, "SQUALL_STREAM_STORES=%s is not auto, always or never; using auto",
+                  mode.c_str());
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+  }();
+  return bytes > threshold ? Stores::kStream : Stores::kCached;
+}
+
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
                  const float* residualIn, float* residualOut, void* output, size_t capacity,
-                 EncodeResult* result) {
+                 EncodeResult* result, Stores stores) {
   SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the result pointer is NULL");
   SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
@@ -139,10 +215,10 @@ Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
-    r.finite = parallelEncode(
-        k.encode,
-        EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut, out + kHeaderBytes},
-        codecThreads());
+    r.finite = parallelEncode(k.encode,
+                              EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut,
+                                        out + kHeaderBytes, stores == Stores::kStream},
+                              codecThreads());
   }
   *result = r;
   return Status::kOk;
@@ -163,8 +239,83 @@ Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Re
   return Status::kOk;
 }
 
-Status decode(const void* input, size_t bytes, float* output, size_t count) {
-  return decodeInto(input, bytes, output, count, false);
+Status decode(const void* input, size_t bytes, float* output, size_t count, Stores stores) {
+  return decodeInto(input, bytes, output, count, false, stores);
+}
+
+Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float* out, size_t count,
+                 int divisor, Stores stores) {
+  if (n == 1 && divisor <= 1 && encodings != nullptr)
+    return decodeInto(encodings[0], bytes, out, count, false, stores);
+  SQUALL_REQUIRE(out != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
+                 "the output pointer is NULL but count is %zu", count);
+  Payloads payloads(n);
+  Spec spec;
+  Layout layout;
+  SQUALL_TRY(checkSum(encodings, n, bytes, count, &spec, &layout, payloads.data()));
+  for (size_t j = 0; j < n; ++j) {
+    SQUALL_REQUIRE(count == 0 || !overlaps(encodings[j], bytes, out, count * sizeof(float)),
+                   Status::kInvalidUsage, Subsys::kCodec,
+                   "encoding %zu of a sum overlaps the output; decode into a separate buffer", j);
+  }
+  if (count == 0) return Status::kOk;
+  const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
+  parallelDecodeSum(k, SumJob{payloads.data(), n, count, spec, layout, divisor}, out,
+                    stores == Stores::kStream, codecThreads());
+  return Status::kOk;
+}
+
+Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
+                 size_t count, int divisor, const float* residualIn, float* residualOut,
+                 void* output, size_t capacity, EncodeResult* result, Stores stores) {
+  SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the result pointer is NULL");
+  SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
+                 Subsys::kCodec, "residual input and output must be both set or both NULL");
+  Payloads payloads(n);
+  Spec inSpec;
+  Layout inLayout;
+  SQUALL_TRY(checkSum(encodings, n, bytes, count, &inSpec, &inLayout, payloads.data()));
+  // One spec in and out: a tile is then whole blocks of both.
+  SQUALL_REQUIRE(sameEncoding(spec, inSpec), Status::kInvalidUsage, Subsys::kCodec,
+                 "a sum of %s block %u encodings is re-encoded with %s block %u; encodeSum "
+                 "re-encodes with the encodings' own spec",
+                 codecName(inSpec.codec), inSpec.block, codecName(spec.codec), spec.block);
+  SQUALL_REQUIRE(output != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the output pointer is NULL");
+  const Layout& layout = inLayout;
+  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCodec,
+                 "the output holds %zu bytes but %zu elements encoded with %s take %zu; "
+                 "size it with squallEncodedSize",
+                 capacity, count, codecName(spec.codec), layout.totalBytes);
+  for (size_t j = 0; j < n; ++j) {
+    SQUALL_REQUIRE(!overlaps(encodings[j], bytes, output, layout.totalBytes), Status::kInvalidUsage,
+                   Subsys::kCodec,
+                   "encoding %zu of a sum overlaps the encoded output; encode into a separate "
+                   "buffer",
+                   j);
+  }
+  auto* out = static_cast<uint8_t*>(output);
+  writeHeader(spec, count, out);
+  zeroPadding(layout, out + kHeaderBytes);
+  EncodeResult r{layout.totalBytes, true};
+  if (count != 0) {
+    const KernelTable& table = activeKernels();
+    const EncodeJob job{nullptr,
+                        DType::kF32,
+                        count,
+                        spec,
+                        layout,
+                        residualIn,
+                        residualOut,
+                        out + kHeaderBytes,
+                        stores == Stores::kStream};
+    const CodecKernels& k = table.codecs[static_cast<int>(spec.codec)];
+    r.finite = parallelEncodeSum(k, SumJob{payloads.data(), n, count, spec, layout, divisor},
+                                 k.encode, job, codecThreads());
+  }
+  *result = r;
+  return Status::kOk;
 }
 
 Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, size_t count) {

@@ -57,19 +57,51 @@ Status encodedSize(const Spec& spec, size_t count, size_t* bytes);
 Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t count,
                        const void* output, size_t capacity, Subsys subsys, Layout* layout);
 
+// How a call writes its large fp32 outputs (residualOut, a decode's
+// output): kStream with non-temporal stores where the implementation has
+// them and the buffer is 64-byte aligned (streamStores in kernels.h). For
+// buffers far larger than the caches, which are not read again soon, it
+// halves the memory traffic of every written byte. The values are the same.
+enum class Stores : uint8_t { kCached, kStream };
+
+// kStream when `bytes` of buffers are touched by a call: more than the last
+// level cache holds (so cached stores would be evicted unread anyway).
+Stores storesFor(size_t bytes);
+
 // Low-level encode: reads residualIn (may be null), writes residualOut for
 // every element (may alias nothing else). Callers such as the collectives
 // encode sub-ranges with this and commit the residual once per call.
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
                  const float* residualIn, float* residualOut, void* output, size_t capacity,
-                 EncodeResult* result);
+                 EncodeResult* result, Stores stores = Stores::kCached);
 
 // Encode with an optional Residual object, committed when the call is finite.
 Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Residual* residual,
               void* output, size_t capacity, EncodeResult* result);
 
-Status decode(const void* input, size_t bytes, float* output, size_t count);
+Status decode(const void* input, size_t bytes, float* output, size_t count,
+              Stores stores = Stores::kCached);
 Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, size_t count);
+
+// The sum of n encodings of the same `count` elements, each `bytes` long and
+// made with one spec: out[i] = d_0[i] + d_1[i] + ... + d_{n-1}[i], added in
+// that order, divided by `divisor` when it is above 1 (divideAll). The bits
+// are those of decode, n - 1 decodeAccumulate calls and divideAll, but the
+// output is written once and never read: each tile of whole blocks is
+// summed in a buffer the L1 cache holds (parallel.h, SumJob).
+Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float* out, size_t count,
+                 int divisor, Stores stores = Stores::kCached);
+
+// The same sum, encoded with error feedback with `spec` (residualIn and
+// residualOut as in encodeRaw) into `output`, without ever being stored: the
+// bytes and residuals of decodeSum followed by encodeRaw, in one pass.
+Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
+                 size_t count, int divisor, const float* residualIn, float* residualOut,
+                 void* output, size_t capacity, EncodeResult* result,
+                 Stores stores = Stores::kCached);
+
+// acc[i] /= n for i < count, exactly (see parallel.h).
+void divideAll(float* acc, size_t count, int n);
 
 // Reads the codec and element count recorded in an encoded buffer.
 Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count);

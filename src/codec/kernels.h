@@ -19,6 +19,7 @@ struct EncodeJob {
   const float* residualIn;  // nullptr: no error feedback
   float* residualOut;       // written for every element when residualIn is set
   uint8_t* payload;         // layout.payloadBytes, 8-byte aligned not required
+  bool stream = false;      // residualOut may bypass the caches (streamStores)
 };
 
 struct DecodeJob {
@@ -26,8 +27,22 @@ struct DecodeJob {
   size_t count;
   Spec spec;
   Layout layout;
-  float* output;  // overwritten, or added to (accumulate)
+  float* output;        // overwritten, or added to (accumulate)
+  bool stream = false;  // a plain decode may write output past the caches (streamStores)
 };
+
+// Whether a kernel writes its fp32 output with non-temporal (streaming)
+// stores: asked for by the caller, for a buffer far larger than the caches
+// whose lines are not read again soon, and only where `p` is 64-byte aligned
+// (a whole cache line per 16 floats). A streaming store skips the read of
+// the line a cached store makes before overwriting it (read-for-ownership),
+// so a write costs its bytes once instead of twice. The values stored are
+// the same either way; kernels that stream end with a store fence. Static,
+// like numeric.h's helpers: the -mavx2 / -mavx512f files call it, and a
+// shared out-of-line copy built there could be linked into scalar callers.
+static inline bool streamStores(bool asked, const float* p) {
+  return asked && (reinterpret_cast<uintptr_t>(p) & 63u) == 0;
+}
 
 // Returns true when every block was finite. When it returns false the caller
 // must not commit residualOut (the non-finite rule).

@@ -11,6 +11,10 @@
 //   * a 64-element bit word is eight movemasks (encode) or eight variable
 //     shifts that move each bit into a float's sign for blendv (decode);
 //   * the last, partial word of a buffer is staged through a padded copy;
+//   * when the caller asks (EncodeJob/DecodeJob::stream) and the fp32 output
+//     is 64-byte aligned, whole words of residualOut (encode) or of the
+//     output (plain decode) are written with streaming stores, and the kernel
+//     ends with a store fence; the values are the same;
 //   * the other codecs (none, fp16, bf16, int8) use the scalar kernels.
 // Everything here has internal linkage and avoids out-of-line helpers from
 // shared headers: this file is compiled with -mavx2, and a shared inline
@@ -151,8 +155,9 @@ float scaleFromSum(float sum, size_t n) {
 }
 
 // Signs of 64 elements from `first` as one word; with error feedback also
-// writes residualOut = z - (bit ? s : -s).
-template <bool kEf, typename Source>
+// writes residualOut = z - (bit ? s : -s), with streaming stores when
+// kStream (eOut + first is then 64-byte aligned, see streamStores).
+template <bool kEf, bool kStream = false, typename Source>
 uint64_t encodeWord(const Source& src, size_t first, __m256 s, __m256 negS, float* eOut) {
   uint64_t word = 0;
   for (int k = 0; k < 8; ++k) {
@@ -160,8 +165,14 @@ uint64_t encodeWord(const Source& src, size_t first, __m256 s, __m256 negS, floa
     const __m256 z = src.load8(i);
     const __m256 positive = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ);  // NaN: 0
     word |= static_cast<uint64_t>(_mm256_movemask_ps(positive)) << (8 * k);
-    if constexpr (kEf)
-      _mm256_storeu_ps(eOut + i, _mm256_sub_ps(z, _mm256_blendv_ps(negS, s, positive)));
+    if constexpr (kEf) {
+      const __m256 e = _mm256_sub_ps(z, _mm256_blendv_ps(negS, s, positive));
+      if constexpr (kStream) {
+        _mm256_stream_ps(eOut + i, e);
+      } else {
+        _mm256_storeu_ps(eOut + i, e);
+      }
+    }
   }
   return word;
 }
@@ -185,7 +196,7 @@ uint64_t encodePartialWord(const ZSource<kDType, kEf>& src, size_t first, size_t
   return word & ((uint64_t{1} << count) - 1);
 }
 
-template <DType kDType, bool kEf, Scale kScale>
+template <DType kDType, bool kEf, Scale kScale, bool kStream = false>
 bool onebitEncode(const EncodeJob& job) {
   const ZSource<kDType, kEf> src{static_cast<const uint8_t*>(job.input), job.residualIn};
   float* eOut = job.residualOut;
@@ -205,7 +216,7 @@ bool onebitEncode(const EncodeJob& job) {
     const size_t end = start + n;
     size_t i = start;
     for (; i + 64 <= end; i += 64) {
-      const uint64_t word = encodeWord<kEf>(src, i, sv, negSv, eOut);
+      const uint64_t word = encodeWord<kEf, kStream>(src, i, sv, negSv, eOut);
       std::memcpy(words + i / 8, &word, 8);
     }
     if (i < end) {
@@ -213,17 +224,22 @@ bool onebitEncode(const EncodeJob& job) {
       std::memcpy(words + i / 8, &word, 8);
     }
   }
+  if constexpr (kStream) _mm_sfence();
   return finite;
+}
+
+template <DType kDType, Scale kScale>
+bool onebitEncodeScaled(const EncodeJob& job) {
+  if (job.residualIn == nullptr) return onebitEncode<kDType, false, kScale>(job);
+  if (streamStores(job.stream, job.residualOut))
+    return onebitEncode<kDType, true, kScale, true>(job);
+  return onebitEncode<kDType, true, kScale>(job);
 }
 
 template <DType kDType>
 bool onebitEncodeFor(const EncodeJob& job) {
-  const bool ef = job.residualIn != nullptr;
-  if (job.spec.scale == Scale::kRms)
-    return ef ? onebitEncode<kDType, true, Scale::kRms>(job)
-              : onebitEncode<kDType, false, Scale::kRms>(job);
-  return ef ? onebitEncode<kDType, true, Scale::kMeanAbs>(job)
-            : onebitEncode<kDType, false, Scale::kMeanAbs>(job);
+  if (job.spec.scale == Scale::kRms) return onebitEncodeScaled<kDType, Scale::kRms>(job);
+  return onebitEncodeScaled<kDType, Scale::kMeanAbs>(job);
 }
 
 bool onebitEncodeAny(const EncodeJob& job) {
@@ -258,7 +274,7 @@ __m256i signShifts(int k) {
                            base - 7);
 }
 
-template <bool kAccumulate>
+template <bool kAccumulate, bool kStream>
 void decodeWord(uint64_t word, __m256 pos, __m256 neg, float* out) {
   const __m256i halves[2] = {_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(word))),
                              _mm256_set1_epi32(static_cast<int>(word >> 32))};
@@ -266,12 +282,16 @@ void decodeWord(uint64_t word, __m256 pos, __m256 neg, float* out) {
     const __m256i bitsInSign = _mm256_sllv_epi32(halves[k / 4], signShifts(k % 4));
     __m256 d = _mm256_blendv_ps(neg, pos, _mm256_castsi256_ps(bitsInSign));
     if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(out + 8 * k), d);
-    _mm256_storeu_ps(out + 8 * k, d);
+    if constexpr (kStream) {
+      _mm256_stream_ps(out + 8 * k, d);
+    } else {
+      _mm256_storeu_ps(out + 8 * k, d);
+    }
   }
 }
 
-template <bool kAccumulate>
-void onebitDecode(const DecodeJob& job) {
+template <bool kAccumulate, bool kStream>
+void onebitDecodeWith(const DecodeJob& job) {
   const uint8_t* scales = job.payload;
   const uint8_t* words = job.payload + job.layout.dataOffset;
   float* out = job.output;
@@ -286,7 +306,7 @@ void onebitDecode(const DecodeJob& job) {
     for (; i + 64 <= end; i += 64) {
       uint64_t word;
       std::memcpy(&word, words + i / 8, 8);
-      decodeWord<kAccumulate>(word, pos, neg, out + i);
+      decodeWord<kAccumulate, kStream>(word, pos, neg, out + i);
     }
     if (i < end) {
       uint64_t word;
@@ -296,6 +316,16 @@ void onebitDecode(const DecodeJob& job) {
         out[i] = kAccumulate ? out[i] + d : d;
       }
     }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+template <bool kAccumulate>
+void onebitDecode(const DecodeJob& job) {
+  if (!kAccumulate && streamStores(job.stream, job.output)) {
+    onebitDecodeWith<false, true>(job);
+  } else {
+    onebitDecodeWith<kAccumulate, false>(job);
   }
 }
 

@@ -12,11 +12,17 @@
 //     the block is still in L1/L2, so that memory sees a single pass;
 //   * a 64-element bit word is four compare masks (encode) or four mask
 //     blends (decode), so bits never leave the mask registers;
+//   * when the caller asks (EncodeJob/DecodeJob::stream) and the fp32 output
+//     is 64-byte aligned, whole words of residualOut (encode) or of the
+//     output (plain decode) are written with streaming stores, and the kernel
+//     ends with a store fence; the values are the same;
 //   * the other codecs use the scalar kernels.
 // Everything here has internal linkage (see kernels_avx2.cc for why).
-// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized on their own
-// _mm512_undefined_* placeholders (GCC bug 105593, fixed in GCC 13).
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized (and, once inlined
+// into enough instantiations, -Wuninitialized) on their own
+// _mm*_undefined_* placeholders (GCC bug 105593, fixed in GCC 13).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstring>
@@ -136,8 +142,10 @@ float scaleFromSum(float sum, size_t n) {
 }
 
 // Signs of `count` (at most 64) elements from `first` as one word; with
-// error feedback also writes residualOut = z - (bit ? s : -s).
-template <bool kEf, typename Source>
+// error feedback also writes residualOut = z - (bit ? s : -s), with
+// streaming stores when kStream (whole words only: count is 64 and eOut + first
+// is 64-byte aligned, see streamStores).
+template <bool kEf, bool kStream, typename Source>
 uint64_t encodeWord(const Source& src, size_t first, size_t count, __m512 s, __m512 negS,
                     float* eOut) {
   uint64_t word = 0;
@@ -148,13 +156,19 @@ uint64_t encodeWord(const Source& src, size_t first, size_t count, __m512 s, __m
     const __mmask16 positive =
         _mm512_mask_cmp_ps_mask(m, z, _mm512_setzero_ps(), _CMP_GE_OQ);  // NaN: 0
     word |= static_cast<uint64_t>(positive) << (16 * k);
-    if constexpr (kEf)
-      _mm512_mask_storeu_ps(eOut + i, m, _mm512_sub_ps(z, _mm512_mask_blend_ps(positive, negS, s)));
+    if constexpr (kEf) {
+      const __m512 e = _mm512_sub_ps(z, _mm512_mask_blend_ps(positive, negS, s));
+      if constexpr (kStream) {
+        _mm512_stream_ps(eOut + i, e);
+      } else {
+        _mm512_mask_storeu_ps(eOut + i, m, e);
+      }
+    }
   }
   return word;
 }
 
-template <DType kDType, bool kEf, Scale kScale>
+template <DType kDType, bool kEf, Scale kScale, bool kStream = false>
 bool onebitEncode(const EncodeJob& job) {
   const ZSource<kDType, kEf> src{static_cast<const uint8_t*>(job.input), job.residualIn};
   float* eOut = job.residualOut;
@@ -175,25 +189,30 @@ bool onebitEncode(const EncodeJob& job) {
     // Full words get a constant count, so that their masks fold away.
     size_t i = start;
     for (; i + 64 <= end; i += 64) {
-      const uint64_t word = encodeWord<kEf>(src, i, 64, sv, negSv, eOut);
+      const uint64_t word = encodeWord<kEf, kStream>(src, i, 64, sv, negSv, eOut);
       std::memcpy(words + i / 8, &word, 8);
     }
     if (i < end) {
-      const uint64_t word = encodeWord<kEf>(src, i, end - i, sv, negSv, eOut);
+      const uint64_t word = encodeWord<kEf, false>(src, i, end - i, sv, negSv, eOut);
       std::memcpy(words + i / 8, &word, 8);
     }
   }
+  if constexpr (kStream) _mm_sfence();
   return finite;
+}
+
+template <DType kDType, Scale kScale>
+bool onebitEncodeScaled(const EncodeJob& job) {
+  if (job.residualIn == nullptr) return onebitEncode<kDType, false, kScale>(job);
+  if (streamStores(job.stream, job.residualOut))
+    return onebitEncode<kDType, true, kScale, true>(job);
+  return onebitEncode<kDType, true, kScale>(job);
 }
 
 template <DType kDType>
 bool onebitEncodeFor(const EncodeJob& job) {
-  const bool ef = job.residualIn != nullptr;
-  if (job.spec.scale == Scale::kRms)
-    return ef ? onebitEncode<kDType, true, Scale::kRms>(job)
-              : onebitEncode<kDType, false, Scale::kRms>(job);
-  return ef ? onebitEncode<kDType, true, Scale::kMeanAbs>(job)
-            : onebitEncode<kDType, false, Scale::kMeanAbs>(job);
+  if (job.spec.scale == Scale::kRms) return onebitEncodeScaled<kDType, Scale::kRms>(job);
+  return onebitEncodeScaled<kDType, Scale::kMeanAbs>(job);
 }
 
 bool onebitEncodeAny(const EncodeJob& job) {
@@ -220,20 +239,25 @@ BlockValues blockValues(float s) {
   return {s, -s};
 }
 
-// Decodes `count` (at most 64) elements of one word into out[0, count).
-template <bool kAccumulate>
+// Decodes `count` (at most 64) elements of one word into out[0, count);
+// kStream as in encodeWord.
+template <bool kAccumulate, bool kStream = false>
 void decodeWord(uint64_t word, size_t count, __m512 pos, __m512 neg, float* out) {
   for (int k = 0; k < 4; ++k) {
     const __mmask16 m = chunkMask(count, k);
     float* o = out + 16 * k;
     __m512 d = _mm512_mask_blend_ps(static_cast<__mmask16>(word >> (16 * k)), neg, pos);
     if constexpr (kAccumulate) d = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), d);
-    _mm512_mask_storeu_ps(o, m, d);
+    if constexpr (kStream) {
+      _mm512_stream_ps(o, d);
+    } else {
+      _mm512_mask_storeu_ps(o, m, d);
+    }
   }
 }
 
-template <bool kAccumulate>
-void onebitDecode(const DecodeJob& job) {
+template <bool kAccumulate, bool kStream = false>
+void onebitDecodeWith(const DecodeJob& job) {
   const uint8_t* scales = job.payload;
   const uint8_t* words = job.payload + job.layout.dataOffset;
   const size_t block = job.spec.block;
@@ -247,13 +271,23 @@ void onebitDecode(const DecodeJob& job) {
     for (; i + 64 <= end; i += 64) {
       uint64_t word;
       std::memcpy(&word, words + i / 8, 8);
-      decodeWord<kAccumulate>(word, 64, pos, neg, job.output + i);
+      decodeWord<kAccumulate, kStream>(word, 64, pos, neg, job.output + i);
     }
     if (i < end) {
       uint64_t word;
       std::memcpy(&word, words + i / 8, 8);
       decodeWord<kAccumulate>(word, end - i, pos, neg, job.output + i);
     }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+template <bool kAccumulate>
+void onebitDecode(const DecodeJob& job) {
+  if (!kAccumulate && streamStores(job.stream, job.output)) {
+    onebitDecodeWith<false, true>(job);
+  } else {
+    onebitDecodeWith<kAccumulate>(job);
   }
 }
 

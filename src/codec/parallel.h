@@ -45,4 +45,34 @@ int piecesFor(size_t count, int threads);
 bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads);
 void parallelDecode(DecodeFn fn, const DecodeJob& job, int threads);
 
+// The sum of n encodings of the same `count` elements (one spec, one layout;
+// payloads[j] is encoding j's payload), formed tile by tile: each tile of
+// whole blocks is decoded from payloads[0], decode-accumulated from
+// payloads[1..n-1] in that order and divided by `divisor` (when above 1)
+// in a buffer that stays in the L1 cache, then used once. The element
+// values are those of decode + (n - 1) decodeAccumulate + divideAll over
+// the whole buffer, since every kernel works element by element within its
+// blocks.
+struct SumJob {
+  const uint8_t* const* payloads;
+  size_t n;
+  size_t count;
+  Spec spec;
+  Layout layout;
+  int divisor;  // <= 1: no division
+};
+
+// Stores each tile's sum in output[0, count), streaming when `stream`.
+void parallelDecodeSum(const CodecKernels& kernels, const SumJob& sum, float* output, bool stream,
+                       int threads);
+// Encodes each tile's sum with `encode` (whose job describes the whole
+// output: input and dtype are ignored, the sums are its fp32 input); returns
+// whether every block was finite.
+bool parallelEncodeSum(const CodecKernels& kernels, const SumJob& sum, EncodeFn encode,
+                       const EncodeJob& job, int threads);
+
+// acc[i] /= n, exactly (a multiply by the exact inverse when n is a power
+// of two, which gives the same bits as the division).
+void divideAll(float* acc, size_t count, int n);
+
 }  // namespace squall::codec

@@ -6,9 +6,10 @@
 //   every rank encodes its whole input with its worker residual e_w
 //   (committed only if every block of every rank was finite: all ranks read
 //   the same n encodings, so they decide together), all-gathers the n encoded
-//   buffers, and every rank decodes them in rank order 0..n-1 into an fp32
-//   accumulator (decode, then decodeAccumulate); avg divides by n
-//   (acc[i] / n). output = that accumulator.
+//   buffers, and every rank decodes them in rank order 0..n-1 and sums them
+//   (decode, then decodeAccumulate); avg divides by n (acc[i] / n). output =
+//   that sum, formed tile by tile in the L1 cache and written once
+//   (codec::decodeSum).
 // All ranks decode the same bytes in the same order, so outputs are
 // bit-identical. The server residual of the state is left untouched.
 //
@@ -104,6 +105,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   slot += headroom;
   state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
   if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
+  const codec::Stores stores = callStores(state->count(), esize);
   auto slotOf = [&](size_t j, size_t k) {
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
@@ -125,8 +127,8 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     const size_t at = firstOf(k);  // the worker residual is indexed virtually
     codec::EncodeResult result;
     SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
-                           worker.current() + at, worker.next() + at, slotOf(rr, k), slot,
-                           &result));
+                           worker.current() + at, worker.next() + at, slotOf(rr, k), slot, &result,
+                           stores));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();
@@ -147,23 +149,21 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     for (size_t j = 0; j < nn; ++j)
       SQUALL_TRY(checkPiece(spec, slotOf(j, k), bytes, pieceOf(k), &finite));
   }
+  std::vector<const uint8_t*> encodings(nn);
   for (size_t k = 0; k < segments; ++k) {
-    // fp32 output is its own accumulator: decoding straight into it saves a
-    // copy of every output byte (the input is no longer read, see above).
+    // The n decodes, their sum and the division in one pass: fp32 output is
+    // written once, straight from the L1 cache (the input is no longer read,
+    // see above).
     const size_t at = firstOf(k) - phase;  // the output index
-    float* acc = dtype == DataType::kF32 ? static_cast<float*>(out) + at
-                                         : state->scratch().accumulator.data();
+    const bool f32 = dtype == DataType::kF32;
+    float* sum = f32 ? static_cast<float*>(out) + at : state->scratch().accumulator.data();
     const Piece piece = pieceOf(k);
-    const size_t m = piece.count;
     size_t bytes = 0;
     SQUALL_TRY(pieceBytes(spec, piece, &bytes));
-    for (size_t j = 0; j < nn; ++j) {
-      SQUALL_TRY(decodePiece(spec, slotOf(j, k), bytes, piece, acc, j != 0));
-    }
-    if (op == ReduceOp::kAvg) {
-      divideAll(acc, m, n);
-    }
-    if (dtype != DataType::kF32) storeDecoded(dtype, acc, out, at, m);
+    for (size_t j = 0; j < nn; ++j) encodings[j] = slotOf(j, k);
+    SQUALL_TRY(decodeSumPiece(spec, encodings, bytes, piece, sum, op == ReduceOp::kAvg ? n : 1,
+                              f32 ? stores : codec::Stores::kCached));
+    if (!f32) storeDecoded(dtype, sum, out, at, piece.count);
   }
   if (verdict != nullptr) {
     *verdict = finite;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "src/codec/codec.h"
 #include "src/codec/numeric.h"
@@ -32,23 +34,11 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
   return std::min(elements, span);
 }
 
-// acc[i] /= n for the avg op. Its own function, so that it vectorises
-// whatever the caller's loop around it holds: inline in the algorithms, the
-// out-parameters of the calls next to it (whose addresses escape) made gcc
-// keep the trip count in memory and divide one element at a time, which cost
-// the compressed allreduce a third of its time.
-//
-// For n a power of two, x / n and x * (1 / n) are the same correctly rounded
-// value of the same real number (1 / n is exact), so the multiply, several
-// times cheaper than a vector divide, gives the same bits.
-[[gnu::noinline]] inline void divideAll(float* acc, size_t count, int n) {
-  if (n > 0 && (n & (n - 1)) == 0) {
-    const float inverse = 1.0f / static_cast<float>(n);
-    for (size_t i = 0; i < count; ++i) acc[i] = acc[i] * inverse;
-    return;
-  }
-  const auto divisor = static_cast<float>(n);
-  for (size_t i = 0; i < count; ++i) acc[i] = acc[i] / divisor;
+// Whether a call's large fp32 writes (residuals, output) bypass the caches:
+// its buffers (input, output, the worker residual's two halves) against the
+// last-level cache (codec::storesFor).
+inline codec::Stores callStores(size_t count, size_t elementSize) {
+  return codec::storesFor(count * (2 * elementSize + 2 * sizeof(float)));
 }
 
 // A piece of a call: `count` elements, of which the first `head` end a codec
@@ -77,24 +67,35 @@ inline Status pieceBytes(const codec::Spec& spec, Piece piece, size_t* bytes) {
   return Status::kOk;
 }
 
-// codec::encodeRaw of a piece: the head's encoding, then the rest's.
-inline Status encodePiece(const codec::Spec& spec, Piece piece, const uint8_t* input,
-                          codec::DType dtype, const float* residualIn, float* residualOut,
-                          uint8_t* output, size_t capacity, codec::EncodeResult* result) {
-  if (piece.head == 0)
-    return codec::encodeRaw(spec, input, dtype, piece.count, residualIn, residualOut, output,
-                            capacity, result);
+// encode(head, output, capacity, result) then encode(rest, ...) for a piece
+// with a head, each with its own part of the output; `encode` takes the
+// part's element offset and count: the two encodings travel back to back.
+template <typename EncodePart>
+Status encodeParts(Piece piece, uint8_t* output, size_t capacity, codec::EncodeResult* result,
+                   EncodePart&& encode) {
+  if (piece.head == 0) return encode(size_t{0}, piece.count, output, capacity, result);
   codec::EncodeResult head, rest;
-  SQUALL_TRY(codec::encodeRaw(spec, input, dtype, piece.head, residualIn, residualOut, output,
-                              capacity, &head));
-  const size_t skip = piece.head * codec::dtypeSize(dtype);
-  SQUALL_TRY(codec::encodeRaw(spec, input + skip, dtype, piece.count - piece.head,
-                              residualIn == nullptr ? nullptr : residualIn + piece.head,
-                              residualOut + piece.head, output + head.bytes, capacity - head.bytes,
-                              &rest));
+  SQUALL_TRY(encode(size_t{0}, piece.head, output, capacity, &head));
+  SQUALL_TRY(encode(piece.head, piece.count - piece.head, output + head.bytes,
+                    capacity - head.bytes, &rest));
   result->bytes = head.bytes + rest.bytes;
   result->finite = head.finite && rest.finite;
   return Status::kOk;
+}
+
+// codec::encodeRaw of a piece: the head's encoding, then the rest's.
+inline Status encodePiece(const codec::Spec& spec, Piece piece, const uint8_t* input,
+                          codec::DType dtype, const float* residualIn, float* residualOut,
+                          uint8_t* output, size_t capacity, codec::EncodeResult* result,
+                          codec::Stores stores = codec::Stores::kCached) {
+  return encodeParts(
+      piece, output, capacity, result,
+      [&](size_t at, size_t count, uint8_t* to, size_t room, codec::EncodeResult* part) {
+        return codec::encodeRaw(spec, input + at * codec::dtypeSize(dtype), dtype, count,
+                                residualIn == nullptr ? nullptr : residualIn + at,
+                                residualOut == nullptr ? nullptr : residualOut + at, to, room, part,
+                                stores);
+      });
 }
 
 // The byte length of a piece's head encoding (0 without a head).
@@ -104,12 +105,51 @@ inline size_t headBytes(const codec::Spec& spec, Piece piece) {
   return bytes;
 }
 
+// The sum of n encodings of one piece (codec::decodeSum) into out[0, count),
+// divided by `divisor` when above 1; a piece with a head is summed as its
+// two encodings, each at its offset in every one of the n.
+inline Status decodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* const> encodings,
+                             size_t bytes, Piece piece, float* out, int divisor,
+                             codec::Stores stores) {
+  if (piece.head == 0)
+    return codec::decodeSum(encodings.data(), encodings.size(), bytes, out, piece.count, divisor,
+                            stores);
+  const size_t head = headBytes(spec, piece);
+  SQUALL_TRY(
+      codec::decodeSum(encodings.data(), encodings.size(), head, out, piece.head, divisor, stores));
+  std::vector<const uint8_t*> rest(encodings.begin(), encodings.end());
+  for (const uint8_t*& at : rest) at += head;
+  return codec::decodeSum(rest.data(), rest.size(), bytes - head, out + piece.head,
+                          piece.count - piece.head, divisor, stores);
+}
+
+// The same sum encoded with error feedback (codec::encodeSum): the head's
+// encoding, then the rest's, as encodePiece writes them.
+inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* const> encodings,
+                             size_t bytes, Piece piece, int divisor, const float* residualIn,
+                             float* residualOut, uint8_t* output, size_t capacity,
+                             codec::EncodeResult* result, codec::Stores stores) {
+  const size_t head = headBytes(spec, piece);
+  std::vector<const uint8_t*> parts(encodings.begin(), encodings.end());
+  return encodeParts(
+      piece, output, capacity, result,
+      [&](size_t at, size_t count, uint8_t* to, size_t room, codec::EncodeResult* part) {
+        const size_t length = piece.head == 0 ? bytes : at == 0 ? head : bytes - head;
+        if (at != 0) {
+          for (const uint8_t*& p : parts) p += head;
+        }
+        return codec::encodeSum(spec, parts.data(), parts.size(), length, count, divisor,
+                                residualIn + at, residualOut + at, to, room, part, stores);
+      });
+}
+
 // decode (accumulate false) or decodeAccumulate of a piece into out[0, count).
 inline Status decodePiece(const codec::Spec& spec, const uint8_t* encoded, size_t bytes,
-                          Piece piece, float* out, bool accumulate) {
+                          Piece piece, float* out, bool accumulate,
+                          codec::Stores stores = codec::Stores::kCached) {
   auto one = [&](const uint8_t* at, size_t length, float* to, size_t count) {
     return accumulate ? codec::decodeAccumulate(at, length, to, count)
-                      : codec::decode(at, length, to, count);
+                      : codec::decode(at, length, to, count, stores);
   };
   if (piece.head == 0) return one(encoded, bytes, out, piece.count);
   const size_t head = headBytes(spec, piece);

@@ -10,9 +10,11 @@
 //  1. Worker: encode every chunk of the input with the worker residual e_w
 //     (z = x + e_w, e_w' = z - decode(encode(z))).
 //  2. Exchange: send encoded chunk j to rank j (all-to-all).
-//  3. Server: decode the n encodings of chunk r in rank order 0..n-1 into an
-//     fp32 accumulator (decode, then decodeAccumulate), divide by n for avg
-//     (acc[i] / n), and encode that with the server residual e_s.
+//  3. Server: decode the n encodings of chunk r in rank order 0..n-1 and sum
+//     them (decode, then decodeAccumulate), divide by n for avg (acc[i] / n),
+//     and encode that with the server residual e_s: one pass over e_s, the
+//     sum formed tile by tile in the L1 cache and never stored
+//     (codec::encodeSum).
 //  4. All-gather the encoded server chunks; every rank decodes all of them.
 // Every rank decodes the same bytes, so outputs are bit-identical. A
 // non-finite block decodes to NaN on every rank, and its NaN reaches the
@@ -85,8 +87,8 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   state->scratch().recvBuffer.resize(nn * segments * slot);
   state->scratch().gatherBuffer.resize(nn * segments * slot);
   state->scratch().serverBuffer.resize(segments * slot);
-  state->scratch().accumulator.resize(seg);
   if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
+  const codec::Stores stores = callStores(state->count(), esize);
   auto sendSlot = [&](size_t c, size_t k) {
     return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
   };
@@ -129,27 +131,22 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     return Status::kOk;
   };
 
-  // Server step for segment k: sum the n pieces in rank order, encode, send.
+  // Server step for segment k: sum the n pieces in rank order, divide for
+  // avg, encode with the server residual, send; one pass (encodeSumPiece),
+  // the sum never stored.
+  std::vector<const uint8_t*> encodings(nn);
   auto serve = [&](size_t k) -> Status {
     const Piece piece = pieceOf(rr, k);
-    const size_t m = piece.count;
-    if (m == 0) return Status::kOk;
+    if (piece.count == 0) return Status::kOk;
     size_t bytes = 0;
     SQUALL_TRY(pieceBytes(spec, piece, &bytes));
-    float* acc = state->scratch().accumulator.data();
-    for (size_t j = 0; j < nn; ++j) {
-      const uint8_t* encoded = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
-      SQUALL_TRY(decodePiece(spec, encoded, bytes, piece, acc, j != 0));
-    }
-    if (op == ReduceOp::kAvg) {
-      divideAll(acc, m, n);
-    }
+    for (size_t j = 0; j < nn; ++j) encodings[j] = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
     // The server residual is indexed by position within the chunk.
     const size_t at = firstOf(rr, k) - rr * chunk;
     codec::EncodeResult result;
-    SQUALL_TRY(encodePiece(spec, piece, reinterpret_cast<const uint8_t*>(acc), codec::DType::kF32,
-                           server.current() + at, server.next() + at, serverSlot(k), slot,
-                           &result));
+    SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, op == ReduceOp::kAvg ? n : 1,
+                              server.current() + at, server.next() + at, serverSlot(k), slot,
+                              &result, stores));
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
       if (j != rr)
@@ -178,7 +175,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       codec::EncodeResult result;
       SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType,
                              worker.current() + at, worker.next() + at, sendSlot(c, k), slot,
-                             &result));
+                             &result, stores));
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());
@@ -217,7 +214,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   }));
   SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t at) {
     if (dtype == DataType::kF32) {
-      return decodePiece(spec, encoded, bytes, piece, static_cast<float*>(out) + at, false);
+      return decodePiece(spec, encoded, bytes, piece, static_cast<float*>(out) + at, false, stores);
     }
     SQUALL_TRY(decodePiece(spec, encoded, bytes, piece, state->scratch().decoded.data(), false));
     storeDecoded(dtype, state->scratch().decoded.data(), out, at, piece.count);

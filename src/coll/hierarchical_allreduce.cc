@@ -167,7 +167,7 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     sumTwo(dtype, piece(0), piece(1), sum.data() + at, m);
     for (size_t l = 2; l < ll; ++l) addFloats(dtype, piece(l), sum.data() + at, m);
     // While the piece is in cache.
-    if (op == ReduceOp::kAvg) divideAll(sum.data() + at, m, layout.local);
+    if (op == ReduceOp::kAvg) codec::divideAll(sum.data() + at, m, layout.local);
   }
 
   // B. The compressed exchange of the slice among the hosts.

@@ -2,7 +2,8 @@
 // table itself: encoded bytes, residualOut, decoded and decode-accumulated
 // floats must be bit-identical, and the finite flag must agree, for every
 // codec, input dtype, residual on/off, scale kind, block size, tail length,
-// pointer misalignment and a mix of special values.
+// pointer misalignment, cached or streaming stores and a mix of special
+// values.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -257,6 +258,20 @@ TEST_P(CodecSimdTest, MatchesScalar) {
     if (c.ef) {
       ASSERT_TRUE(sameFloats(wantE.floats(), gotE.floats(), n)) << "residualOut";
       ASSERT_TRUE(gotE.guardIntact()) << "encode wrote past residualOut";
+      // Streaming stores (taken where residualOut is 64-byte aligned, every
+      // other block size here) write the same residual and bytes.
+      Buffer streamE(n * 4, floatOffset);
+      Buffer streamPayload(layout.payloadBytes, payloadOffset);
+      job.payload = streamPayload.data();
+      job.residualOut = streamE.floats();
+      job.stream = true;
+      ASSERT_EQ(got.encode(job), wantFinite);
+      job.stream = false;
+      ASSERT_TRUE(sameBytes(wantPayload.data(), streamPayload.data(), layout.payloadBytes))
+          << "encoded payload, streaming residual stores";
+      ASSERT_TRUE(sameFloats(wantE.floats(), streamE.floats(), n))
+          << "residualOut, streaming stores";
+      ASSERT_TRUE(streamE.guardIntact()) << "a streaming encode wrote past residualOut";
     }
 
     // Decode and accumulate the reference's payload with both tables.
@@ -276,6 +291,17 @@ TEST_P(CodecSimdTest, MatchesScalar) {
           << (accumulate ? "decode-accumulate" : "decode");
       ASSERT_TRUE(gotOut.guardIntact()) << "decode wrote past the output";
     }
+    Buffer streamOut(n * 4, floatOffset);
+    djob.output = streamOut.floats();
+    djob.stream = true;
+    got.decode(djob);
+    Buffer cachedOut(n * 4, floatOffset);
+    djob.output = cachedOut.floats();
+    djob.stream = false;
+    want.decode(djob);
+    ASSERT_TRUE(sameFloats(cachedOut.floats(), streamOut.floats(), n))
+        << "decode with streaming stores";
+    ASSERT_TRUE(streamOut.guardIntact()) << "a streaming decode wrote past the output";
   }
 }
 
