@@ -7,7 +7,9 @@
 // non-finite input (x86 propagates NaN payloads, the GPU returns its canonical
 // NaN): there, NaN must meet NaN. Also checked: the non-finite rule on the
 // device (residual untouched, skipped counter incremented), graph capture and
-// replay of encode + commit, and the device-side header check of decode.
+// replay of encode + commit, the device-side header check of decode, the
+// onebit decode's non-finite flag, and the fused server step (cudaServeChunk)
+// against the unfused sequence it replaces.
 //
 // Without a usable GPU every test that needs one is skipped and the binary
 // exits 0.
@@ -485,6 +487,232 @@ TEST_F(Gpu, DecodeChecksHeaderOnDevice) {
   for (float f : dec) ASSERT_EQ(floatBits(f), 0x7fc00000u);
 }
 
+// ---- the fused server step and the decode's non-finite flag ----------------
+
+// A onebit encoding of `count` random values (with a random residual, so the
+// pieces' scales differ), optionally with a NaN at element `nanAt`.
+std::vector<uint8_t> onebitPiece(const Spec& spec, size_t count, uint32_t seed, size_t nanAt) {
+  std::vector<float> x = randomFloats(count, seed, 1.0f);
+  const std::vector<float> e = randomFloats(count, seed + 1, 0.5f);
+  if (nanAt < count) x[nanAt] = std::nanf("");
+  std::vector<float> unused(count);
+  size_t total = 0;
+  EXPECT_EQ(encodedSize(spec, count, &total), Status::kOk);
+  std::vector<uint8_t> enc(total);
+  EncodeResult result;
+  EXPECT_EQ(encodeRaw(spec, x.data(), DType::kF32, count, e.data(), unused.data(), enc.data(),
+                      total, &result),
+            Status::kOk);
+  return enc;
+}
+
+// What one server step leaves on the device: the encoding, both residual
+// buffers, the control block (before the commit) and the error flag.
+struct Served {
+  std::vector<uint8_t> encoded;
+  std::vector<float> buf[2];
+  int control[2] = {-1, -1};
+  int error = -1;
+  int current = -1;  // after the commit
+  unsigned long long skipped = 0;
+};
+
+Served readServed(cudaStream_t stream, const DeviceResidual& r, const DeviceBuffer& out,
+                  size_t total, const DeviceBuffer& err) {
+  Served s;
+  s.encoded.resize(total);
+  EXPECT_EQ(cudaMemcpyAsync(s.encoded.data(), out.p, total, cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  for (int k = 0; k < 2; ++k) {
+    s.buf[k].resize(r.count);
+    EXPECT_EQ(
+        cudaMemcpyAsync(s.buf[k].data(), r.buf[k], r.count * 4, cudaMemcpyDeviceToHost, stream),
+        cudaSuccess);
+  }
+  EXPECT_EQ(cudaMemcpyAsync(s.control, r.control, 2 * sizeof(int), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(&s.error, err.p, sizeof(int), cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaResidualCommit(r, stream), Status::kOk);
+  EXPECT_EQ(cudaResidualQuery(r, stream, &s.current, &s.skipped), Status::kOk);
+  return s;
+}
+
+std::string firstResidualDifference(const std::vector<float>& want, const std::vector<float>& got) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (floatBits(want[i]) != floatBits(got[i])) {
+      return "element " + std::to_string(i) + ": want 0x" + std::to_string(floatBits(want[i])) +
+             " got 0x" + std::to_string(floatBits(got[i]));
+    }
+  }
+  return "";
+}
+
+enum class Poison { kNone, kNonFinite, kHeader };
+
+// cudaServeChunk against the sequence it replaces (cudaDecode of piece 0,
+// cudaDecodeAccumulate of the others, division by n, cudaEncodeChunk with the
+// server residual), over two steps so that both residual buffers are read:
+// the same bytes, the same residual bits in both buffers, the same flags.
+void checkServe(cudaStream_t stream, const Spec& spec, size_t count, int n, bool average,
+                Poison poison, uint32_t seed) {
+  SCOPED_TRACE(describe(spec, DType::kF32, count, true, Fill::kRandom) + " n " + std::to_string(n) +
+               (average ? " avg" : " sum") +
+               (poison == Poison::kNonFinite ? " non-finite piece"
+                : poison == Poison::kHeader  ? " bad header"
+                                             : ""));
+  size_t total = 0;
+  ASSERT_EQ(encodedSize(spec, count, &total), Status::kOk);
+  const size_t stride = (total + 15) / 16 * 16 + 8;  // slots need not be packed
+  const size_t offset = 5;                           // the chunk inside a larger residual
+  const std::vector<float> res0 = randomFloats(count + offset, seed, 0.25f);
+  DeviceResidual* raw[2] = {nullptr, nullptr};
+  for (auto*& r : raw) {
+    ASSERT_EQ(cudaResidualCreate(count + offset, &r), Status::kOk);
+    CUDA_OK(copy(r->buf[0], res0.data(), res0.size() * 4, cudaMemcpyHostToDevice));
+  }
+  ResidualPtr unfusedRes(raw[0]), fusedRes(raw[1]);
+  DeviceBuffer dPieces(stride * n), dAcc(count * 4), dUnfused(total), dFused(total);
+  DeviceBuffer dErrUnfused(sizeof(int)), dErrFused(sizeof(int));
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<uint8_t> pieces(stride * n, 0xcd);
+    for (int j = 0; j < n; ++j) {
+      const bool poisoned = step == 1 && j == n / 2;
+      const size_t nanAt = poisoned && poison == Poison::kNonFinite ? count - 1 : count;
+      const std::vector<uint8_t> enc = onebitPiece(spec, count, seed + 100 * step + j, nanAt);
+      std::memcpy(&pieces[j * stride], enc.data(), total);
+      if (poisoned && poison == Poison::kHeader) pieces[j * stride + 8] ^= 1;  // the block
+    }
+    CUDA_OK(copy(dPieces.p, pieces.data(), pieces.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dUnfused.p, 0xee, total));
+    CUDA_OK(cudaMemset(dFused.p, 0x11, total));  // padding must be written, not inherited
+    CUDA_OK(cudaMemset(dErrUnfused.p, 0, sizeof(int)));
+    CUDA_OK(cudaMemset(dErrFused.p, 0, sizeof(int)));
+
+    for (int j = 0; j < n; ++j) {
+      const uint8_t* piece = dPieces.as<uint8_t>() + j * stride;
+      ASSERT_EQ(j == 0 ? cudaDecode(spec, piece, total, dAcc.as<float>(), count, stream,
+                                    dErrUnfused.as<int>())
+                       : cudaDecodeAccumulate(spec, piece, total, dAcc.as<float>(), count, stream,
+                                              dErrUnfused.as<int>()),
+                Status::kOk);
+    }
+    if (average) {  // divideKernel's __fdiv_rn, as IEEE division on the host
+      std::vector<float> acc(count);
+      CUDA_OK(copyAsync(acc.data(), dAcc.p, count * 4, cudaMemcpyDeviceToHost, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      for (float& v : acc) v = v / static_cast<float>(n);
+      CUDA_OK(copyAsync(dAcc.p, acc.data(), count * 4, cudaMemcpyHostToDevice, stream));
+    }
+    size_t bytes = 0;
+    ASSERT_EQ(cudaEncodeChunk(spec, dAcc.p, DType::kF32, count, unfusedRes.get(), offset,
+                              dUnfused.p, total, stream, &bytes),
+              Status::kOk);
+    size_t fusedBytes = 0;
+    ASSERT_EQ(cudaServeChunk(spec, dPieces.p, stride, n, total, count, average, *fusedRes, offset,
+                             dFused.p, total, stream, &fusedBytes, dErrFused.as<int>()),
+              Status::kOk);
+    EXPECT_EQ(fusedBytes, bytes);
+    const Served want = readServed(stream, *unfusedRes, dUnfused, total, dErrUnfused);
+    const Served got = readServed(stream, *fusedRes, dFused, total, dErrFused);
+    EXPECT_EQ(std::memcmp(want.encoded.data(), got.encoded.data(), total), 0)
+        << compareEncoded(want.encoded, got.encoded, spec, count, false);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_EQ(firstResidualDifference(want.buf[k], got.buf[k]), "") << "residual buffer " << k;
+    }
+    EXPECT_EQ(got.control[0], want.control[0]);
+    EXPECT_EQ(got.control[1], want.control[1]);
+    EXPECT_EQ(got.error, want.error);
+    EXPECT_EQ(got.current, want.current);
+    EXPECT_EQ(got.skipped, want.skipped);
+    // And what each case is meant to exercise.
+    const bool bad = step == 1 && poison != Poison::kNone;
+    EXPECT_EQ(want.control[1], bad ? 1 : 0) << "the non-finite flag before the commit";
+    EXPECT_EQ(want.error, step == 1 && poison == Poison::kHeader ? 1 : 0);
+    EXPECT_EQ(want.current, step == 0 || bad ? 1 : 0) << "a bad second step keeps buffer 1";
+    EXPECT_EQ(want.skipped, bad ? 1u : 0u);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST_F(Gpu, ServeMatchesUnfusedSequence) {
+  uint32_t seed = 4242;
+  for (uint32_t block : {64u, 2048u}) {
+    // Not multiples of the block: a short last block; 2048 also one short block.
+    for (size_t count : {size_t{5} * block - 19, size_t{block} / 2 + 3}) {
+      for (Scale scale : {Scale::kMeanAbs, Scale::kRms}) {
+        const Spec spec{CodecId::kOnebit, scale, block};
+        for (int n = 1; n <= 4; ++n) {
+          for (bool average : {false, true}) {
+            checkServe(stream_, spec, count, n, average, Poison::kNone, ++seed);
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Gpu, ServeNonFiniteAndBadHeaderLikeUnfused) {
+  uint32_t seed = 777;
+  for (uint32_t block : {64u, 2048u}) {
+    for (Scale scale : {Scale::kMeanAbs, Scale::kRms}) {
+      const Spec spec{CodecId::kOnebit, scale, block};
+      for (int n : {1, 3}) {
+        for (Poison poison : {Poison::kNonFinite, Poison::kHeader}) {
+          checkServe(stream_, spec, 3 * size_t{block} - 7, n, n == 3, poison, ++seed);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// The decode's non-finite flag is raised exactly when a block's scale is not
+// finite (a scale in any block position, the last, short one included) or the
+// header is wrong, and never for finite or zero scales.
+TEST_F(Gpu, DecodeFlagsNonFiniteScalesOnly) {
+  for (uint32_t block : {64u, 2048u}) {
+    const Spec spec{CodecId::kOnebit, Scale::kMeanAbs, block};
+    const size_t count = 4 * size_t{block} + 3;
+    SCOPED_TRACE("block " + std::to_string(block));
+    const std::vector<uint8_t> clean = onebitPiece(spec, count, block, count);
+    const size_t total = clean.size();
+    Layout layout;
+    ASSERT_EQ(layoutFor(spec, count, &layout), Status::kOk);
+    DeviceBuffer dEnc(total), dDec(count * 4), dFlag(sizeof(int));
+    // (block whose scale is changed or -1, the scale's bits or 0 for the header)
+    std::vector<std::pair<long, uint32_t>> cases = {{-1, 0}, {0, 0}, {-2, 0}};
+    for (long b = 0; b < static_cast<long>(layout.blocks); ++b) {
+      cases.push_back({b, 0x7fc00000u});
+      cases.push_back({b, 0x7f800000u});  // +inf
+      cases.push_back({b, 0xff800000u});  // -inf
+    }
+    for (const auto& [b, scaleBits] : cases) {
+      std::vector<uint8_t> enc = clean;
+      if (b >= 0) std::memcpy(&enc[kHeaderBytes + 4 * b], &scaleBits, 4);  // 0: a zero block
+      if (b == -2) enc[kHeaderBytes - 1] ^= 0x40;                          // the count's top byte
+      CUDA_OK(cudaMemcpy(dEnc.p, enc.data(), total, cudaMemcpyHostToDevice));
+      CUDA_OK(cudaMemset(dFlag.p, 0, sizeof(int)));
+      ASSERT_EQ(cudaDecode(spec, dEnc.p, total, dDec.as<float>(), count, stream_, nullptr,
+                           dFlag.as<int>()),
+                Status::kOk);
+      std::vector<float> dec(count);
+      int flag = -1;
+      CUDA_OK(copyAsync(dec.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
+      CUDA_OK(cudaMemcpyAsync(&flag, dFlag.p, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      bool anyNonFinite = false;
+      for (float f : dec) anyNonFinite = anyNonFinite || !std::isfinite(f);
+      const bool wantFlag = b == -2 || (b >= 0 && scaleBits != 0);
+      EXPECT_EQ(anyNonFinite, wantFlag) << "case " << b << " 0x" << std::hex << scaleBits;
+      EXPECT_EQ(flag, wantFlag ? 1 : 0) << "case " << b << " 0x" << std::hex << scaleBits;
+    }
+  }
+}
+
 // Host-side validation fails before touching the device, so it runs anywhere.
 TEST(GpuHostValidation, RejectsBadArguments) {
   const Spec bad{CodecId::kOnebit, Scale::kMeanAbs, 100};
@@ -500,6 +728,36 @@ TEST(GpuHostValidation, RejectsBadArguments) {
             Status::kInvalidArgument);  // alignment
   EXPECT_EQ(cudaDecode(good, out, 48, reinterpret_cast<float*>(out + 48), 4, nullptr, nullptr),
             Status::kInvalidUsage);  // wrong size for 4 elements
+  int flag = 0;
+  const Spec int8{CodecId::kInt8, Scale::kMeanAbs, 64};
+  size_t int8Bytes = 0;
+  ASSERT_EQ(encodedSize(int8, 4, &int8Bytes), Status::kOk);
+  EXPECT_EQ(cudaDecode(int8, out, int8Bytes, in, 4, nullptr, nullptr, &flag),
+            Status::kUnsupported);  // the non-finite flag is onebit's
+  size_t oneBytes = 0;
+  ASSERT_EQ(encodedSize(good, 4, &oneBytes), Status::kOk);
+  alignas(8) static uint8_t slots[256];
+  uint8_t* served = slots + 128;
+  DeviceResidual server;  // never touched: the arguments fail first
+  server.count = 4;
+  EXPECT_EQ(cudaServeChunk(int8, slots, 64, 1, int8Bytes, 4, false, server, 0, served, 128, nullptr,
+                           &bytes, nullptr),
+            Status::kUnsupported);
+  EXPECT_EQ(cudaServeChunk(good, slots, 64, 1, oneBytes + 8, 4, false, server, 0, served, 128,
+                           nullptr, &bytes, nullptr),
+            Status::kInvalidUsage);  // wrong piece size
+  EXPECT_EQ(cudaServeChunk(good, slots, 8, 2, oneBytes, 4, false, server, 0, served, 128, nullptr,
+                           &bytes, nullptr),
+            Status::kInvalidUsage);  // pieces overlap
+  EXPECT_EQ(cudaServeChunk(good, slots, 64, 1, oneBytes, 4, false, server, 1, served, 128, nullptr,
+                           &bytes, nullptr),
+            Status::kInvalidUsage);  // outside the residual
+  EXPECT_EQ(cudaServeChunk(good, slots, 64, 1, oneBytes, 4, false, server, 0, served, 8, nullptr,
+                           &bytes, nullptr),
+            Status::kInvalidArgument);  // capacity
+  EXPECT_EQ(cudaServeChunk(good, slots, oneBytes, 1, oneBytes, 4, false, server, 0, slots + 8, 120,
+                           nullptr, &bytes, nullptr),
+            Status::kInvalidUsage);  // output overlaps the piece
 }
 
 }  // namespace

@@ -86,11 +86,36 @@ Status cudaResidualCommit(const DeviceResidual& residual, cudaStream_t stream);
 // expectation; on a mismatch it writes quiet NaNs (decode) or adds them
 // (accumulate) and sets *dError to 1 when dError is not null. A caller with a
 // host copy of the header can validate it first with codec::inspect.
+//
+// dNonFinite (onebit only; kUnsupported for other codecs), when not null, is
+// set to 1 when a decoded value is NaN or infinite: a onebit value is not
+// finite exactly when its block's scale is not (or the header is wrong), so
+// this costs one test per block, not a pass over the output. For int8 a
+// finite scale times q can still overflow, so there is no such shortcut.
 Status cudaDecode(const Spec& expected, const void* dInput, size_t bytes, float* dOutput,
-                  size_t count, cudaStream_t stream, int* dError);
+                  size_t count, cudaStream_t stream, int* dError, int* dNonFinite = nullptr);
 // Same, adding the decoded values to dAccumulator (one add per element: the
 // rank order of several calls is the caller's).
 Status cudaDecodeAccumulate(const Spec& expected, const void* dInput, size_t bytes,
                             float* dAccumulator, size_t count, cudaStream_t stream, int* dError);
+
+// The server step of the two-phase allreduce in one kernel, onebit only
+// (kUnsupported otherwise: the other codecs keep cudaDecode,
+// cudaDecodeAccumulate, a division and cudaEncodeChunk). Piece j of the chunk
+// lies at dPieces + j * pieceStride, j = 0..pieces-1 in rank order, each
+// exactly pieceBytes, the encoded size of `count` elements with `spec`. The
+// output is bit for bit what that unfused sequence gives: every element's
+// value is the decoded piece 0 plus the decoded pieces 1.. in order (one
+// rounded add each), divided by `pieces` when `average`, then encoded with
+// error feedback from `server` at serverOffset (not committed: call
+// cudaResidualCommit), raising its non-finite flag as cudaEncodeChunk does.
+// A piece whose header is not the expected one raises *dError (when not null)
+// and, as in the unfused sequence, makes the whole chunk NaN. No accumulator
+// is needed: the pieces are read twice per element and nothing else is
+// written but the output and the residual.
+Status cudaServeChunk(const Spec& spec, const void* dPieces, size_t pieceStride, int pieces,
+                      size_t pieceBytes, size_t count, bool average, const DeviceResidual& server,
+                      size_t serverOffset, void* dOutput, size_t capacity, cudaStream_t stream,
+                      size_t* bytes, int* dError);
 
 }  // namespace squall::codec

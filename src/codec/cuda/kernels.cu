@@ -17,7 +17,15 @@
 //                  then q = clamp(roundEven(z / s), -127, 127), residual z - q*s.
 //   none/fp16/bf16 one thread per element (grid-stride), residual z - decoded.
 //   decode         one thread per element (grid-stride), every block first
-//                  checking the header against the caller's expectation.
+//                  checking the header against the caller's expectation;
+//                  onebit can also flag a non-finite output from its scales,
+//                  once per codec block.
+//   onebit serve   the server step of the two-phase allreduce in one kernel:
+//                  one warp per block as in the onebit encode, with z = (sum
+//                  of the n pieces' decoded values, in rank order, / n for
+//                  avg) + server residual, recomputed from the pieces on the
+//                  second walk; the same bits as decode, decode-accumulate,
+//                  divide and encode, with no accumulator.
 //   commit         one thread flips the current residual buffer unless the
 //                  encode raised the non-finite flag.
 // The thread block (CTA) 0 of every encode also writes the header and the zero
@@ -127,15 +135,12 @@ __device__ __forceinline__ void residualBuffers(const EncodeArgs& a, const float
 
 // ---- onebit ------------------------------------------------------------------
 
-template <DType D, bool kRes, bool kRms>
-__global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
-  const unsigned lane = threadIdx.x & 31u;
-  const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
-  if (b >= a.blocks) return;  // warp-uniform
-  const float* resIn;
-  float* resOut;
-  residualBuffers<kRes>(a, &resIn, &resOut);
+// One warp encodes codec block b, whose element i has the value z(i) (x + e,
+// or the server's sum in onebitServeKernel); z is evaluated twice per element,
+// once for the scale and once for the bits, so it must be pure.
+template <bool kRes, bool kRms, typename Z>
+__device__ __forceinline__ void onebitEncodeBlock(const EncodeArgs& a, size_t b, unsigned lane,
+                                                  float* resOut, Z z) {
   const size_t start = b * a.block;
   const size_t n = a.count - start < a.block ? a.count - start : a.block;
   const size_t end = start + n;
@@ -144,8 +149,8 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
   float acc = 0.0f;
 #pragma unroll 8
   for (size_t i = start + lane; i < end; i += 32) {
-    const float z = loadZ<D, kRes>(a.input, resIn, i);
-    acc = __fadd_rn(acc, kRms ? __fmul_rn(z, z) : absf(z));
+    const float zi = z(i);
+    acc = __fadd_rn(acc, kRms ? __fmul_rn(zi, zi) : absf(zi));
   }
   for (int w = 16; w >= 1; w /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, w));
   const float sum = __shfl_sync(kFull, acc, 0);
@@ -173,14 +178,14 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
       bool b0 = false;
       bool b1 = false;
       if (i0 < end) {
-        const float z = loadZ<D, kRes>(a.input, resIn, i0);
-        b0 = z >= 0.0f;
-        if constexpr (kRes) resOut[i0] = __fsub_rn(z, b0 ? s : -s);
+        const float z0 = z(i0);
+        b0 = z0 >= 0.0f;
+        if constexpr (kRes) resOut[i0] = __fsub_rn(z0, b0 ? s : -s);
       }
       if (i1 < end) {
-        const float z = loadZ<D, kRes>(a.input, resIn, i1);
-        b1 = z >= 0.0f;
-        if constexpr (kRes) resOut[i1] = __fsub_rn(z, b1 ? s : -s);
+        const float z1 = z(i1);
+        b1 = z1 >= 0.0f;
+        if constexpr (kRes) resOut[i1] = __fsub_rn(z1, b1 ? s : -s);
       }
       const unsigned lo = __ballot_sync(kFull, b0);
       const unsigned hi = __ballot_sync(kFull, b1);
@@ -188,6 +193,19 @@ __global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
     }
     if (lane < kn) words[wb + lane] = mine;
   }
+}
+
+template <DType D, bool kRes, bool kRms>
+__global__ void __launch_bounds__(kThreads) onebitEncodeKernel(EncodeArgs a) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= a.blocks) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<kRes>(a, &resIn, &resOut);
+  onebitEncodeBlock<kRes, kRms>(a, b, lane, resOut,
+                                [&](size_t i) { return loadZ<D, kRes>(a.input, resIn, i); });
 }
 
 // The common case, blocks of at most 2048 elements: one warp per 2048-element
@@ -457,16 +475,19 @@ struct DecodeArgs {
   size_t dataOffset;
   uint64_t expected[3];
   int* error;
+  int* nonFinite;  // onebit decode only: raised when a decoded value is not finite
   float* out;
 };
 
-// Every CTA compares the header with the expectation once.
+// Every CTA compares the header with the expectation once. A mismatch decodes
+// to NaN, so it raises the non-finite flag too.
 __device__ bool headerMatches(const DecodeArgs& a) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
     const auto* h = reinterpret_cast<const uint64_t*>(a.in);
     ok = h[0] == a.expected[0] && h[1] == a.expected[1] && h[2] == a.expected[2];
     if (!ok && a.error != nullptr) raiseFlag(a.error);
+    if (!ok && a.nonFinite != nullptr) raiseFlag(a.nonFinite);
   }
   __syncthreads();
   return ok != 0;
@@ -501,15 +522,21 @@ __device__ __forceinline__ void decodeLoop(const DecodeArgs& a, Value value) {
   }
 }
 
+// A onebit value is +-s, 0 or NaN: it is not finite exactly when its block's
+// scale is not (or the header is wrong), so the optional non-finite flag is
+// checked once per block, by the thread of the block's first element, instead
+// of a pass over the decoded output.
 template <bool kAcc>
 __global__ void __launch_bounds__(kThreads) onebitDecodeKernel(DecodeArgs a) {
   const bool ok = headerMatches(a);
   const uint8_t* payload = a.in + kHeaderBytes;
   const auto* scales = reinterpret_cast<const float*>(payload);
   const auto* words = reinterpret_cast<const uint64_t*>(payload + a.dataOffset);
+  const size_t firstMask = (size_t{1} << a.blockShift) - 1;
   decodeLoop<kAcc>(a, [&](size_t i) {
     if (!ok) return nanValue();
     const float s = scales[i >> a.blockShift];
+    if (a.nonFinite != nullptr && (i & firstMask) == 0 && !isFinite(s)) raiseFlag(a.nonFinite);
     if (!isFinite(s)) return nanValue();
     if (s == 0.0f) return 0.0f;
     return ((words[i / 64] >> (i % 64)) & 1u) != 0 ? s : -s;
@@ -536,6 +563,82 @@ __global__ void __launch_bounds__(kThreads) elementwiseDecodeKernel(DecodeArgs a
   using Word = typename Format<F>::Word;
   const auto* in = reinterpret_cast<const Word*>(a.in + kHeaderBytes);
   decodeLoop<kAcc>(a, [&](size_t i) { return ok ? Format<F>::decode(in[i]) : nanValue(); });
+}
+
+// ---- serve: the server step of the two-phase allreduce, fused (onebit) ------
+
+// The server's n pieces of one chunk, all encoded with the output's spec and
+// count (so each must carry exactly the output's header), at pieces + j *
+// stride in rank order, and the encoding of their sum or mean.
+struct ServeArgs {
+  EncodeArgs enc;  // input unused; the residual is the server's
+  const uint8_t* pieces;
+  size_t stride;
+  int n;
+  bool average;
+  float divisor;  // n as a float, as divideKernel gets it
+  int* error;
+};
+
+// Every CTA checks all n headers. A bad piece decodes to NaN in the unfused
+// sequence, and NaN + anything is NaN (the only NaN decode makes is 0x7fc00000
+// and the sums never meet inf - inf, decoded values being finite or NaN), so
+// one bad piece makes every value of the chunk that NaN: a CTA-wide verdict
+// gives the same bits as a per-piece one.
+__device__ bool piecesMatch(const ServeArgs& a) {
+  __shared__ int bad;
+  if (threadIdx.x == 0) bad = 0;
+  __syncthreads();
+  for (int j = static_cast<int>(threadIdx.x); j < a.n; j += kThreads) {
+    const auto* h = reinterpret_cast<const uint64_t*>(a.pieces + static_cast<size_t>(j) * a.stride);
+    if (h[0] != a.enc.header[0] || h[1] != a.enc.header[1] || h[2] != a.enc.header[2]) {
+      raiseFlag(&bad);
+      if (a.error != nullptr) raiseFlag(a.error);
+    }
+  }
+  __syncthreads();
+  return bad == 0;
+}
+
+// The value the unfused server gives element i of block b: cudaDecode of piece
+// 0, cudaDecodeAccumulate of pieces 1..n-1 (one __fadd_rn each, rank order),
+// then divideKernel's __fdiv_rn for avg. Each decoded value is the decode
+// kernel's, rule for rule.
+__device__ __forceinline__ float servedValue(const ServeArgs& a, bool ok, size_t b, size_t i) {
+  float v = 0.0f;
+  for (int j = 0; j < a.n; ++j) {
+    const uint8_t* payload = a.pieces + static_cast<size_t>(j) * a.stride + kHeaderBytes;
+    float d;
+    const float s = reinterpret_cast<const float*>(payload)[b];
+    if (!ok || !isFinite(s)) {
+      d = nanValue();
+    } else if (s == 0.0f) {
+      d = 0.0f;
+    } else {
+      const uint64_t w = reinterpret_cast<const uint64_t*>(payload + a.enc.dataOffset)[i / 64];
+      d = ((w >> (i % 64)) & 1u) != 0 ? s : -s;
+    }
+    v = j == 0 ? d : __fadd_rn(v, d);
+  }
+  return a.average ? __fdiv_rn(v, a.divisor) : v;
+}
+
+// One warp per codec block: the onebit encode of z = served value + server
+// residual, reading the n pieces (twice; the second walk hits in L1/L2)
+// instead of an accumulator written and read n + 2 times.
+template <bool kRms>
+__global__ void __launch_bounds__(kThreads) onebitServeKernel(ServeArgs a) {
+  const EncodeArgs& e = a.enc;
+  if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(e);
+  const bool ok = piecesMatch(a);  // before the early return: it synchronises the CTA
+  const unsigned lane = threadIdx.x & 31u;
+  const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
+  if (b >= e.blocks) return;  // warp-uniform
+  const float* resIn;
+  float* resOut;
+  residualBuffers<true>(e, &resIn, &resOut);
+  onebitEncodeBlock<true, kRms>(
+      e, b, lane, resOut, [&](size_t i) { return __fadd_rn(servedValue(a, ok, b, i), resIn[i]); });
 }
 
 __global__ void commitKernel(int* control, unsigned long long* skipped) {
@@ -641,8 +744,14 @@ void headerWords(const Spec& spec, size_t count, uint64_t words[3]) {
 }
 
 Status decodeInto(const Spec& expected, const void* dInput, size_t bytes, float* dOutput,
-                  size_t count, cudaStream_t stream, int* dError, bool accumulate) {
+                  size_t count, cudaStream_t stream, int* dError, int* dNonFinite,
+                  bool accumulate) {
   const char* what = accumulate ? "accumulator" : "output";
+  SQUALL_REQUIRE(dNonFinite == nullptr || expected.codec == CodecId::kOnebit, Status::kUnsupported,
+                 Subsys::kCuda,
+                 "only the onebit decode reports non-finite values (from its scales); check the "
+                 "decoded %s of a %s encoding separately",
+                 what, codecName(expected.codec));
   Layout layout;
   SQUALL_TRY(layoutFor(expected, count, &layout));
   SQUALL_REQUIRE(bytes == layout.totalBytes, Status::kInvalidUsage, Subsys::kCuda,
@@ -670,6 +779,7 @@ Status decodeInto(const Spec& expected, const void* dInput, size_t bytes, float*
   a.dataOffset = layout.dataOffset;
   headerWords(expected, count, a.expected);
   a.error = dError;
+  a.nonFinite = dNonFinite;
   a.out = dOutput;
   if (accumulate) {
     launchDecode<true>(expected, a, stream);
@@ -832,13 +942,81 @@ Status cudaEncode(const Spec& spec, const void* dInput, DType dtype, size_t coun
 }
 
 Status cudaDecode(const Spec& expected, const void* dInput, size_t bytes, float* dOutput,
-                  size_t count, cudaStream_t stream, int* dError) {
-  return decodeInto(expected, dInput, bytes, dOutput, count, stream, dError, false);
+                  size_t count, cudaStream_t stream, int* dError, int* dNonFinite) {
+  return decodeInto(expected, dInput, bytes, dOutput, count, stream, dError, dNonFinite, false);
 }
 
 Status cudaDecodeAccumulate(const Spec& expected, const void* dInput, size_t bytes,
                             float* dAccumulator, size_t count, cudaStream_t stream, int* dError) {
-  return decodeInto(expected, dInput, bytes, dAccumulator, count, stream, dError, true);
+  return decodeInto(expected, dInput, bytes, dAccumulator, count, stream, dError, nullptr, true);
+}
+
+Status cudaServeChunk(const Spec& spec, const void* dPieces, size_t pieceStride, int pieces,
+                      size_t pieceBytes, size_t count, bool average, const DeviceResidual& server,
+                      size_t serverOffset, void* dOutput, size_t capacity, cudaStream_t stream,
+                      size_t* bytes, int* dError) {
+  SQUALL_REQUIRE(bytes != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the encoded-size output pointer is NULL");
+  SQUALL_REQUIRE(spec.codec == CodecId::kOnebit, Status::kUnsupported, Subsys::kCuda,
+                 "the fused server step is onebit only; for %s, decode, accumulate and encode "
+                 "the pieces one call at a time",
+                 codecName(spec.codec));
+  Layout layout;
+  SQUALL_TRY(layoutFor(spec, count, &layout));
+  SQUALL_REQUIRE(pieces >= 1, Status::kInvalidArgument, Subsys::kCuda,
+                 "the server step needs at least one piece, not %d", pieces);
+  SQUALL_REQUIRE(pieceBytes == layout.totalBytes, Status::kInvalidUsage, Subsys::kCuda,
+                 "each piece is %zu bytes but %zu elements encoded with %s take exactly %zu; "
+                 "pass the expected spec and count of this chunk",
+                 pieceBytes, count, codecName(spec.codec), layout.totalBytes);
+  SQUALL_REQUIRE(pieces == 1 || pieceStride >= pieceBytes, Status::kInvalidUsage, Subsys::kCuda,
+                 "pieces of %zu bytes %zu bytes apart overlap", pieceBytes, pieceStride);
+  SQUALL_REQUIRE(dPieces != nullptr && dOutput != nullptr, Status::kInvalidArgument, Subsys::kCuda,
+                 "the pieces or the output pointer is NULL");
+  SQUALL_REQUIRE(capacity >= layout.totalBytes, Status::kInvalidArgument, Subsys::kCuda,
+                 "the output holds %zu bytes but the encoding of %zu elements takes %zu", capacity,
+                 count, layout.totalBytes);
+  SQUALL_REQUIRE(aligned(dPieces, 8) && pieceStride % 8 == 0 && aligned(dOutput, 8),
+                 Status::kInvalidArgument, Subsys::kCuda,
+                 "the pieces, their stride and the output must be 8-byte aligned on the device");
+  const size_t span = static_cast<size_t>(pieces - 1) * pieceStride + pieceBytes;
+  SQUALL_REQUIRE(!overlaps(dPieces, span, dOutput, layout.totalBytes), Status::kInvalidUsage,
+                 Subsys::kCuda, "the pieces and the output overlap; encode into a separate buffer");
+  SQUALL_REQUIRE(serverOffset <= server.count && count <= server.count - serverOffset,
+                 Status::kInvalidUsage, Subsys::kCuda,
+                 "elements [%zu, %zu + %zu) lie outside the residual of %zu elements", serverOffset,
+                 serverOffset, count, server.count);
+  SQUALL_REQUIRE(layout.blocks / kWarpsPerCta < kMaxWarpGrid, Status::kUnsupported, Subsys::kCuda,
+                 "%zu elements in blocks of %u are more than one kernel launch covers; "
+                 "serve the chunk in parts",
+                 count, spec.block);
+  ServeArgs a{};
+  a.enc.count = count;
+  a.enc.block = spec.block;
+  a.enc.blocks = layout.blocks;
+  a.enc.out = static_cast<uint8_t*>(dOutput);
+  a.enc.dataOffset = layout.dataOffset;
+  a.enc.dataEnd = layout.dataOffset + layout.dataBytes;
+  a.enc.payloadBytes = layout.payloadBytes;
+  headerWords(spec, count, a.enc.header);  // also every piece's expected header
+  a.enc.buf0 = server.buf[0] + serverOffset;
+  a.enc.buf1 = server.buf[1] + serverOffset;
+  a.enc.control = server.control;
+  a.pieces = static_cast<const uint8_t*>(dPieces);
+  a.stride = pieceStride;
+  a.n = pieces;
+  a.average = average;
+  a.divisor = static_cast<float>(pieces);
+  a.error = dError;
+  const unsigned grid = gridFor(layout.blocks, kWarpsPerCta, kMaxWarpGrid);
+  if (spec.scale == Scale::kRms) {
+    launchKernel(onebitServeKernel<true>, grid, kThreads, stream, a);
+  } else {
+    launchKernel(onebitServeKernel<false>, grid, kThreads, stream, a);
+  }
+  SQUALL_CUDA_TRY(cudaGetLastError());
+  *bytes = layout.totalBytes;
+  return Status::kOk;
 }
 
 }  // namespace squall::codec
