@@ -278,6 +278,11 @@ TEST(DeviceAllReduceEmu, ANonFiniteCallLeavesEveryRanksResiduals) {
   Case int8{4, 600, kInt8, true, false};
   int8.badCall = 1;
   check(int8, 3);
+  // onebit's verdict comes from the decode's scales, also on the fp32 scratch
+  // of a bf16 output.
+  Case bf16{2, 500, kOnebit64, true, false, DataType::kBf16};
+  bf16.badCall = 1;
+  check(bf16, 3);
 }
 TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, false}, 1); }
 TEST(DeviceAllReduceEmu, TwoStreamsAreOrderedOnTheDevice) {

@@ -1,7 +1,9 @@
 // The device two-phase compressed allreduce over NCCL; see device_allreduce.h
 // and docs/cuda.md. The codec work is the CUDA codec's (cuda_codec.h); this
-// file adds the NCCL exchange, two small element-wise kernels (avg division,
-// fp32 -> fp16/bf16 rounding of the output) and the state.
+// file adds the NCCL exchange, small element-wise kernels (avg division and
+// the output's non-finite check for the codecs other than onebit, whose
+// server step is one fused kernel and whose decode flags non-finite scales
+// itself; fp32 -> fp16/bf16 rounding of the output) and the state.
 //
 // Compiled by nvcc for the real build, and by the host compiler against the
 // CPU emulation of CUDA in tests/gpu/emu (with the emulation's NCCL table
@@ -292,13 +294,16 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   bool captured = false;
   SQUALL_TRY(state->enter(stream, &captured));
 
-  // 1. Worker: encode every chunk (own chunk included) into its slot.
+  // 1. Worker: encode every chunk into its send slot, except my own chunk,
+  // which goes to my receive slot (never received into): the n pieces of my
+  // chunk then lie one slot apart, as cudaServeChunk reads them.
   for (size_t c = 0; c < nn; ++c) {
     const size_t m = state->realCount(c);
     if (m == 0) continue;
+    uint8_t* slotOut = (c == rr ? state->recv_ : state->send_) + c * slot;
     size_t bytes = 0;
     SQUALL_TRY(codec::cudaEncodeChunk(spec, input + c * chunk * esize, inType, m, state->worker_,
-                                      c * chunk, state->send_ + c * slot, slot, stream, &bytes));
+                                      c * chunk, slotOut, slot, stream, &bytes));
   }
   // The worker's commit waits for the end of the call (see 5).
 
@@ -321,10 +326,19 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   }
   SQUALL_TRY(comm.groupEnd());
 
-  // 3. Server: sum the pieces of my chunk in rank order, divide, encode.
-  if (mine != 0) {
+  // 3. Server: sum the pieces of my chunk in rank order, divide, encode,
+  // straight into my slot of the gather buffer. Onebit does it in one kernel
+  // that reads the pieces and writes only the encoding and the residual; the
+  // other codecs go through the fp32 accumulator (the same bits either way).
+  const bool onebit = spec.codec == codec::CodecId::kOnebit;
+  if (mine != 0 && onebit) {
+    size_t bytes = 0;
+    SQUALL_TRY(codec::cudaServeChunk(
+        spec, state->recv_, slot, n, mineBytes, mine, op == ReduceOp::kAvg, *state->server_, 0,
+        state->gather_ + rr * slot, slot, stream, &bytes, state->error_));
+  } else if (mine != 0) {
     for (size_t j = 0; j < nn; ++j) {
-      const uint8_t* piece = j == rr ? state->send_ + rr * slot : state->recv_ + j * slot;
+      const uint8_t* piece = state->recv_ + j * slot;
       SQUALL_TRY(j == 0 ? codec::cudaDecode(spec, piece, mineBytes, state->acc_, mine, stream,
                                             state->error_)
                         : codec::cudaDecodeAccumulate(spec, piece, mineBytes, state->acc_, mine,
@@ -341,8 +355,11 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   }
 
   // 4. All-gather the server chunks (in place: mine is already in its slot)
-  // and decode them all.
+  // and decode them all. The verdict of 5 is whether a decoded fp32 value
+  // (before any rounding to fp16/bf16) is not finite: the onebit decode
+  // raises it from the scales, the other codecs need a pass over the values.
   SQUALL_TRY(comm.allGather(state->gather_ + rr * slot, state->gather_, slot, stream));
+  int* decodeVerdict = onebit ? state->nonFinite_ : nullptr;
   for (size_t c = 0; c < nn; ++c) {
     const size_t m = state->realCount(c);
     if (m == 0) continue;
@@ -351,9 +368,10 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
     const uint8_t* encoded = state->gather_ + c * slot;
     if (dtype == DataType::kF32) {
       SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, static_cast<float*>(out) + c * chunk, m,
-                                   stream, state->error_));
+                                   stream, state->error_, decodeVerdict));
     } else {
-      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, state->acc_, m, stream, state->error_));
+      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, state->acc_, m, stream, state->error_,
+                                   decodeVerdict));
       uint16_t* halves = static_cast<uint16_t*>(out) + c * chunk;
       if (dtype == DataType::kBf16) {
         launchKernel(roundKernel<true>, gridFor(m), kThreads, stream,
@@ -364,11 +382,14 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
       }
       SQUALL_TRY(launchFailure("the output rounding kernel"));
     }
-    launchKernel(nonFiniteKernel, gridFor(m), kThreads, stream,
-                 static_cast<const float*>(
-                     dtype == DataType::kF32 ? static_cast<float*>(out) + c * chunk : state->acc_),
-                 m, state->nonFinite_);
-    SQUALL_TRY(launchFailure("the non-finite check of the output"));
+    if (!onebit) {
+      launchKernel(
+          nonFiniteKernel, gridFor(m), kThreads, stream,
+          static_cast<const float*>(dtype == DataType::kF32 ? static_cast<float*>(out) + c * chunk
+                                                            : state->acc_),
+          m, state->nonFinite_);
+      SQUALL_TRY(launchFailure("the non-finite check of the output"));
+    }
   }
 
   // 5. Commit both residuals, or neither on every rank: a non-finite block on

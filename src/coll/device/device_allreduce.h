@@ -6,15 +6,19 @@
 // produces the same bits as the host algorithm (and tests/unit/
 // compressed_reference.h) for the same inputs:
 //   1. worker: cudaEncodeChunk of every chunk c (its elements below N) with the
-//      worker residual into slot c of one send buffer;
+//      worker residual into slot c of one send buffer (my own chunk into slot
+//      r of the receive buffer, next to the pieces the others send me);
 //   2. one group of send(slot j -> rank j), recv(rank j -> slot j) for every
 //      j != r;
-//   3. server: cudaDecode of piece 0, cudaDecodeAccumulate of pieces 1..n-1
-//      (rank order), acc / n for avg, cudaEncodeChunk with the server residual;
+//   3. server: for onebit cudaServeChunk (one kernel: sum of the n pieces in
+//      rank order, / n for avg, encoded with the server residual); for the
+//      other codecs cudaDecode of piece 0, cudaDecodeAccumulate of pieces
+//      1..n-1, acc / n for avg, cudaEncodeChunk with the server residual;
 //   4. allGather of the server slots (every slot has the size of a whole
 //      chunk's encoding; a shorter last chunk leaves the tail unused), then
 //      cudaDecode of every chunk into the output (fp16/bf16: decode to fp32
-//      scratch, then a rounding kernel);
+//      scratch, then a rounding kernel); onebit's decode flags a non-finite
+//      scale itself, the other codecs' output is checked by one more pass;
 //   5. cudaResidualCommit of both residuals, skipped on every rank alike when
 //      the decoded output holds a non-finite value (a non-finite block on any
 //      rank reaches every output), as the host algorithm decides.
@@ -96,13 +100,13 @@ class DeviceCompressedState {
   codec::Spec spec_;
   codec::DeviceResidual* worker_ = nullptr;
   codec::DeviceResidual* server_ = nullptr;
-  uint8_t* send_ = nullptr;            // n slots: the worker's encoded chunks
-  uint8_t* recv_ = nullptr;            // n slots: the pieces of my chunk from every rank
-  uint8_t* gather_ = nullptr;          // n slots: every server's encoded chunk
-  float* acc_ = nullptr;               // chunk floats: server accumulator, then decode scratch
-  int* error_ = nullptr;               // device decode-error flag
-  int* nonFinite_ = nullptr;           // device flag: this call's output has a non-finite value
-  cudaEvent_t lastUse_ = nullptr;      // recorded at the end of every use outside capture
+  uint8_t* send_ = nullptr;        // n slots: the worker's encoded chunks (slot r unused)
+  uint8_t* recv_ = nullptr;        // n slots: the pieces of my chunk, mine included
+  uint8_t* gather_ = nullptr;      // n slots: every server's encoded chunk
+  float* acc_ = nullptr;           // chunk floats: server accumulator (not onebit), decode scratch
+  int* error_ = nullptr;           // device decode-error flag
+  int* nonFinite_ = nullptr;       // device flag: this call's output has a non-finite value
+  cudaEvent_t lastUse_ = nullptr;  // recorded at the end of every use outside capture
   cudaStream_t lastStream_ = nullptr;  // the stream of that use (valid when used_)
   bool used_ = false;
   uint64_t bytesSent_ = 0;
