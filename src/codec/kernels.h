@@ -48,11 +48,19 @@ static inline bool streamStores(bool asked, const float* p) {
 // must not commit residualOut (the non-finite rule).
 using EncodeFn = bool (*)(const EncodeJob&);
 using DecodeFn = void (*)(const DecodeJob&);
+// The divided sum of n decodes of the same elements: output[i] = d_0[i] +
+// d_1[i] + ... + d_{n-1}[i], added in that order, then divided by `divisor`
+// when it is above 1, exactly as divideAll does. jobs[j] decodes encoding j;
+// every job has the same count, spec and layout, and jobs[0].output and
+// jobs[0].stream say where and how to store. The bits are those of decode,
+// then accumulate for j = 1..n-1, then divideAll, in registers.
+using SumFn = void (*)(const DecodeJob* jobs, size_t n, int divisor);
 
 struct CodecKernels {
   EncodeFn encode;
   DecodeFn decode;
   DecodeFn accumulate;
+  SumFn sum = nullptr;  // nullptr: parallel.cc sums tile by tile with decode and accumulate
 };
 
 struct KernelTable {

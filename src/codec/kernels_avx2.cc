@@ -25,6 +25,7 @@
 
 #include "src/codec/kernels.h"
 #include "src/codec/numeric.h"
+#include "src/codec/parallel.h"
 
 namespace squall::codec {
 namespace {
@@ -329,13 +330,123 @@ void onebitDecode(const DecodeJob& job) {
   }
 }
 
+// ---- onebit sums of several encodings ---------------------------------------
+
+// divideAll's arithmetic on a vector: the exact inverse's product for a power
+// of two, else the division.
+struct Divide {
+  int divisor;
+  bool byProduct;
+  __m256 factor;
+
+  explicit Divide(int d)
+      : divisor(d),
+        byProduct((d & (d - 1)) == 0),
+        factor(_mm256_set1_ps(byProduct ? 1.0f / static_cast<float>(d) : static_cast<float>(d))) {}
+  __m256 apply(__m256 v) const {
+    return byProduct ? _mm256_mul_ps(v, factor) : _mm256_div_ps(v, factor);
+  }
+  float apply(float v) const {
+    return byProduct ? v * (1.0f / static_cast<float>(divisor)) : v / static_cast<float>(divisor);
+  }
+};
+
+// The sum kernel (kernels.h, SumFn) for onebit: per 64-element word, the n
+// encodings' values are blended from their bits and added in rank order in
+// registers, divided, and stored once.
+constexpr size_t kMaxSumEncodings = 64;  // more: the separate kernels
+
+template <bool kDivide, bool kStream>
+void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
+  const DecodeJob& first = jobs[0];
+  const size_t block = first.spec.block;
+  const size_t dataOffset = first.layout.dataOffset;
+  const Divide divide(kDivide ? divisor : 1);
+  float* out = first.output;
+  __m256 pos[kMaxSumEncodings], neg[kMaxSumEncodings];
+  float posS[kMaxSumEncodings], negS[kMaxSumEncodings];
+  for (size_t b = 0; b < first.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, first.count - start);
+    for (size_t j = 0; j < n; ++j) {
+      const BlockValues v = blockValues(loadFloat(jobs[j].payload, b));
+      posS[j] = v.pos;
+      negS[j] = v.neg;
+      pos[j] = _mm256_set1_ps(v.pos);
+      neg[j] = _mm256_set1_ps(v.neg);
+    }
+    size_t i = start;
+    for (; i + 64 <= end; i += 64) {
+      // Half a word (32 elements, four vectors) at a time keeps the sums in
+      // registers.
+      for (int half = 0; half < 2; ++half) {
+        // The values of encoding j's quarter k of this half word.
+        auto values = [&](size_t j, int k) {
+          uint32_t bits;
+          std::memcpy(&bits, jobs[j].payload + dataOffset + i / 8 + 4 * half, 4);
+          const __m256i bitsInSign =
+              _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), signShifts(k));
+          return _mm256_blendv_ps(neg[j], pos[j], _mm256_castsi256_ps(bitsInSign));
+        };
+        __m256 sum[4];
+        for (int k = 0; k < 4; ++k) sum[k] = values(0, k);
+        for (size_t j = 1; j < n; ++j) {
+          for (int k = 0; k < 4; ++k) sum[k] = _mm256_add_ps(sum[k], values(j, k));
+        }
+        float* o = out + i + 32 * half;
+        for (int k = 0; k < 4; ++k) {
+          const __m256 v = kDivide ? divide.apply(sum[k]) : sum[k];
+          if constexpr (kStream) {
+            _mm256_stream_ps(o + 8 * k, v);
+          } else {
+            _mm256_storeu_ps(o + 8 * k, v);
+          }
+        }
+      }
+    }
+    for (; i < end; ++i) {  // the buffer's last word may be cut short
+      float sum = 0.0f;
+      for (size_t j = 0; j < n; ++j) {
+        uint64_t word;
+        std::memcpy(&word, jobs[j].payload + dataOffset + (i / 64) * 8, 8);
+        const float d = ((word >> (i % 64)) & 1u) != 0 ? posS[j] : negS[j];
+        sum = j == 0 ? d : sum + d;
+      }
+      out[i] = kDivide ? divide.apply(sum) : sum;
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+void onebitSum(const DecodeJob* jobs, size_t n, int divisor) {
+  if (n > kMaxSumEncodings) {
+    // Rare (more than 64 ranks): the separate kernels, in the same order.
+    onebitDecode<false>(jobs[0]);
+    for (size_t j = 1; j < n; ++j) {
+      DecodeJob job = jobs[j];
+      job.output = jobs[0].output;
+      onebitDecode<true>(job);
+    }
+    if (divisor > 1) divideAll(jobs[0].output, jobs[0].count, divisor);
+    return;
+  }
+  const bool stream = streamStores(jobs[0].stream, jobs[0].output);
+  if (divisor > 1) {
+    stream ? onebitSumWith<true, true>(jobs, n, divisor)
+           : onebitSumWith<true, false>(jobs, n, divisor);
+  } else {
+    stream ? onebitSumWith<false, true>(jobs, n, divisor)
+           : onebitSumWith<false, false>(jobs, n, divisor);
+  }
+}
+
 // ---- the table -----------------------------------------------------------
 
 KernelTable buildTable() {
   KernelTable t = scalarKernels();
   t.name = "avx2";
   t.codecs[static_cast<int>(CodecId::kOnebit)] = {onebitEncodeAny, onebitDecode<false>,
-                                                  onebitDecode<true>};
+                                                  onebitDecode<true>, onebitSum};
   return t;
 }
 

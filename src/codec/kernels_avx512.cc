@@ -29,6 +29,7 @@
 
 #include "src/codec/kernels.h"
 #include "src/codec/numeric.h"
+#include "src/codec/parallel.h"
 
 namespace squall::codec {
 namespace {
@@ -291,13 +292,116 @@ void onebitDecode(const DecodeJob& job) {
   }
 }
 
+// ---- onebit sums of several encodings ---------------------------------------
+
+// divideAll's arithmetic on a vector: the exact inverse's product for a power
+// of two, else the division.
+struct Divide {
+  int divisor;
+  bool byProduct;
+  __m512 factor;
+
+  explicit Divide(int d)
+      : divisor(d),
+        byProduct((d & (d - 1)) == 0),
+        factor(_mm512_set1_ps(byProduct ? 1.0f / static_cast<float>(d) : static_cast<float>(d))) {}
+  __m512 apply(__m512 v) const {
+    return byProduct ? _mm512_mul_ps(v, factor) : _mm512_div_ps(v, factor);
+  }
+  float apply(float v) const {
+    return byProduct ? v * (1.0f / static_cast<float>(divisor)) : v / static_cast<float>(divisor);
+  }
+};
+
+// The sum kernel (kernels.h, SumFn) for onebit: per 64-element word, the n
+// encodings' values are blended from their bits and added in rank order in
+// registers, divided, and stored once.
+constexpr size_t kMaxSumEncodings = 64;  // more: the caller sums tile by tile
+
+template <bool kDivide, bool kStream>
+void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
+  const DecodeJob& first = jobs[0];
+  const size_t block = first.spec.block;
+  const size_t dataOffset = first.layout.dataOffset;
+  const Divide divide(kDivide ? divisor : 1);
+  float* out = first.output;
+  __m512 pos[kMaxSumEncodings], neg[kMaxSumEncodings];
+  float posS[kMaxSumEncodings], negS[kMaxSumEncodings];
+  for (size_t b = 0; b < first.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, first.count - start);
+    for (size_t j = 0; j < n; ++j) {
+      const BlockValues v = blockValues(loadFloat(jobs[j].payload, b));
+      posS[j] = v.pos;
+      negS[j] = v.neg;
+      pos[j] = _mm512_set1_ps(v.pos);
+      neg[j] = _mm512_set1_ps(v.neg);
+    }
+    size_t i = start;
+    for (; i + 64 <= end; i += 64) {
+      // The values of encoding j's quarter k of this word.
+      auto values = [&](size_t j, int k) {
+        uint64_t word;
+        std::memcpy(&word, jobs[j].payload + dataOffset + i / 8, 8);
+        return _mm512_mask_blend_ps(static_cast<__mmask16>(word >> (16 * k)), neg[j], pos[j]);
+      };
+      __m512 sum[4];
+      for (int k = 0; k < 4; ++k) sum[k] = values(0, k);
+      for (size_t j = 1; j < n; ++j) {
+        for (int k = 0; k < 4; ++k) sum[k] = _mm512_add_ps(sum[k], values(j, k));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const __m512 v = kDivide ? divide.apply(sum[k]) : sum[k];
+        if constexpr (kStream) {
+          _mm512_stream_ps(out + i + 16 * k, v);
+        } else {
+          _mm512_storeu_ps(out + i + 16 * k, v);
+        }
+      }
+    }
+    for (; i < end; ++i) {  // the buffer's last word may be cut short
+      float sum = 0.0f;
+      for (size_t j = 0; j < n; ++j) {
+        uint64_t word;
+        std::memcpy(&word, jobs[j].payload + dataOffset + (i / 64) * 8, 8);
+        const float d = ((word >> (i % 64)) & 1u) != 0 ? posS[j] : negS[j];
+        sum = j == 0 ? d : sum + d;
+      }
+      out[i] = kDivide ? divide.apply(sum) : sum;
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+void onebitSum(const DecodeJob* jobs, size_t n, int divisor) {
+  if (n > kMaxSumEncodings) {
+    // Rare (more than 64 ranks): the separate kernels, in the same order.
+    onebitDecode<false>(jobs[0]);
+    for (size_t j = 1; j < n; ++j) {
+      DecodeJob job = jobs[j];
+      job.output = jobs[0].output;
+      onebitDecode<true>(job);
+    }
+    if (divisor > 1) divideAll(jobs[0].output, jobs[0].count, divisor);
+    return;
+  }
+  const bool stream = streamStores(jobs[0].stream, jobs[0].output);
+  if (divisor > 1) {
+    stream ? onebitSumWith<true, true>(jobs, n, divisor)
+           : onebitSumWith<true, false>(jobs, n, divisor);
+  } else {
+    stream ? onebitSumWith<false, true>(jobs, n, divisor)
+           : onebitSumWith<false, false>(jobs, n, divisor);
+  }
+}
+
 // ---- the table -----------------------------------------------------------
 
 KernelTable buildTable() {
   KernelTable t = scalarKernels();
   t.name = "avx512";
   t.codecs[static_cast<int>(CodecId::kOnebit)] = {onebitEncodeAny, onebitDecode<false>,
-                                                  onebitDecode<true>};
+                                                  onebitDecode<true>, onebitSum};
   return t;
 }
 

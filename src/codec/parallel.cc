@@ -323,6 +323,21 @@ struct DecodeSumContext {
 
 void decodeSumPiece(const void* context, int i) {
   const auto& c = *static_cast<const DecodeSumContext*>(context);
+  if (c.kernels->sum != nullptr) {
+    // The implementation sums in registers: one job per encoding over this
+    // piece, the output stored once.
+    const SumJob& sum = *c.sum;
+    const Range r = pieceRange(sum.spec, sum.count, c.pieces, i);
+    if (r.end <= r.begin) return;
+    std::vector<DecodeJob> jobs(sum.n);
+    for (size_t j = 0; j < sum.n; ++j) {
+      jobs[j] = DecodeJob{sum.payloads[j], r.end - r.begin,    sum.spec,
+                          sum.layout,      c.output + r.begin, c.stream};
+      rebase(sum.spec, sum.layout, r, &jobs[j].payload, &jobs[j].layout);
+    }
+    c.kernels->sum(jobs.data(), sum.n, sum.divisor);
+    return;
+  }
   eachTile(*c.sum, c.pieces, i, [&](const Range& t, float* tile) {
     sumTile(*c.kernels, *c.sum, t, tile);
     storeTile(c.output + t.begin, tile, t.end - t.begin, c.stream);
