@@ -227,6 +227,10 @@ struct Result {
   double percentOfCopy() const { return 100.0 * gbps() / copyGbps; }
 };
 
+// Kernel rows measured per configuration, in this order: encode+EF, decode,
+// accumulate, their streaming-store forms, and the sum of two encodings.
+constexpr int kKernelRows = 7;
+
 struct SizeRun {
   double copyGbps = 0;
   int iters = 0;
@@ -263,7 +267,32 @@ SizeRun measureSize(const Options& o, size_t count) {
   const EncodeJob ejob{x.data, DType::kF32,  count,         spec,
                        layout, eIn.floats(), eOut.floats(), payload.data};
   const DecodeJob djob{payload.data, count, spec, layout, out.floats()};
-  constexpr int kKernels = 3;
+  EncodeJob ejobStream = ejob;
+  ejobStream.stream = true;
+  DecodeJob djobStream = djob;
+  djobStream.stream = true;
+  // The all-gather's last step at 2 ranks: the sum of two encodings into the
+  // output, as the separate passes did it (decode a 1 MiB segment, then
+  // decode-accumulate the other encoding into it while it is in the L2
+  // cache), and fused (parallelDecodeSum: L1 tiles, one streaming store).
+  const uint8_t* two[] = {payload.data, payload.data};
+  const SumJob sum{two, 2, count, spec, layout, 0};
+  constexpr size_t kSegment = size_t{1} << 18;
+  auto separateSum = [&](const CodecKernels& k, int threads) {
+    for (size_t at = 0; at < count; at += kSegment) {
+      const size_t m = std::min(kSegment, count - at);
+      DecodeJob seg{payload.data, m, spec, layout, out.floats() + at};
+      // A segment of whole blocks seen as its own call (parallel.cc, rebase).
+      Layout l = layout;
+      l.blocks = (m + spec.block - 1) / spec.block;
+      l.dataOffset = layout.dataOffset + at / 8 - (at / spec.block) * 4;
+      seg.payload = payload.data + (at / spec.block) * 4;
+      seg.layout = l;
+      parallelDecode(k.decode, seg, threads);
+      parallelDecode(k.accumulate, seg, threads);
+    }
+  };
+  constexpr int kKernels = kKernelRows;
   // times[config][kernel][iteration]
   std::vector<std::array<std::vector<double>, kKernels>> times(configs.size());
   auto once = [&](const Config& c, int kernel) {
@@ -271,7 +300,11 @@ SizeRun measureSize(const Options& o, size_t count) {
     switch (kernel) {
       case 0: return secondsOf([&] { (void)parallelEncode(k.encode, ejob, c.threads); });
       case 1: return secondsOf([&] { parallelDecode(k.decode, djob, c.threads); });
-      default: return secondsOf([&] { parallelDecode(k.accumulate, djob, c.threads); });
+      case 2: return secondsOf([&] { parallelDecode(k.accumulate, djob, c.threads); });
+      case 3: return secondsOf([&] { (void)parallelEncode(k.encode, ejobStream, c.threads); });
+      case 4: return secondsOf([&] { parallelDecode(k.decode, djobStream, c.threads); });
+      case 5: return secondsOf([&] { separateSum(k, c.threads); });
+      default: return secondsOf([&] { parallelDecodeSum(k, sum, out.floats(), true, c.threads); });
     }
   };
   for (const Config& c : configs)
@@ -287,9 +320,14 @@ SizeRun measureSize(const Options& o, size_t count) {
   const double payloadBytes = static_cast<double>(layout.payloadBytes);
   // Read x and e, write e and the payload; read the payload, write the
   // output; read the payload and the accumulator, write the accumulator.
-  const double traffic[kKernels] = {12.0 * n + payloadBytes, 4.0 * n + payloadBytes,
-                                    8.0 * n + payloadBytes};
-  const char* names[kKernels] = {"encode+EF", "decode", "accumulate"};
+  // The streaming rows move the same bytes, without the read of each written
+  // line; a sum of two encodings must read both and write the output once.
+  const double traffic[kKernels] = {12.0 * n + payloadBytes,     4.0 * n + payloadBytes,
+                                    8.0 * n + payloadBytes,      12.0 * n + payloadBytes,
+                                    4.0 * n + payloadBytes,      4.0 * n + 2.0 * payloadBytes,
+                                    4.0 * n + 2.0 * payloadBytes};
+  const char* names[kKernels] = {"encode+EF",     "decode",        "accumulate", "encode+EF stream",
+                                 "decode stream", "sum2 separate", "sum2 fused"};
   for (size_t c = 0; c < configs.size(); ++c) {
     for (int kernel = 0; kernel < kKernels; ++kernel) {
       const std::vector<double>& t = times[c][kernel];
@@ -347,7 +385,7 @@ void printSummary(const std::vector<SizeRun>& runs) {
     std::printf("onebit codec, %s fp32 elements; copy %.1f GB/s\n",
                 sizeLabel(run.results[0].count).c_str(), run.copyGbps);
     std::printf("  %-7s %3s %18s %18s %18s\n", "impl", "thr", "encode+EF", "decode", "accumulate");
-    for (size_t i = 0; i + 2 < run.results.size(); i += 3) {
+    for (size_t i = 0; i + 2 < run.results.size(); i += kKernelRows) {
       std::printf("  %-7s %3d", run.results[i].impl, run.results[i].threads);
       for (size_t j = i; j < i + 3; ++j) {
         std::printf(" %7.1f GB/s %3.0f%%", run.results[j].gbps(), run.results[j].percentOfCopy());

@@ -11,12 +11,21 @@
 // wire = bytes this rank sent per call, ratio = what a ring fp32 allreduce
 // sends (2(n-1)/n * size) / wire, and with --vs the baseline's time over the
 // same transport and the speedup.
+//
+// Memory: mem(MB) is what one rank's call moves through main memory by the
+// model below (memoryBytes), and mem(us) that over the streaming bandwidth
+// each rank got while all ranks of this host copied at once (measured at
+// start, streamCopyBandwidth): the call's floor when its buffers are far
+// larger than the caches. x mem = time / mem(us).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -255,7 +264,93 @@ struct Row {
   double time, algbw, busbw, ratio, baseTime;
   uint64_t wire;
   bool ok;
+  const char* algorithm;
+  double memoryBytes, memoryTime;
 };
+
+// ---- the memory-traffic floor ---------------------------------------------
+
+// Bytes one rank's compressed allreduce of `count` elements of `elem` bytes
+// moves through main memory, reads plus writes, with the fused passes and
+// streaming stores of the library (codec::decodeSum / encodeSum, Stores):
+//   encode      x (elem), the worker residual read and its new half written
+//               (4 + 4), the encodings written (E(N))
+//   serve       twophase only, the server's chunk of C = N / n: the n
+//               encodings read, the server residual read and written (4 + 4),
+//               its encoding written
+//   decode      the encodings read (allgather: n of every element; twophase:
+//               one), the output written (elem)
+// E(m) is the encoded size of m elements. The fp32 sums live in an L1 tile
+// and the encodings of a segment in the L2 cache, so they are counted once
+// (an upper estimate: the slots are cache-resident too). Cached stores would
+// add each written byte once more (its line read before it is overwritten).
+double memoryBytes(const char* algorithm, int n, size_t count, size_t elem, double encodedPerElem) {
+  const double N = static_cast<double>(count);
+  if (n == 1) return 2.0 * N * static_cast<double>(elem);  // the input copied to the output
+  const double E = encodedPerElem;
+  const double encode = N * (static_cast<double>(elem) + 8.0 + E);
+  if (std::strcmp(algorithm, "allgather") == 0)
+    return encode + N * (n * E + static_cast<double>(elem));
+  const double chunk = N / n;
+  const double serve = chunk * (n * E + 8.0 + E);
+  return encode + serve + N * (E + static_cast<double>(elem));
+}
+
+// Which algorithm a call ran, from the bytes it sent: the all-gather sends
+// (n - 1) E, the two-phase 2 (n - 1) / n E; at n = 2 they are the same size
+// and auto takes the all-gather.
+const char* algorithmFromWire(int n, uint64_t wire, size_t encodedBytes) {
+  if (n <= 2) return "allgather";
+  const double allGather = (n - 1.0) * static_cast<double>(encodedBytes);
+  const double twoPhase = 2.0 * (n - 1.0) / n * static_cast<double>(encodedBytes);
+  const double w = static_cast<double>(wire);
+  return std::fabs(w - allGather) < std::fabs(w - twoPhase) ? "allgather" : "twophase";
+}
+
+// dst = src with streaming stores: the kind of store the library uses for
+// large buffers (its memory traffic is reads plus writes, no read of the
+// written lines).
+void streamCopy(const float* src, float* dst, size_t count) {
+#if defined(__SSE2__)
+  const size_t whole = count / 16 * 16;
+  for (size_t i = 0; i < whole; i += 16)
+    for (size_t k = 0; k < 16; k += 4) _mm_stream_ps(dst + i + k, _mm_load_ps(src + i + k));
+  std::memcpy(dst + whole, src + whole, (count - whole) * sizeof(float));
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, count * sizeof(float));
+#endif
+}
+
+// Bytes per second (read + written) one rank streams while every rank of the
+// communicator copies at the same time: each rank copies 64 MiB 8 times back
+// to back (long next to the skew of the barrier's release, so the copies
+// overlap), the median of 3 such rounds, the slowest rank's. On one host the
+// ranks share the memory bus (and, with more ranks than cores, the cores),
+// as they do in the allreduce.
+double streamCopyBandwidth(squallComm_t comm) {
+  constexpr int kCopies = 8;
+  const size_t count = size_t{16} << 20;
+  float* src = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
+  float* dst = static_cast<float*>(std::aligned_alloc(64, count * sizeof(float)));
+  if (src == nullptr || dst == nullptr) {
+    std::fprintf(stderr, "squall_perf: no memory for the bandwidth measurement\n");
+    std::exit(1);
+  }
+  for (size_t i = 0; i < count; ++i) src[i] = static_cast<float>(i & 1023), dst[i] = 0.0f;
+  streamCopy(src, dst, count);  // faults the pages in
+  std::vector<double> times;
+  for (int round = 0; round < 3; ++round) {
+    CHECK(squallBarrier(comm));
+    const double t0 = now();
+    for (int i = 0; i < kCopies; ++i) streamCopy(src, dst, count);
+    times.push_back(now() - t0);
+  }
+  std::free(src);
+  std::free(dst);
+  const double slowest = maxOverRanks(median(times), comm);
+  return kCopies * 2.0 * sizeof(float) * static_cast<double>(count) / slowest;
+}
 
 int run(const Args& a, squallComm_t comm) {
   int rank = 0, n = 1;
@@ -266,12 +361,16 @@ int run(const Args& a, squallComm_t comm) {
   squallCodecSpec_t spec;
   CHECK(squallCodecSpecParse(a.codec.c_str(), &spec));
   if (a.block > 0) spec.blockSize = static_cast<uint32_t>(a.block);
+  const double streamBandwidth = streamCopyBandwidth(comm);
   if (rank == 0) {
     std::printf("# squall_perf: %d ranks, transport %s, codec %s block %u, %s, cpu codec %s\n", n,
                 transport, a.codec.c_str(), spec.blockSize, a.op == squallAvg ? "avg" : "sum",
                 squallCodecImplementation());
-    std::printf("#\n# %10s %12s %8s %5s %10s %8s %8s %12s %7s", "size", "count", "type", "redop",
-                "time(us)", "algbw", "busbw", "wire(B)", "ratio");
+    std::printf("# streaming copy: %.2f GB/s per rank, %d ranks copying at once\n",
+                streamBandwidth / 1e9, n);
+    std::printf("#\n# %10s %12s %8s %5s %10s %8s %8s %12s %7s %9s %9s %6s", "size", "count", "type",
+                "redop", "time(us)", "algbw", "busbw", "wire(B)", "ratio", "mem(MB)", "mem(us)",
+                "x mem");
     if (!a.vs.empty()) std::printf(" %12s %8s", "fp32(us)", "speedup");
     std::printf(" %6s\n", "check");
   }
@@ -318,6 +417,12 @@ int run(const Args& a, squallComm_t comm) {
     squallCompressorStats_t stats;
     CHECK(squallCompressorGetStats(compressor, &stats));
     row.wire = stats.bytesSent;
+    size_t encodedBytes = 0;
+    CHECK(squallEncodedSize(&spec, count, &encodedBytes));
+    row.algorithm = algorithmFromWire(n, row.wire, encodedBytes);
+    row.memoryBytes = memoryBytes(row.algorithm, n, count, elem,
+                                  static_cast<double>(encodedBytes) / static_cast<double>(count));
+    row.memoryTime = row.memoryBytes / streamBandwidth;
     row.algbw = static_cast<double>(row.bytes) / row.time / 1e9;
     row.busbw = row.algbw * 2.0 * (n - 1) / n;
     const double ringBytes = 2.0 * (n - 1) / n * static_cast<double>(row.bytes);
@@ -337,9 +442,11 @@ int run(const Args& a, squallComm_t comm) {
       });
     }
     if (rank == 0) {
-      std::printf("  %10zu %12zu %8s %5s %10.1f %8.3f %8.3f %12llu %7.1f", row.bytes, row.count,
-                  dtypeName(a.dtype), a.op == squallAvg ? "avg" : "sum", row.time * 1e6, row.algbw,
-                  row.busbw, static_cast<unsigned long long>(row.wire), row.ratio);
+      std::printf("  %10zu %12zu %8s %5s %10.1f %8.3f %8.3f %12llu %7.1f %9.1f %9.1f %6.2f",
+                  row.bytes, row.count, dtypeName(a.dtype), a.op == squallAvg ? "avg" : "sum",
+                  row.time * 1e6, row.algbw, row.busbw, static_cast<unsigned long long>(row.wire),
+                  row.ratio, row.memoryBytes / 1e6, row.memoryTime * 1e6,
+                  row.time / row.memoryTime);
       if (!a.vs.empty()) std::printf(" %12.1f %8.2f", row.baseTime * 1e6, row.baseTime / row.time);
       std::printf(" %6s\n", a.check ? (row.ok ? "ok" : "DIFFER") : "-");
       std::fflush(stdout);
@@ -357,19 +464,22 @@ int run(const Args& a, squallComm_t comm) {
     }
     std::fprintf(f,
                  "{\"ranks\": %d, \"transport\": \"%s\", \"codec\": \"%s\", \"block\": %u, "
-                 "\"codec_impl\": \"%s\", \"rows\": [\n",
-                 n, transport, a.codec.c_str(), spec.blockSize, squallCodecImplementation());
+                 "\"codec_impl\": \"%s\", \"stream_copy_gb_per_s\": %.4f, \"rows\": [\n",
+                 n, transport, a.codec.c_str(), spec.blockSize, squallCodecImplementation(),
+                 streamBandwidth / 1e9);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(f,
                    "  {\"bytes\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", "
                    "\"time_us\": %.3f, \"algbw_gbs\": %.6f, \"busbw_gbs\": %.6f, "
                    "\"wire_bytes\": %llu, \"ratio\": %.3f, \"baseline_time_us\": %.3f, "
-                   "\"speedup\": %.4f, \"check\": %s}%s\n",
+                   "\"speedup\": %.4f, \"algorithm\": \"%s\", \"memory_bytes\": %.0f, "
+                   "\"memory_bound_us\": %.3f, \"check\": %s}%s\n",
                    r.bytes, r.count, dtypeName(a.dtype), a.op == squallAvg ? "avg" : "sum",
                    r.time * 1e6, r.algbw, r.busbw, static_cast<unsigned long long>(r.wire), r.ratio,
-                   r.baseTime * 1e6, r.baseTime > 0 ? r.baseTime / r.time : 0.0,
-                   r.ok ? "true" : "false", i + 1 < rows.size() ? "," : "");
+                   r.baseTime * 1e6, r.baseTime > 0 ? r.baseTime / r.time : 0.0, r.algorithm,
+                   r.memoryBytes, r.memoryTime * 1e6, r.ok ? "true" : "false",
+                   i + 1 < rows.size() ? "," : "");
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

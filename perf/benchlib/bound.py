@@ -21,6 +21,14 @@ For every row it prints:
            times the ranks sharing a core (max(1, n / cores))
   bound    max(wire, codec): with perfect pipelining one hides the other
   x bound  time / bound (target <= 1.3)
+  mem      the memory-traffic floor squall_perf recorded: the bytes the call
+           moves through main memory by its model (reads plus writes of the
+           input, both residuals, the encodings and the output, per phase;
+           squall_perf.cc, memoryBytes) over the streaming-copy bandwidth each
+           rank got with every rank copying at once; "-" for files from before
+           squall_perf recorded it
+  floor    max(wire, mem): the time no implementation on this machine can beat
+  x floor  time / floor (target <= 1.15)
   speedup  full-precision time / compressed time, same run and transport
   x shared time / the bound with the codec rates of --codec-shared runs
            (one codec_bench per core, all at once: they share memory
@@ -263,7 +271,7 @@ def main(argv=None):
 
     rates_for(a.impl)
     hdr = ("link", "n", "size", "algo", "runs", "time ms", "fp32 ms", "wire ms", "codec ms", "bound ms",
-           "x bound", "speedup", "vs fp32 wire", "wire/ideal")
+           "x bound", "mem ms", "floor ms", "x floor", "speedup", "vs fp32 wire", "wire/ideal")
     hdr += ("x shared", "targets") if a.codec_shared else ("targets",)
     print("| " + " | ".join(hdr) + " |")
     print("|" + "|".join("---:" if i > 3 and i < len(hdr) - 1 else "---" for i in range(len(hdr))) + "|")
@@ -299,10 +307,13 @@ def main(argv=None):
         t = statistics.median(r["time_us"] for r in rows) / 1e6
         base = statistics.median(r["baseline_time_us"] for r in rows) / 1e6
         wire_bytes = max(r["wire_bytes"] for r in rows)
-        algo = algorithm(n, count, block)
+        algo = row.get("algorithm") or algorithm(n, count, block)
         wire = wire_bytes * 8 / rate
         codec = codec_seconds(n, count, algo, rates) * max(1.0, n / a.cores)
         bound = max(wire, codec)
+        mems = [r["memory_bound_us"] / 1e6 for r in rows if "memory_bound_us" in r]
+        mem = statistics.median(mems) if mems else None
+        floor = max(wire, mem) if mem is not None else None
         shared = None
         if a.codec_shared:
             shared_rates = codec_rates(a.codec_shared, run.get("codec_impl", a.impl))[2]
@@ -312,6 +323,8 @@ def main(argv=None):
         wire_ratio = wire_bytes / ideal
         fp32_wire = 2 * (n - 1) / n * nbytes * 8 / rate  # ring fp32 at the line rate
         checks = {"wire": abs(wire_ratio - 1) <= 0.03, "bound": t / bound <= 1.3}
+        if floor is not None:
+            checks["floor"] = t / floor <= 1.15
         if label == "1gbit" and nbytes == 256 << 20 and n in (2, 4):
             checks["speedup"] = base / t >= (10 if n == 2 else 6)
         met = all(checks.values())
@@ -319,11 +332,15 @@ def main(argv=None):
         verdict = " ".join(f"{k}:{'ok' if v else 'MISS'}" for k, v in checks.items())
         print(f"| {label} | {n} | {human(nbytes)} | {algo} | {len(rows)} | {t * 1e3:.1f} | "
               f"{base * 1e3:.1f} | {wire * 1e3:.1f} | {codec * 1e3:.1f} | {bound * 1e3:.1f} | "
-              f"{t / bound:.2f} | {base / t:.1f} | {fp32_wire / t:.1f} | {wire_ratio:.4f} | "
+              f"{t / bound:.2f} | " + (f"{mem * 1e3:.1f} | {floor * 1e3:.1f} | {t / floor:.2f} | "
+                                       if floor is not None else "- | - | - | ") +
+              f"{base / t:.1f} | {fp32_wire / t:.1f} | {wire_ratio:.4f} | "
               + (f"{t / shared:.2f} | " if shared else "") + f"{verdict} |")
         out.append({"link": label, "ranks": n, "bytes": nbytes, "algorithm": algo,
                     "runs": len(rows), "time_s": t, "baseline_s": base, "wire_s": wire,
                     "codec_s": codec, "bound_s": bound, "ratio_to_bound": t / bound,
+                    "memory_s": mem, "floor_s": floor,
+                    "ratio_to_floor": t / floor if floor is not None else None,
                     "speedup": base / t, "speedup_vs_fp32_wire": fp32_wire / t,
                         "wire_over_ideal": wire_ratio, "shared_bound_s": shared, "targets": checks})
     print(f"# all targets met: {'yes' if all_met else 'no'}")
