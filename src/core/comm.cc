@@ -37,7 +37,7 @@ Status Comm::fromBootstrap(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
   SQUALL_TRY(bootstrap::countLocalRanks(*bootstrap, &localRanks));
   codec::setLocalRanks(localRanks);
   std::unique_ptr<transport::Transport> transport;
-  SQUALL_TRY(createTransport(config.transport, *bootstrap, &transport));
+  SQUALL_TRY(createTransport(config.transport, *bootstrap, waitOptions(localRanks), &transport));
   std::unique_ptr<Engine> engine;
   SQUALL_TRY(createHostEngine(std::move(bootstrap), std::move(transport), config, &engine));
   SQUALL_INFO(Subsys::kInit, "rank %d of %d ready over %s", engine->rank(), engine->size(),

@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "src/codec/parallel.h"
+#include "src/common/log.h"
 #include "src/common/params.h"
 #include "src/transport/tcp/tcp_transport.h"
 #if defined(SQUALL_HAVE_UCX)
@@ -91,7 +94,32 @@ Status agreeOnUcx(bootstrap::Bootstrap& bootstrap, TransportKind* kind) {
 }  // namespace
 #endif
 
+transport::WaitOptions waitOptions(int localRanks) {
+  static const int64_t asked = [] {
+    const std::string v = paramString(Param::kSpinUs);
+    if (v.empty() || strcasecmp(v.c_str(), "auto") == 0) return int64_t{-1};
+    char* end = nullptr;
+    const long long us = std::strtoll(v.c_str(), &end, 10);
+    if (end == v.c_str() || *end != '\0' || us < 0 || us > 1000000) {
+      SQUALL_WARN(Subsys::kEnv,
+                  "SQUALL_SPIN_US=\"%s\" is not auto or a number of microseconds (0..1000000); "
+                  "using auto",
+                  v.c_str());
+      return int64_t{-1};
+    }
+    return static_cast<int64_t>(us);
+  }();
+  transport::WaitOptions wait;
+  if (asked >= 0) {
+    wait.spin = std::chrono::microseconds(asked);
+  } else if (codec::affinityCores() >= localRanks) {
+    wait.spin = kAutoSpin;
+  }
+  return wait;
+}
+
 Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
+                       const transport::WaitOptions& wait,
                        std::unique_ptr<transport::Transport>* out) {
 #if defined(SQUALL_HAVE_UCX)
   if (kind == TransportKind::kUcxOrTcp) SQUALL_TRY(agreeOnUcx(bootstrap, &kind));
@@ -99,9 +127,9 @@ Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
   if (kind == TransportKind::kUcxOrTcp) kind = TransportKind::kTcp;
 #endif
   switch (kind) {
-    case TransportKind::kTcp: return transport::createTcpTransport(bootstrap, out);
+    case TransportKind::kTcp: return transport::createTcpTransport(bootstrap, out, wait);
 #if defined(SQUALL_HAVE_UCX)
-    case TransportKind::kUcx: return transport::createUcxTransport(bootstrap, out);
+    case TransportKind::kUcx: return transport::createUcxTransport(bootstrap, out, wait);
 #else
     case TransportKind::kUcx:
 #endif

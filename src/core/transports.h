@@ -21,7 +21,15 @@ enum class TransportKind { kUcx, kTcp, kMpi, kNccl, kUcxOrTcp };
 // explicit UCX that cannot be loaded fails when the transport is built.
 Status chooseTransport(squallTransport_t requested, TransportKind* kind);
 
+// How long a waiting thread polls before it sleeps (SQUALL_SPIN_US): by
+// default kAutoSpin when this rank owns a core, that is when the cores its
+// affinity allows are at least `localRanks`, the ranks that share them
+// (bootstrap::countLocalRanks), else not at all.
+transport::WaitOptions waitOptions(int localRanks);
+constexpr std::chrono::microseconds kAutoSpin{100};
+
 Status createTransport(TransportKind kind, bootstrap::Bootstrap& bootstrap,
+                       const transport::WaitOptions& wait,
                        std::unique_ptr<transport::Transport>* out);
 
 }  // namespace squall::core

@@ -50,6 +50,16 @@ std::string describe(const Tag& tag);
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
+// How a thread that waits for a message spends the time before it sleeps:
+// polling the network itself for `spin` first takes a message that lands
+// within microseconds without the two thread wakeups of a hand-off (the
+// progress thread's or the event descriptor's, then the waiter's). It pays
+// only where the rank owns a core; where ranks share cores the polling takes
+// the CPU from the peer being waited for (core/transports.cc decides).
+struct WaitOptions {
+  std::chrono::microseconds spin{0};
+};
+
 // One posted send or receive. The backend completes it exactly once. The
 // buffer must stay valid until the request is done or destroyed; destroying
 // a pending request cancels it, after which the backend never touches its

@@ -1066,22 +1066,32 @@ TEST(TcpConnection, RequestsAfterAGoodbyeSayWhyOnce) {
 
 #endif  // SQUALL_TRANSPORT_TEST_MPI
 
-#define INSTANTIATE_BACKEND(name, factory)                                     \
-  INSTANTIATE_TEST_SUITE_P(                                                    \
-      name, TransportTest,                                                     \
-      ::testing::Values(Case{{#name, factory}, 1}, Case{{#name, factory}, 2},  \
-                        Case{{#name, factory}, 3}, Case{{#name, factory}, 4},  \
-                        Case{{#name, factory}, 5}, Case{{#name, factory}, 8}), \
-      caseName)
+// suite: the test-name prefix; name: what the transport calls itself.
+#define INSTANTIATE_BACKEND(suite, name, factory)                                                 \
+  INSTANTIATE_TEST_SUITE_P(suite, TransportTest,                                                  \
+                           ::testing::Values(Case{{name, factory}, 1}, Case{{name, factory}, 2},  \
+                                             Case{{name, factory}, 3}, Case{{name, factory}, 4},  \
+                                             Case{{name, factory}, 5}, Case{{name, factory}, 8}), \
+                           caseName)
 
 #ifdef SQUALL_TRANSPORT_TEST_MPI
 INSTANTIATE_TEST_SUITE_P(mpi, TransportTest,
                          ::testing::Values(Case{{"mpi", createMpiWorldTransport}, 0}), caseName);
 #else
-INSTANTIATE_BACKEND(tcp, createTcpTransport);
-INSTANTIATE_BACKEND(local, createLocalTransport);
+// Every backend, and tcp and ucx again with their waiters polling
+// (WaitOptions::spin, the default where a rank owns a core).
+Status tcpPolling(bootstrap::Bootstrap& b, std::unique_ptr<Transport>* out) {
+  return createTcpTransport(b, out, WaitOptions{std::chrono::microseconds(100)});
+}
+INSTANTIATE_BACKEND(tcp, "tcp", createTcpTransport);
+INSTANTIATE_BACKEND(tcp_polling, "tcp", tcpPolling);
+INSTANTIATE_BACKEND(local, "local", createLocalTransport);
 #ifdef SQUALL_HAVE_UCX
-INSTANTIATE_BACKEND(ucx, createUcxTransport);
+Status ucxPolling(bootstrap::Bootstrap& b, std::unique_ptr<Transport>* out) {
+  return createUcxTransport(b, out, WaitOptions{std::chrono::microseconds(100)});
+}
+INSTANTIATE_BACKEND(ucx, "ucx", createUcxTransport);
+INSTANTIATE_BACKEND(ucx_polling, "ucx", ucxPolling);
 #endif
 #endif
 

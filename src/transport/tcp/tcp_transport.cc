@@ -6,7 +6,7 @@
 // user buffers. Posting threads take it and try to write their send at once,
 // so a small message leaves without a thread switch; the progress thread
 // takes it for each batch of ready sockets. A waiting thread polls the
-// sockets itself for a short while (SQUALL_TCP_SPIN_US) before it sleeps:
+// sockets itself for a short while (WaitOptions::spin) before it sleeps:
 // a small message's reply usually lands within microseconds, and taking it
 // here saves waking the progress thread and then this one, which on a
 // loaded machine is most of a small collective's time. Destroying a pending request
@@ -218,7 +218,8 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>* out) {
+Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>* out,
+                          const WaitOptions& wait) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kTransport,
                  "createTcpTransport was given a null output pointer");
   std::vector<int> fds;
@@ -229,7 +230,8 @@ Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>
   for (int p = 0; p < core->size; ++p)
     core->connections.push_back(
         std::make_unique<Connection>(fds[static_cast<size_t>(p)], core->rank, p));
-  const auto spin = std::chrono::microseconds(std::max<int64_t>(0, paramInt(Param::kTcpSpinUs)));
+  const int64_t forced = paramInt(Param::kTcpSpinUs);
+  const auto spin = forced > 0 ? std::chrono::microseconds(forced) : wait.spin;
   auto transport = std::make_unique<TcpTransport>(std::move(core), spin);
   SQUALL_TRY(transport->start());
   // Every rank has its connections before anyone sends: a rank that failed
@@ -237,6 +239,10 @@ Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>
   SQUALL_TRY(boot.barrier());
   *out = std::move(transport);
   return Status::kOk;
+}
+
+Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>* out) {
+  return createTcpTransport(boot, out, WaitOptions{});
 }
 
 }  // namespace squall::transport

@@ -14,6 +14,11 @@ namespace squall::transport {
 // (listening on the interface `boot` reaches the root from) and returns a
 // transport named "tcp". Fails with kTimeout naming the ranks it could not
 // connect to within boot.timeout().
+// `wait.spin` is the waiters' polling window; SQUALL_TCP_SPIN_US, when set,
+// takes its place.
+Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>* out,
+                          const WaitOptions& wait);
+// Waiters that sleep at once (no polling).
 Status createTcpTransport(bootstrap::Bootstrap& boot, std::unique_ptr<Transport>* out);
 
 }  // namespace squall::transport

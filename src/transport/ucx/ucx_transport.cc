@@ -19,7 +19,8 @@
 //
 // Blocking. With UCP_FEATURE_WAKEUP, waitForActivity sleeps on the worker's
 // event fd, so a rank that waits sleeps instead of spinning on a core it may
-// share. The protocol, in order: drain ucp_worker_progress until it returns
+// share; a rank that owns a core first polls for WaitOptions::spin. The
+// protocol, in order: drain ucp_worker_progress until it returns
 // 0; match waiting receives; if any request moved since waitForActivity last
 // returned (activity_ vs seenActivity_), return without sleeping; otherwise
 // ucp_worker_arm, and on UCS_ERR_BUSY start over; only after a successful arm
@@ -49,6 +50,7 @@
 #include "src/transport/ucx/ucx_transport.h"
 
 #include <poll.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -105,7 +107,8 @@ class UcxRequest final : public HeaderedRequest<UcxRequest> {
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(int rank, int size) : rank_(rank), size_(size), eps_(size, nullptr), failure_(size) {
+  UcxTransport(int rank, int size, std::chrono::microseconds spin)
+      : rank_(rank), size_(size), eps_(size, nullptr), failure_(size), spin_(spin) {
     slots_.reserve(size);
     for (int i = 0; i < size; ++i) slots_.push_back(PeerSlot{this, i});
   }
@@ -154,10 +157,11 @@ class UcxTransport final : public Transport {
   std::vector<PeerSlot> slots_;       // error-callback arguments; never reallocated
   std::vector<std::string> failure_;  // why a peer is unusable; empty while healthy
   PendingRequests<UcxRequest> pending_;
-  std::vector<void*> closing_;  // endpoint-close requests
-  uint64_t activity_ = 0;       // bumped whenever a request moves
-  uint64_t seenActivity_ = 0;   // activity_ when waitForActivity last returned
-  int emptyWakeups_ = 0;        // wakeups in a row that moved nothing
+  std::vector<void*> closing_;            // endpoint-close requests
+  const std::chrono::microseconds spin_;  // WaitOptions::spin
+  uint64_t activity_ = 0;                 // bumped whenever a request moves
+  uint64_t seenActivity_ = 0;             // activity_ when waitForActivity last returned
+  int emptyWakeups_ = 0;                  // wakeups in a row that moved nothing
   // How the waits went, said at INFO when the transport closes: sleeps that
   // ran into their timeout are wakeups UCX never signalled.
   struct WaitCounts {
@@ -618,6 +622,7 @@ Status UcxTransport::progress() {
 }
 
 Status UcxTransport::waitForActivity(Deadline until) {
+  bool spun = false;
   for (;;) {
     SQUALL_TRY(progress());
     // activity_ moved since the last return from here: the caller must look
@@ -630,6 +635,21 @@ Status UcxTransport::waitForActivity(Deadline until) {
     }
     Deadline now = Clock::now();
     if (now >= until) break;
+    if (spin_.count() > 0 && !spun) {
+      // Poll before sleeping (WaitOptions): a reply that lands within the
+      // window is taken without arming the worker and waking up again.
+      spun = true;
+      const Deadline stop = std::min(until, now + spin_);
+      // The CPU is yielded between polls: UCX's own async thread (its TCP
+      // transport's events) shares the core, and starving it until the end of
+      // a time slice cost more than sleeping would.
+      while (activity_ == seenActivity_ && Clock::now() < stop) {
+        SQUALL_TRY(progress());
+        if (activity_ == seenActivity_) sched_yield();
+      }
+      if (activity_ != seenActivity_) continue;
+      now = Clock::now();
+    }
     if (efd_ < 0) {
       std::this_thread::yield();
       break;
@@ -676,7 +696,12 @@ std::string ucxRendezvousThreshold(const std::string& param, bool userSetting, b
 }
 
 Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out) {
-  auto transport = std::make_unique<UcxTransport>(bootstrap.rank(), bootstrap.size());
+  return createUcxTransport(bootstrap, out, WaitOptions{});
+}
+
+Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out,
+                          const WaitOptions& wait) {
+  auto transport = std::make_unique<UcxTransport>(bootstrap.rank(), bootstrap.size(), wait.spin);
   SQUALL_TRY(transport->init(bootstrap));
   *out = std::move(transport);
   return Status::kOk;

@@ -20,6 +20,11 @@ namespace squall::transport {
 
 // Collective over `bootstrap`: every rank calls it. The transport must be used
 // by one thread at a time and must outlive its requests.
+// `wait.spin`: a waiter polls the worker this long before it arms it and
+// sleeps on its event descriptor.
+Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out,
+                          const WaitOptions& wait);
+// Waiters that sleep at once (no polling).
 Status createUcxTransport(bootstrap::Bootstrap& bootstrap, std::unique_ptr<Transport>* out);
 
 // The RNDV_THRESH Squall gives UCX, or "" to leave UCX's own setting.
