@@ -7,7 +7,10 @@
 //       build/plugin/nccl/nccl_collnet_bench --mib 64      (one line)
 //
 // Ranks and the control channel come from RANK, WORLD_SIZE, MASTER_ADDR and
-// MASTER_PORT (set by links.sh); rank 0 prints one JSON line.
+// MASTER_PORT (set by links.sh); rank 0 prints one JSON line. Every
+// iallreduce and test call, warm-up included, is timed too: count, median,
+// p99, maximum and the calls over 0.5 ms, rank 0's in the JSON line
+// ("calls"), every rank's as a table on stderr.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -50,8 +53,12 @@ int main(int argc, char** argv) {
       iters = atoi(argv[i + 1]);
     else if (k == "--plugin")
       plugin = argv[i + 1];
+    else if (k == "--cpu-times")
+      squall::bench::CallTimes::cpuToo = atoi(argv[i + 1]) != 0;
     else {
-      fprintf(stderr, "usage: %s [--mib N] [--chunk-kib N] [--iters N] [--plugin path]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--mib N] [--chunk-kib N] [--iters N] [--plugin path] [--cpu-times 0|1]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -131,6 +138,7 @@ int main(int argc, char** argv) {
   size_t chunk = (chunkKiB << 10) / sizeof(float);
   std::vector<float> in(count), out(count);
   for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((rank + 1) * (1 + i % 7)) * 0.01f;
+  squall::bench::CallTimes postTimes, testTimes;
   auto once = [&] {
     std::vector<void*> live;
     size_t next = 0, done = 0;
@@ -141,13 +149,15 @@ int main(int argc, char** argv) {
         size_t off = next * chunk;
         size_t n = std::min(chunk, count - off);
         void* req = nullptr;
-        SQUALL_BENCH_OK(t->iallreduce(comm, in.data() + off, out.data() + off, n, wire::kFloat32,
-                                      wire::kSum, nullptr, nullptr, &req));
+        SQUALL_BENCH_OK(postTimes.time([&] {
+          return t->iallreduce(comm, in.data() + off, out.data() + off, n, wire::kFloat32,
+                               wire::kSum, nullptr, nullptr, &req);
+        }));
         if (req == nullptr) break;
         reqs[next++] = req;
       }
       int finished = 0;
-      SQUALL_BENCH_OK(t->test(reqs[done], &finished, nullptr));
+      SQUALL_BENCH_OK(testTimes.time([&] { return t->test(reqs[done], &finished, nullptr); }));
       if (finished) ++done;
     }
   };
@@ -161,13 +171,19 @@ int main(int argc, char** argv) {
     maxErr = std::max(maxErr, std::abs(out[i] - total * (1 + i % 7) * 0.01));
   SQUALL_BENCH_OK(t->closeColl(comm));
   SQUALL_BENCH_OK(t->finalize(ctx));
+  fprintf(stderr, "rank %d:\n", rank);
+  squall::bench::callLine("iallreduce", postTimes.summary());
+  squall::bench::callLine("test", testTimes.summary());
   if (rank == 0) {
     const char* codec = getenv("SQUALL_COLLNET_CODEC");
+    std::string calls;
+    squall::bench::callJson(&calls, "iallreduce", postTimes.summary());
+    squall::bench::callJson(&calls, "test", testTimes.summary());
     printf(
         "{\"codec\": \"%s\", \"ranks\": %d, \"mib\": %zu, \"chunk_kib\": %zu, \"ms\": %.1f, "
-        "\"algbw_gbit\": %.3f, \"max_abs_err\": %.3g}\n",
+        "\"algbw_gbit\": %.3f, \"max_abs_err\": %.3g, \"calls\": {%s}}\n",
         codec ? codec : "none", nranks, mib, chunkKiB, ms,
-        static_cast<double>(mib << 20) * 8 / (ms * 1e6), maxErr);
+        static_cast<double>(mib << 20) * 8 / (ms * 1e6), maxErr, calls.c_str());
   }
   return 0;
 }

@@ -9,6 +9,10 @@
 //
 // Rank 1 sends, rank 0 receives and prints the result. Roles and the control
 // channel come from RANK, MASTER_ADDR and MASTER_PORT (set by links.sh).
+// In plugin mode every isend, irecv and test call is timed as well: count,
+// median, p99, maximum and the calls over 0.5 ms per kind, both ranks' in
+// rank 0's JSON line ("calls") and as a table on stderr. Without shaping,
+// RANK=0 and RANK=1 on one host over 127.0.0.1 measure the calls alone.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -135,7 +139,16 @@ double runRaw(const Options& o, int rank, int control, const char* host) {
 
 // ---- the plugin ----------------------------------------------------------------
 
-double runPlugin(const Options& o, int rank, int control) {
+using squall::bench::CallTimes;
+
+// The timed plugin calls, in the order they are reported.
+struct Calls {
+  CallTimes post;  // isend on rank 1, irecv on rank 0
+  CallTimes test;
+};
+
+double runPlugin(const Options& o, int rank, int control, std::string* callsJson) {
+  Calls calls;
   void* lib = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     fprintf(stderr, "nccl_net_bench: dlopen %s: %s\n", o.plugin, dlerror());
@@ -212,13 +225,15 @@ double runPlugin(const Options& o, int rank, int control) {
         void* data = buffers[static_cast<size_t>(ci)].data() + slot * o.chunk;
         void* req = nullptr;
         if (rank == 1) {
-          SQUALL_BENCH_OK(
-              t->isend(comm, data, size, 1, mh[static_cast<size_t>(ci)], nullptr, &req));
+          SQUALL_BENCH_OK(calls.post.time([&] {
+            return t->isend(comm, data, size, 1, mh[static_cast<size_t>(ci)], nullptr, &req);
+          }));
         } else {
           int tag = 1;
           size_t cap = o.chunk;
           void* m = mh[static_cast<size_t>(ci)];
-          SQUALL_BENCH_OK(t->irecv(comm, 1, &data, &cap, &tag, &m, nullptr, &req));
+          SQUALL_BENCH_OK(calls.post.time(
+              [&] { return t->irecv(comm, 1, &data, &cap, &tag, &m, nullptr, &req); }));
         }
         if (req == nullptr) break;
         c.reqs[slot] = req;
@@ -226,7 +241,8 @@ double runPlugin(const Options& o, int rank, int control) {
       }
       int done = 0;
       int sizes[8];
-      SQUALL_BENCH_OK(t->test(c.reqs[c.completed % static_cast<size_t>(o.inflight)], &done, sizes));
+      void* oldest = c.reqs[c.completed % static_cast<size_t>(o.inflight)];
+      SQUALL_BENCH_OK(calls.test.time([&] { return t->test(oldest, &done, sizes); }));
       if (done) {
         progressed = true;
         if (++c.completed == messages) ++finished;
@@ -241,6 +257,24 @@ double runPlugin(const Options& o, int rank, int control) {
                               : t->closeRecv(comms[static_cast<size_t>(c)]));
   }
   SQUALL_BENCH_OK(t->finalize(ctx));
+  // Rank 1 hands its digests to rank 0, which reports both.
+  CallTimes::Summary mine[2] = {calls.post.summary(), calls.test.summary()};
+  CallTimes::Summary theirs[2];
+  if (rank == 1) {
+    sendAll(control, mine, sizeof(mine));
+  } else {
+    recvAll(control, theirs, sizeof(theirs));
+    std::string json;
+    squall::bench::callJson(&json, "isend", theirs[0]);
+    squall::bench::callJson(&json, "test_send", theirs[1]);
+    squall::bench::callJson(&json, "irecv", mine[0]);
+    squall::bench::callJson(&json, "test_recv", mine[1]);
+    *callsJson = "{" + json + "}";
+    squall::bench::callLine("isend", theirs[0]);
+    squall::bench::callLine("test (send)", theirs[1]);
+    squall::bench::callLine("irecv", mine[0]);
+    squall::bench::callLine("test (receive)", mine[1]);
+  }
   return seconds;
 }
 
@@ -261,11 +295,13 @@ int main(int argc, char** argv) {
       o.chunk = strtoull(argv[i + 1], nullptr, 10) << 10;  // KiB
     else if (k == "--plugin")
       o.plugin = argv[i + 1];
+    else if (k == "--cpu-times")
+      squall::bench::CallTimes::cpuToo = atoi(argv[i + 1]) != 0;
     else {
-      fprintf(
-          stderr,
-          "usage: %s [--mode plugin|raw] [--conns N] [--bytes MiB] [--chunk KiB] [--plugin path]\n",
-          argv[0]);
+      fprintf(stderr,
+              "usage: %s [--mode plugin|raw] [--conns N] [--bytes MiB] [--chunk KiB] [--plugin "
+              "path] [--cpu-times 0|1]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -288,12 +324,17 @@ int main(int argc, char** argv) {
   } else {
     control = connectTo(addressOf(host, port));
   }
-  double seconds = o.mode == "raw" ? runRaw(o, rank, control, host) : runPlugin(o, rank, control);
+  std::string callsJson;
+  double seconds =
+      o.mode == "raw" ? runRaw(o, rank, control, host) : runPlugin(o, rank, control, &callsJson);
   if (rank == 0) {
     double gbps = static_cast<double>(o.bytes) * 8 / seconds / 1e9;
+    const char* plane = getenv("SQUALL_NET_TRANSPORT");
     printf(
-        "{\"mode\": \"%s\", \"conns\": %d, \"bytes\": %zu, \"seconds\": %.3f, \"gbit_s\": %.3f}\n",
-        o.mode.c_str(), o.conns, o.bytes, seconds, gbps);
+        "{\"mode\": \"%s\", \"plane\": \"%s\", \"conns\": %d, \"bytes\": %zu, \"seconds\": "
+        "%.3f, \"gbit_s\": %.3f%s%s}\n",
+        o.mode.c_str(), o.mode == "raw" ? "raw" : (plane != nullptr ? plane : "auto"), o.conns,
+        o.bytes, seconds, gbps, callsJson.empty() ? "" : ", \"calls\": ", callsJson.c_str());
   }
   close(control);
   return 0;
