@@ -15,7 +15,9 @@
 // Data. Each message is a header {magic, tag, size} and `size` bytes. The
 // receiver reads a header only when a receive is posted, so TCP's own flow
 // control holds the sender back until then; the payload goes straight into
-// the posted buffer.
+// the posted buffer. Each call moves at most kMaxBytesPerCall bytes
+// (a few system calls at most), so a large message completes over several
+// test() calls instead of inside one.
 #include "plugin/nccl/net.h"
 
 #include <fcntl.h>
@@ -27,6 +29,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -254,29 +257,46 @@ Status failComm(Comm* c, Status status, const std::string& why) {
   return c->failed;
 }
 
-void progressSend(Comm* c) {
-  while (c->failed == Status::kOk && !c->queue.empty()) {
+// What one call may do on one connection: bytes (headers included) and
+// system calls, so that neither large messages nor many small ones make a
+// call long.
+struct Budget {
+  size_t bytes = kMaxBytesPerCall;
+  int syscalls = 16;
+  bool spent() const { return bytes == 0 || syscalls == 0; }
+};
+
+void progressSend(Comm* c, Budget budget) {
+  while (c->failed == Status::kOk && !c->queue.empty() && !budget.spent()) {
     Request* r = c->queue.front();
-    size_t total = sizeof(MessageHeader) + r->capacity[0];
+    const size_t total = sizeof(MessageHeader) + r->capacity[0];
+    // This write: bytes [sent, end) of header and payload.
+    const size_t end = std::min(total, r->sent + budget.bytes);
     iovec iov[2];
     int cnt = 0;
-    if (r->sent < sizeof(MessageHeader)) {
-      iov[cnt++] = {reinterpret_cast<char*>(&r->header) + r->sent, sizeof(MessageHeader) - r->sent};
-      if (r->capacity[0] > 0) iov[cnt++] = {r->data[0], r->capacity[0]};
-    } else {
-      size_t off = r->sent - sizeof(MessageHeader);
-      iov[cnt++] = {static_cast<char*>(r->data[0]) + off, r->capacity[0] - off};
+    if (r->sent < sizeof(MessageHeader))
+      iov[cnt++] = {reinterpret_cast<char*>(&r->header) + r->sent,
+                    std::min(end, sizeof(MessageHeader)) - r->sent};
+    if (end > sizeof(MessageHeader)) {
+      size_t from = std::max(r->sent, sizeof(MessageHeader));
+      iov[cnt++] = {static_cast<char*>(r->data[0]) + (from - sizeof(MessageHeader)), end - from};
     }
     ssize_t n = sendSome(c->fd, iov, cnt);
+    --budget.syscalls;
     if (n < 0) {
       failComm(c, Status::kRemoteError, "sending to the peer: " + ioError());
       return;
     }
     if (n == 0) return;
-    r->sent += static_cast<size_t>(n);
-    if (r->sent < total) return;
-    r->done = true;
-    c->queue.pop_front();
+    const auto moved = static_cast<size_t>(n);
+    budget.bytes -= moved;
+    r->sent += moved;
+    if (r->sent == total) {
+      r->done = true;
+      c->queue.pop_front();
+    } else if (r->sent < end) {
+      return;  // the socket buffer is full
+    }
   }
 }
 
@@ -301,19 +321,21 @@ void finishSlot(Comm* c, Request* r) {
   }
 }
 
-void progressRecv(Comm* c) {
-  while (c->failed == Status::kOk && !c->queue.empty()) {
+void progressRecv(Comm* c, Budget budget) {
+  while (c->failed == Status::kOk && !c->queue.empty() && !budget.spent()) {
     Request* r = c->queue.front();
     if (c->slot < 0) {
       ssize_t n = recvSome(c->fd, reinterpret_cast<char*>(&c->header) + c->headerGot,
-                           sizeof(MessageHeader) - c->headerGot);
+                           std::min(budget.bytes, sizeof(MessageHeader) - c->headerGot));
+      --budget.syscalls;
       if (n < 0) {
         failComm(c, Status::kRemoteError, "receiving from the peer: " + ioError());
         return;
       }
       if (n == 0) return;
+      budget.bytes -= static_cast<size_t>(n);
       c->headerGot += static_cast<size_t>(n);
-      if (c->headerGot < sizeof(MessageHeader)) return;
+      if (c->headerGot < sizeof(MessageHeader)) continue;  // short read or spent budget
       if (c->header.magic != kMessageMagic) {
         failComm(c, Status::kCorruptData,
                  "the peer sent a message without the Squall header (stream out of step)");
@@ -340,23 +362,30 @@ void progressRecv(Comm* c) {
         continue;
       }
     }
-    ssize_t n = recvSome(c->fd, static_cast<char*>(r->data[c->slot]) + c->payloadGot,
-                         c->header.size - c->payloadGot);
+    if (budget.spent()) return;
+    size_t want = std::min(budget.bytes, c->header.size - c->payloadGot);
+    ssize_t n = recvSome(c->fd, static_cast<char*>(r->data[c->slot]) + c->payloadGot, want);
+    --budget.syscalls;
     if (n < 0) {
       failComm(c, Status::kRemoteError, "receiving from the peer: " + ioError());
       return;
     }
     if (n == 0) return;
+    budget.bytes -= static_cast<size_t>(n);
     c->payloadGot += static_cast<size_t>(n);
-    if (c->payloadGot == c->header.size) finishSlot(c, r);
+    if (c->payloadGot == c->header.size)
+      finishSlot(c, r);
+    else if (static_cast<size_t>(n) < want)
+      return;  // the socket is empty for now
   }
 }
 
+// One call's share of progress.
 void progress(Comm* c) {
   if (c->send)
-    progressSend(c);
+    progressSend(c, Budget{});
   else
-    progressRecv(c);
+    progressRecv(c, Budget{});
 }
 
 // ---- listen / connect / accept ----------------------------------------------
@@ -752,7 +781,7 @@ Status netIsend(void* sendComm, void* data, size_t size, int tag, void** request
   r->header = MessageHeader{kMessageMagic, tag, size};
   c->queue.push_back(r);
   c->live.insert(r);
-  progressSend(c);
+  progressSend(c, Budget{});
   *request = r;
   return Status::kOk;
 }
@@ -788,7 +817,7 @@ Status netIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
   }
   c->queue.push_back(r);
   c->live.insert(r);
-  progressRecv(c);
+  progressRecv(c, Budget{});
   *request = r;
   return Status::kOk;
 }

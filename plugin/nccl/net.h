@@ -24,6 +24,13 @@
 namespace squall::nccl_plugin {
 
 constexpr int kMaxRecvs = 8;  // buffers per grouped receive (reported as maxRecvs)
+// The most bytes (payload and headers) one isend, irecv or test call moves
+// on a TCP connection.
+// NCCL's proxy progresses every channel between two calls, so a call that
+// copied a whole window of 512 KiB steps into the kernel would hold up all
+// the others; at a few GB/s of copying this bounds a call to well under
+// 0.5 ms, and a message larger than it takes several calls.
+constexpr size_t kMaxBytesPerCall = size_t{256} << 10;
 
 // Every net object NCCL holds (listen, send and receive comms, requests)
 // starts with the data plane it belongs to, so one entry point serves both.

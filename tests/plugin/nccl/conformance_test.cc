@@ -1137,6 +1137,95 @@ TEST(NetFailure, KilledPeerFailsPendingSend) {
 // not dead (pipeline stages, a checkpoint between steps): the sender, held
 // against a full window meanwhile, must not lose its connection. 16 MiB
 // queued, the receive posted after 5 s with SQUALL_TIMEOUT_S=2.
+// One call does a bounded amount of work: NCCL's proxy progresses every
+// channel between two calls, so a call that moved a whole window would stall
+// the others. On the TCP plane no isend, irecv or test moves more than 256
+// KiB (kMaxBytesPerCall in plugin/nccl/net.h, headers included), counted in what
+// lands in the receive buffer: after one isend of 4 MiB, however long the
+// receiver tests, at most that much arrives; once everything is in the
+// kernel's hands, each test() call adds at most that much.
+TEST(NetBoundedCalls, EachCallMovesAtMostTheCap) {
+  const char* plane = getenv("SQUALL_NET_TRANSPORT");
+  if (plane != nullptr && strcmp(plane, "ucx") == 0)
+    GTEST_SKIP() << "the byte cap is the TCP plane's; UCX's calls are bounded in worker rounds";
+  int sync[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sync), 0);
+  auto body = [sync](int rank, int fd) {
+    constexpr size_t kCap = size_t{256} << 10;
+    const size_t bytes = size_t{4} << 20;
+    void* lib = loadPlugin();
+    auto net = openNet(lib, 12);
+    CHECK_OK(net->init());
+    char step = 0;
+    if (rank == 0) {
+      char handle[wire::kHandleMaxBytes];
+      void* lc = nullptr;
+      CHECK_OK(net->listen(0, handle, &lc));
+      writeAll(fd, handle, sizeof(handle));
+      void* rc = acceptFrom(*net, lc);
+      std::vector<uint8_t> buf(bytes, 0);
+      void* data = buf.data();
+      size_t cap = buf.size();
+      int tag = 1;
+      void* req = nullptr;
+      CHECK_OK(net->irecv(rc, 1, &data, &cap, &tag, nullptr, &req));
+      CHECK(req != nullptr, "irecv refused");
+      // The payload is all 0xab, written in order: the filled prefix is what arrived.
+      auto arrived = [&] {
+        size_t n = 0;
+        while (n < bytes && buf[n] == 0xab) ++n;
+        return n;
+      };
+      readAll(sync[0], &step, 1);  // the sender made its one isend call
+      int done = 0;
+      int sizes[8];
+      for (int i = 0; i < 100 && !done; ++i) {
+        CHECK_OK(net->test(req, &done, sizes));
+        usleep(1000);
+      }
+      size_t first = arrived();
+      CHECK(!done && first > 0 && first <= kCap,
+            "one isend call of 4 MiB delivered %zu bytes (at most %zu expected)", first, kCap);
+      writeAll(sync[0], &step, 1);
+      readAll(sync[0], &step, 1);  // the sender's test() reported the send done
+      size_t before = first;
+      int calls = 0;
+      while (!done) {
+        CHECK_OK(net->test(req, &done, sizes));
+        ++calls;
+        size_t now = done ? bytes : arrived();
+        CHECK(now - before <= kCap, "one test() call moved %zu bytes (at most %zu expected)",
+              now - before, kCap);
+        before = now;
+        CHECK(calls < 1000000, "the receive did not finish");
+      }
+      CHECK(sizes[0] == static_cast<int>(bytes) && arrived() == bytes, "received %d bytes",
+            sizes[0]);
+      CHECK(static_cast<size_t>(calls) >= (bytes - first) / kCap, "%d test() calls moved %zu bytes",
+            calls, bytes - first);
+      CHECK_OK(net->closeRecv(rc));
+      CHECK_OK(net->closeListen(lc));
+    } else {
+      char handle[wire::kHandleMaxBytes];
+      readAll(fd, handle, sizeof(handle));
+      void* sc = connectTo(*net, handle);
+      std::vector<uint8_t> buf(bytes, 0xab);
+      void* req = nullptr;
+      CHECK_OK(net->isend(sc, buf.data(), buf.size(), 1, nullptr, &req));
+      CHECK(req != nullptr, "isend refused");
+      writeAll(sync[1], &step, 1);
+      readAll(sync[1], &step, 1);  // the receiver has seen what one call moved
+      CHECK_OK(waitRequest(*net, req, nullptr));
+      writeAll(sync[1], &step, 1);
+      CHECK_OK(net->closeSend(sc));
+    }
+    CHECK_OK(net->finalize());
+  };
+  expectAllZero(runRanks(2, body, relayPair));
+  close(sync[0]);
+  close(sync[1]);
+}
+
 TEST(NetFailure, SlowReceiverIsNotADeadOne) {
   auto body = [](int rank, int fd) {
     setenv("SQUALL_TIMEOUT_S", "2", 1);
