@@ -29,6 +29,13 @@
 // receive larger than the send is fine, a send larger than its receive fails the connection instead
 // of truncating. Zero-byte messages are ordinary messages. Requests progress in test().
 //
+// Bounded calls. isend, irecv and test each run the worker for at most
+// kProgressRounds rounds and place at most kMaxMatchesPerCall messages, so
+// one call never drains a whole window of traffic while NCCL's other
+// channels wait for the proxy; what is left is picked up by the next call.
+// (How much one round moves is UCX's: over its TCP transport, without an
+// RDMA NIC, a round writes or reads what the socket takes.)
+//
 // Failure. Endpoints use UCX's peer error handling: a dead peer fails the
 // endpoint, UCX fails what is in flight on it, and receives with nothing
 // buffered fail in test(), all with kRemoteError.
@@ -66,6 +73,9 @@ constexpr ucp_tag_t kMatchMask = ~kTagMask;  // connection and sequence
 constexpr uint32_t kSequenceMask = (1u << kSequenceBits) - 1;
 constexpr size_t kMaxOutstanding = static_cast<size_t>(nccl_abi::kMaxRequests) * kMaxRecvs;
 constexpr auto kCloseTimeout = std::chrono::seconds(2);
+// Worker rounds and message placements per data call (see above).
+constexpr int kProgressRounds = 2;
+constexpr int kMaxMatchesPerCall = kMaxRecvs;
 
 // Where a connection's sequence numbers start: from the listener's nonce,
 // which only the two ends know (it travels in the handle, through NCCL's
@@ -178,8 +188,15 @@ void closeEndpoint(Endpoint* e, bool force) {
   if (UCS_PTR_IS_PTR(closing)) state().closing.push_back(closing);
 }
 
+// Connection setup and teardown: run the worker until it is idle (bounded).
 void drain() {
   for (int i = 0; i < 64 && ucx().ucp_worker_progress(state().worker) != 0; ++i) {
+  }
+}
+
+// A data call's share of the worker.
+void progressSome() {
+  for (int i = 0; i < kProgressRounds && ucx().ucp_worker_progress(state().worker) != 0; ++i) {
   }
 }
 
@@ -383,13 +400,16 @@ void onRecv(void* handle, ucs_status_t status, const ucp_tag_recv_info_t* info, 
   complete(static_cast<Op*>(user), handle, status, status == UCS_OK ? info->length : 0);
 }
 
-// Places the messages of the posted receives that UCX now holds.
+// Places the messages of the posted receives that UCX now holds, at most
+// kMaxMatchesPerCall of them (each may copy an eager message).
 void match(Conn* c) {
-  while (c->failed == Status::kOk && !c->unmatched.empty()) {
+  int budget = kMaxMatchesPerCall;
+  while (c->failed == Status::kOk && !c->unmatched.empty() && budget > 0) {
     bool progressed = false;
-    for (auto it = c->unmatched.begin(); it != c->unmatched.end() && c->failed == Status::kOk;) {
+    for (auto it = c->unmatched.begin();
+         it != c->unmatched.end() && c->failed == Status::kOk && budget > 0;) {
       Request* r = *it;
-      for (int i = 0; i < r->n && c->failed == Status::kOk; ++i) {
+      for (int i = 0; i < r->n && c->failed == Status::kOk && budget > 0; ++i) {
         if (r->found[i]) continue;
         ucp_tag_recv_info_t info{};
         ucp_tag_message_h message = ucx().ucp_tag_probe_nb(
@@ -397,6 +417,7 @@ void match(Conn* c) {
         if (message == nullptr) continue;
         r->found[i] = true;
         ++r->matched;
+        --budget;
         progressed = true;
         int tag = static_cast<int>(info.sender_tag & kTagMask);
         int slot = -1;
@@ -722,7 +743,7 @@ Status ucxIrecv(void* recvComm, int n, void** data, const size_t* sizes, const i
   }
   c->live.insert(r);
   c->unmatched.push_back(r);
-  drain();
+  progressSome();
   match(c);
   *request = r;
   return Status::kOk;
@@ -739,7 +760,7 @@ Status ucxTest(void* request, int* done, size_t* sizes, int* count) {
     std::this_thread::yield();
     return Status::kOk;
   }
-  drain();
+  progressSome();
   if (!c->send) match(c);
   if (r->completed < r->n) {
     // A receive whose messages are all in UCX's hands finishes or fails
