@@ -137,6 +137,10 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
       stats.bytesSent += result.bytes;
       ++stats.messagesSent;
     }
+    // Move what has arrived while the next segment is encoded, instead of
+    // all of it after the last one (a transport without a progress thread,
+    // such as ucx, moves bytes only when asked).
+    SQUALL_TRY(ctx.transport->progress());
   }
   // Output only on success: everything has arrived and left, and every
   // piece is checked, before the first output element is written.
