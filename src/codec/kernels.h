@@ -55,6 +55,9 @@ using DecodeFn = void (*)(const DecodeJob&);
 // jobs[0].stream say where and how to store. The bits are those of decode,
 // then accumulate for j = 1..n-1, then divideAll, in registers.
 using SumFn = void (*)(const DecodeJob* jobs, size_t n, int divisor);
+// The most encodings a SumFn takes (its per-encoding block values live in
+// registers and on its stack); parallel.cc sums more tile by tile.
+constexpr size_t kMaxSumEncodings = 64;
 
 struct CodecKernels {
   EncodeFn encode;

@@ -25,7 +25,6 @@
 
 #include "src/codec/kernels.h"
 #include "src/codec/numeric.h"
-#include "src/codec/parallel.h"
 
 namespace squall::codec {
 namespace {
@@ -354,8 +353,6 @@ struct Divide {
 // The sum kernel (kernels.h, SumFn) for onebit: per 64-element word, the n
 // encodings' values are blended from their bits and added in rank order in
 // registers, divided, and stored once.
-constexpr size_t kMaxSumEncodings = 64;  // more: the separate kernels
-
 template <bool kDivide, bool kStream>
 void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
   const DecodeJob& first = jobs[0];
@@ -419,17 +416,6 @@ void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
 }
 
 void onebitSum(const DecodeJob* jobs, size_t n, int divisor) {
-  if (n > kMaxSumEncodings) {
-    // Rare (more than 64 ranks): the separate kernels, in the same order.
-    onebitDecode<false>(jobs[0]);
-    for (size_t j = 1; j < n; ++j) {
-      DecodeJob job = jobs[j];
-      job.output = jobs[0].output;
-      onebitDecode<true>(job);
-    }
-    if (divisor > 1) divideAll(jobs[0].output, jobs[0].count, divisor);
-    return;
-  }
   const bool stream = streamStores(jobs[0].stream, jobs[0].output);
   if (divisor > 1) {
     stream ? onebitSumWith<true, true>(jobs, n, divisor)

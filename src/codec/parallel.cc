@@ -323,7 +323,7 @@ struct DecodeSumContext {
 
 void decodeSumPiece(const void* context, int i) {
   const auto& c = *static_cast<const DecodeSumContext*>(context);
-  if (c.kernels->sum != nullptr) {
+  if (c.kernels->sum != nullptr && c.sum->n <= kMaxSumEncodings) {
     // The implementation sums in registers: one job per encoding over this
     // piece, the output stored once.
     const SumJob& sum = *c.sum;

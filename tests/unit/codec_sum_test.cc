@@ -153,6 +153,9 @@ std::vector<Case> allCases() {
     for (const Spec& spec : specs)
       for (size_t n : {1, 2, 3, 5})
         for (size_t count : {1, 63, 4097, 40003}) cases.push_back({isa, spec, n, count});
+  // More encodings than a register sum takes (kMaxSumEncodings): tiles.
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    cases.push_back({isa, specs[0], kMaxSumEncodings + 1, 4097});
   return cases;
 }
 
