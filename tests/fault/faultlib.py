@@ -61,12 +61,17 @@ class Job:
         return out.read()
 
     def wait_ready(self, timeout_s=20):
-        """True once every rank printed READY (init done)."""
+        """True once every rank printed READY (init done); False when a rank
+        exited without printing it. A rank that printed READY and already
+        finished its job counts as ready: fast ranks can be done before the
+        slowest one's READY is seen."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if all(p is not None and "READY" in self.output(r) for r, p in enumerate(self.procs)):
                 return True
-            if any(p is not None and p.poll() is not None for p in self.procs):
+            # poll() before reading: an exited rank's output is complete.
+            if any(p is not None and p.poll() is not None and "READY" not in self.output(r)
+                   for r, p in enumerate(self.procs)):
                 return False
             time.sleep(0.005)
         return False
