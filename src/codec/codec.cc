@@ -245,8 +245,10 @@ Status decode(const void* input, size_t bytes, float* output, size_t count, Stor
 
 Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float* out, size_t count,
                  int divisor, Stores stores) {
-  if (n == 1 && divisor <= 1 && encodings != nullptr)
-    return decodeInto(encodings[0], bytes, out, count, false, stores);
+  SQUALL_REQUIRE(encodings != nullptr && n >= 1, Status::kInvalidArgument, Subsys::kCodec,
+                 "a sum needs at least one encoding (got %zu, pointer %p)", n,
+                 static_cast<const void*>(encodings));
+  if (n == 1 && divisor <= 1) return decodeInto(encodings[0], bytes, out, count, false, stores);
   SQUALL_REQUIRE(out != nullptr || count == 0, Status::kInvalidArgument, Subsys::kCodec,
                  "the output pointer is NULL but count is %zu", count);
   Payloads payloads(n);

@@ -137,12 +137,13 @@ float blockSum(const Source& src, size_t start, size_t n) {
   size_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_add_ps(acc[k], term8<kScale>(src.load8(start + i + 8 * k)));
+      acc[k] =
+          _mm256_add_ps(acc[k], term8<kScale>(src.load8(start + i + 8 * static_cast<size_t>(k))));
   }
   if (i == n) return foldAccumulators(acc);
   // The last block of a buffer may end mid-chunk: finish lane by lane.
   float lanes[kLanes];
-  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(lanes + 8 * k, acc[k]);
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(lanes + 8 * static_cast<size_t>(k), acc[k]);
   for (size_t lane = 0; i < n; ++i, ++lane) lanes[lane] += term1<kScale>(src.load1(start + i));
   return foldLanes(lanes);
 }
@@ -161,7 +162,7 @@ template <bool kEf, bool kStream = false, typename Source>
 uint64_t encodeWord(const Source& src, size_t first, __m256 s, __m256 negS, float* eOut) {
   uint64_t word = 0;
   for (int k = 0; k < 8; ++k) {
-    const size_t i = first + 8 * k;
+    const size_t i = first + 8 * static_cast<size_t>(k);
     const __m256 z = src.load8(i);
     const __m256 positive = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ);  // NaN: 0
     word |= static_cast<uint64_t>(_mm256_movemask_ps(positive)) << (8 * k);
@@ -281,11 +282,12 @@ void decodeWord(uint64_t word, __m256 pos, __m256 neg, float* out) {
   for (int k = 0; k < 8; ++k) {
     const __m256i bitsInSign = _mm256_sllv_epi32(halves[k / 4], signShifts(k % 4));
     __m256 d = _mm256_blendv_ps(neg, pos, _mm256_castsi256_ps(bitsInSign));
-    if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(out + 8 * k), d);
+    if constexpr (kAccumulate)
+      d = _mm256_add_ps(_mm256_loadu_ps(out + 8 * static_cast<size_t>(k)), d);
     if constexpr (kStream) {
-      _mm256_stream_ps(out + 8 * k, d);
+      _mm256_stream_ps(out + 8 * static_cast<size_t>(k), d);
     } else {
-      _mm256_storeu_ps(out + 8 * k, d);
+      _mm256_storeu_ps(out + 8 * static_cast<size_t>(k), d);
     }
   }
 }
@@ -380,7 +382,8 @@ void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
         // The values of encoding j's quarter k of this half word.
         auto values = [&](size_t j, int k) {
           uint32_t bits;
-          std::memcpy(&bits, jobs[j].payload + dataOffset + i / 8 + 4 * half, 4);
+          std::memcpy(&bits, jobs[j].payload + dataOffset + i / 8 + 4 * static_cast<size_t>(half),
+                      4);
           const __m256i bitsInSign =
               _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), signShifts(k));
           return _mm256_blendv_ps(neg[j], pos[j], _mm256_castsi256_ps(bitsInSign));
@@ -390,13 +393,13 @@ void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
         for (size_t j = 1; j < n; ++j) {
           for (int k = 0; k < 4; ++k) sum[k] = _mm256_add_ps(sum[k], values(j, k));
         }
-        float* o = out + i + 32 * half;
+        float* o = out + i + 32 * static_cast<size_t>(half);
         for (int k = 0; k < 4; ++k) {
           const __m256 v = kDivide ? divide.apply(sum[k]) : sum[k];
           if constexpr (kStream) {
-            _mm256_stream_ps(o + 8 * k, v);
+            _mm256_stream_ps(o + 8 * static_cast<size_t>(k), v);
           } else {
-            _mm256_storeu_ps(o + 8 * k, v);
+            _mm256_storeu_ps(o + 8 * static_cast<size_t>(k), v);
           }
         }
       }

@@ -245,7 +245,7 @@ template <bool kAccumulate, bool kStream = false>
 void decodeWord(uint64_t word, size_t count, __m512 pos, __m512 neg, float* out) {
   for (int k = 0; k < 4; ++k) {
     const __mmask16 m = chunkMask(count, k);
-    float* o = out + 16 * k;
+    float* o = out + 16 * static_cast<size_t>(k);
     __m512 d = _mm512_mask_blend_ps(static_cast<__mmask16>(word >> (16 * k)), neg, pos);
     if constexpr (kAccumulate) d = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), d);
     if constexpr (kStream) {
@@ -350,9 +350,9 @@ void onebitSumWith(const DecodeJob* jobs, size_t n, int divisor) {
       for (int k = 0; k < 4; ++k) {
         const __m512 v = kDivide ? divide.apply(sum[k]) : sum[k];
         if constexpr (kStream) {
-          _mm512_stream_ps(out + i + 16 * k, v);
+          _mm512_stream_ps(out + i + 16 * static_cast<size_t>(k), v);
         } else {
-          _mm512_storeu_ps(out + i + 16 * k, v);
+          _mm512_storeu_ps(out + i + 16 * static_cast<size_t>(k), v);
         }
       }
     }

@@ -136,6 +136,14 @@ bool sameHalf(uint16_t a, uint16_t b, bool bf16) {
 
 // Byte-exact, or equal up to NaN payloads in float/half fields when the input
 // held non-finite values. Returns a description of the first difference.
+// The bit patterns of `count` floats, to compare residuals exactly (NaN
+// payloads and signed zeros included).
+std::vector<uint32_t> floatBitsOf(const float* p, size_t count) {
+  std::vector<uint32_t> bits(count);
+  std::memcpy(bits.data(), p, count * sizeof(float));
+  return bits;
+}
+
 std::string compareEncoded(const std::vector<uint8_t>& want, const std::vector<uint8_t>& got,
                            const Spec& spec, size_t count, bool nonFiniteInput) {
   if (want.size() != got.size()) return "sizes differ";
@@ -182,7 +190,8 @@ std::string compareEncoded(const std::vector<uint8_t>& want, const std::vector<u
       }
       break;
   }
-  if (std::memcmp(wd + l.dataBytes, gd + l.dataBytes, l.payloadBytes - l.dataOffset - l.dataBytes))
+  if (std::memcmp(wd + l.dataBytes, gd + l.dataBytes,
+                  l.payloadBytes - l.dataOffset - l.dataBytes) != 0)
     return where + " (padding)";
   return "";
 }
@@ -395,7 +404,7 @@ TEST_F(Gpu, NonFiniteCallIsSkippedOnDevice) {
     ASSERT_EQ(cudaResidualCurrent(*r, stream_, &current), Status::kOk);
     std::vector<float> resGot(count);
     CUDA_OK(copy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(std::memcmp(resGot.data(), host->current(), count * 4), 0);
+    EXPECT_EQ(floatBitsOf(resGot.data(), count), floatBitsOf(host->current(), count));
     unsigned long long skipped = 0;
     ASSERT_EQ(cudaResidualQuery(*r, stream_, nullptr, &skipped), Status::kOk);
     EXPECT_EQ(skipped, host->skipped());
@@ -418,15 +427,22 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
   ASSERT_EQ(cudaResidualCreate(count, &raw), Status::kOk);
   ResidualPtr r(raw);
 
-  cudaGraph_t graph = nullptr;
+  // The graph and its instance, destroyed however the test ends.
+  struct Graph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ~Graph() {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+    }
+  } g;
   CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   size_t bytes = 0;
   const Status st =
       cudaEncode(spec, dIn.p, DType::kBf16, count, r.get(), dOut.p, total, stream_, &bytes);
-  CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+  CUDA_OK(cudaStreamEndCapture(stream_, &g.graph));
   ASSERT_EQ(st, Status::kOk);
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphInstantiate(&g.exec, g.graph, 0));
 
   std::unique_ptr<Residual> host;
   ASSERT_EQ(Residual::create(count, &host), Status::kOk);
@@ -434,14 +450,14 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
   for (int replay = 0; replay < 4; ++replay) {
     if (replay == 3) {  // poison one element: this replay must be skipped
       const uint16_t nan = 0x7fc0;
-      std::memcpy(&input[2 * 777], &nan, 2);
+      std::memcpy(&input[size_t{2} * 777], &nan, 2);
       CUDA_OK(copyAsync(dIn.p, input.data(), input.size(), cudaMemcpyHostToDevice, stream_));
     }
     EncodeResult result;
     ASSERT_EQ(
         encode(spec, input.data(), DType::kBf16, count, host.get(), want.data(), total, &result),
         Status::kOk);
-    CUDA_OK(cudaGraphLaunch(exec, stream_));
+    CUDA_OK(cudaGraphLaunch(g.exec, stream_));
     CUDA_OK(cudaMemcpyAsync(got.data(), dOut.p, total, cudaMemcpyDeviceToHost, stream_));
     CUDA_OK(cudaStreamSynchronize(stream_));
     EXPECT_EQ(compareEncoded(want, got, spec, count, replay == 3), "") << "replay " << replay;
@@ -449,14 +465,13 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
     ASSERT_EQ(cudaResidualCurrent(*r, stream_, &current), Status::kOk);
     std::vector<float> resGot(count);
     CUDA_OK(copy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(std::memcmp(resGot.data(), host->current(), count * 4), 0) << "replay " << replay;
+    EXPECT_EQ(floatBitsOf(resGot.data(), count), floatBitsOf(host->current(), count))
+        << "replay " << replay;
     unsigned long long skipped = 0;
     ASSERT_EQ(cudaResidualQuery(*r, stream_, nullptr, &skipped), Status::kOk);
     EXPECT_EQ(skipped, host->skipped()) << "replay " << replay;
   }
   EXPECT_EQ(host->skipped(), 1u);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // A buffer whose header does not match the expectation decodes to NaN and
