@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 #include "src/coll/compressed_state.h"
 #include "src/coll/context.h"
@@ -45,10 +46,25 @@ constexpr size_t kStagedGatherBytes = size_t{64} << 10;
 // was finite (on every rank alike); otherwise nothing is committed and
 // *verdict says whether they were, for a caller that decides with more
 // ranks (the hierarchical allreduce).
+//
+// `hooks` (with a verdict only) let the caller overlap its own work with the
+// exchange: the hierarchical allreduce forms the input as it is needed and
+// spreads the output among its host as it is decoded.
+struct ExchangeHooks {
+  // Before input elements [0, end) are first read. The last call asks for
+  // the whole buffer before the collective waits for any message.
+  std::function<Status(size_t end)> inputNeeded;
+  // Once output elements [0, end) hold their final values, with the call's
+  // verdict; the last call has the whole buffer. An algorithm that writes
+  // its output in another order calls it once, at the end.
+  std::function<Status(size_t end, bool finite)> outputReady;
+};
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                   ReduceOp op, CompressedState* state, bool* verdict = nullptr);
+                                   ReduceOp op, CompressedState* state, bool* verdict = nullptr,
+                                   const ExchangeHooks* hooks = nullptr);
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                    ReduceOp op, CompressedState* state, bool* verdict = nullptr);
+                                    ReduceOp op, CompressedState* state, bool* verdict = nullptr,
+                                    const ExchangeHooks* hooks = nullptr);
 // The hierarchical compressed allreduce over `hierarchy` (hierarchy.h) with
 // a state from CompressedState::createHierarchical.
 struct Hierarchy;

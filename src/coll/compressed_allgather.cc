@@ -19,6 +19,9 @@
 // only after every message has arrived, every send has left and every piece
 // has been checked (checkPiece), so a call that fails leaves it as it was;
 // all input has been encoded by then, so the operation may run in place.
+// A caller's hooks (ExchangeHooks: the hierarchical allreduce) are asked
+// for segment k's input just before it is encoded, and given each segment
+// of output as soon as it is decoded.
 //
 // Cost per rank, E = encoded size of N elements: (n-1) messages per segment
 // in one round ((n-1) alpha if the network serialises them, one alpha
@@ -76,7 +79,10 @@ CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
 }
 
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                    ReduceOp op, CompressedState* state, bool* verdict) {
+                                    ReduceOp op, CompressedState* state, bool* verdict,
+                                    const ExchangeHooks* hooks) {
+  SQUALL_REQUIRE(hooks == nullptr || verdict != nullptr, Status::kInternal, Subsys::kColl,
+                 "exchange hooks need a caller that commits the residuals itself");
   const int n = ctx.size();
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(ctx.rank());
@@ -105,7 +111,9 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   slot += headroom;
   state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
   if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
-  const codec::Stores stores = callStores(state->count(), esize);
+  // With hooks the caller reads each decoded segment next, from the cache.
+  const codec::Stores stores =
+      hooks != nullptr ? codec::Stores::kCached : callStores(state->count(), esize);
   auto slotOf = [&](size_t j, size_t k) {
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
@@ -125,6 +133,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   const auto* input = static_cast<const uint8_t*>(in);
   for (size_t k = 0; k < segments; ++k) {
     const size_t at = firstOf(k);  // the worker residual is indexed virtually
+    if (hooks != nullptr) SQUALL_TRY(hooks->inputNeeded(std::min((k + 1) * seg, span) - phase));
     codec::EncodeResult result;
     SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
                            worker.current() + at, worker.next() + at, slotOf(rr, k), slot, &result,
@@ -168,6 +177,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     SQUALL_TRY(decodeSumPiece(spec, encodings, bytes, piece, sum, op == ReduceOp::kAvg ? n : 1,
                               f32 ? stores : codec::Stores::kCached));
     if (!f32) storeDecoded(dtype, sum, out, at, piece.count);
+    if (hooks != nullptr) SQUALL_TRY(hooks->outputReady(at + piece.count, finite));
   }
   if (verdict != nullptr) {
     *verdict = finite;

@@ -49,7 +49,10 @@
 namespace squall::coll {
 
 Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,
-                                   ReduceOp op, CompressedState* state, bool* verdict) {
+                                   ReduceOp op, CompressedState* state, bool* verdict,
+                                   const ExchangeHooks* hooks) {
+  SQUALL_REQUIRE(hooks == nullptr || verdict != nullptr, Status::kInternal, Subsys::kColl,
+                 "exchange hooks need a caller that commits the residuals itself");
   const int n = ctx.size();
   const int r = ctx.rank();
   const auto nn = static_cast<size_t>(n);
@@ -163,6 +166,9 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     return true;
   };
 
+  // Segment k of every chunk is encoded at once, so the input is needed
+  // whole from the start (no overlap with the caller's work).
+  if (hooks != nullptr) SQUALL_TRY(hooks->inputNeeded(state->count()));
   const auto* input = static_cast<const uint8_t*>(in);
   size_t served = 0;
   for (size_t k = 0; k < segments; ++k) {
@@ -220,6 +226,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     storeDecoded(dtype, state->scratch().decoded.data(), out, at, piece.count);
     return Status::kOk;
   }));
+  if (hooks != nullptr) SQUALL_TRY(hooks->outputReady(state->count(), finite));
   if (verdict != nullptr) {
     *verdict = finite;
   } else {

@@ -6,12 +6,13 @@
 //     memory segment, in rounds of one window: every rank writes its piece of
 //     every slice into its slot, the ranks exchange a note, and rank j sums
 //     the L pieces of slice j in local order 0..L-1 into an fp32 buffer (and
-//     divides by L for avg).
+//     divides by L for avg, in the pass of the last piece).
 //  B. The flat compressed allreduce (two-phase or all-gather, the usual
 //     choice for H ranks and the slice) of that fp32 slice among the H ranks
 //     of local index j, one per host, through a GroupTransport view; its
 //     residuals are the state's. It reports whether every block was finite
-//     instead of committing.
+//     instead of committing. For fp32 it writes the result straight into
+//     the rank's output (A has read the input there before).
 //  C. Local all-gather through the segment, in rounds: rank j writes its
 //     slice of the result, converted to the dtype, into its slot; after the
 //     note every rank copies every slot to its output. The notes of the first
@@ -20,6 +21,17 @@
 //     n ranks commit their residuals together, or none does.
 // A final note says every rank has read the segment, so the next call may
 // write it from its first round on.
+//
+// Overlap: A and C run inside B, through its hooks (ExchangeHooks). B asks
+// for its input segment by segment, and A's rounds run just in time, while
+// the segments encoded before travel; B hands back its output as it decodes
+// each segment, and C's rounds run while that window is still in cache. So
+// the link is busy during the local phases instead of idle, and each window
+// is summed, encoded, decoded and spread while it is in cache. Every A round
+// comes before B first waits for a message from another host (its last
+// request is for the whole slice), so a rank never waits for a local peer
+// that waits for it; the two-phase exchange needs its input whole at once
+// and writes its output out of order, so it asks once and hands back once.
 //
 // Rounds alternate between the segment's two buffers. A rank writes round t
 // into buffer t % 2 only after it has the notes of round t - 1 from every
@@ -56,33 +68,40 @@ float toFloat(DataType dtype, const uint8_t* src, size_t i) {
   return dtype == DataType::kF16 ? codec::halfToFloat(h) : codec::bf16ToFloat(h);
 }
 
-// acc = a + b, elementwise, in fp32: the first two pieces of a slice in one
-// pass (the memory traffic, not the adds, is what this phase costs).
-void sumTwo(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, size_t m) {
+// acc = finish(a + b), or acc = finish(acc + a) with b null, elementwise in
+// fp32 (the memory traffic, not the adds, is what this phase costs).
+template <class Finish>
+void combine(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, size_t m,
+             Finish finish) {
   if (dtype == DataType::kF32) {
     const auto* x = reinterpret_cast<const float*>(a);
     const auto* y = reinterpret_cast<const float*>(b);
-    for (size_t i = 0; i < m; ++i) acc[i] = x[i] + y[i];
+    if (y != nullptr) {
+      for (size_t i = 0; i < m; ++i) acc[i] = finish(x[i] + y[i]);
+    } else {
+      for (size_t i = 0; i < m; ++i) acc[i] = finish(acc[i] + x[i]);
+    }
     return;
   }
-  for (size_t i = 0; i < m; ++i) acc[i] = toFloat(dtype, a, i) + toFloat(dtype, b, i);
+  if (b != nullptr) {
+    for (size_t i = 0; i < m; ++i) acc[i] = finish(toFloat(dtype, a, i) + toFloat(dtype, b, i));
+  } else {
+    for (size_t i = 0; i < m; ++i) acc[i] = finish(acc[i] + toFloat(dtype, a, i));
+  }
 }
 
-void addFloats(DataType dtype, const uint8_t* src, float* acc, size_t m) {
-  if (dtype == DataType::kF32) {
-    const auto* f = reinterpret_cast<const float*>(src);
-    for (size_t i = 0; i < m; ++i) acc[i] += f[i];
-    return;
+// combine(), the last piece of an avg dividing by `divisor` in the same pass,
+// exactly as codec::divideAll would after it: by multiplying with 1/divisor
+// where that is exact (a power of two), else by dividing.
+void accumulate(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, size_t m,
+                int divisor) {
+  if (divisor <= 1) return combine(dtype, a, b, acc, m, [](float v) { return v; });
+  if ((divisor & (divisor - 1)) == 0) {
+    const float inverse = 1.0f / static_cast<float>(divisor);
+    return combine(dtype, a, b, acc, m, [inverse](float v) { return v * inverse; });
   }
-  for (size_t i = 0; i < m; ++i) acc[i] += toFloat(dtype, src, i);
-}
-
-void storeFloats(DataType dtype, const float* src, uint8_t* dst, size_t m) {
-  if (dtype == DataType::kF32) {
-    std::memcpy(dst, src, m * sizeof(float));
-    return;
-  }
-  storeDecoded(dtype, src, dst, 0, m);
+  const auto by = static_cast<float>(divisor);
+  combine(dtype, a, b, acc, m, [by](float v) { return v / by; });
 }
 
 // The notes of one round among the local ranks.
@@ -139,13 +158,23 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
   const size_t largest = state->sliceCount(0);  // the first slices are the largest
   std::vector<float>& sum = state->scratch().slice;
   sum.resize(std::max<size_t>(mine, 1));
+  // Where the exchange writes the slice's result: straight into this rank's
+  // output for fp32 (its input there was read in A, which ends before the
+  // exchange writes anything), else the sum, to be converted.
+  float* result = dtype == DataType::kF32
+                      ? reinterpret_cast<float*>(output + state->sliceBegin(j) * esize)
+                      : sum.data();
   LocalRounds notes(ctx, layout);
   uint32_t round = 0;
   uint64_t noteBytes = 0;
 
-  // A. Reduce-scatter: piece p of every slice per round.
+  // A. One round of the reduce-scatter: piece [reduced, reduced + p) of
+  // every slice.
   const size_t p = std::max<size_t>(window / (ll * esize), 1);
-  for (size_t at = 0; at < largest; at += p, ++round) {
+  size_t reduced = 0;
+  auto reduceRound = [&]() -> Status {
+    const size_t at = reduced;
+    reduced += p;
     uint8_t* slot = hierarchy.slot(round % 2, static_cast<size_t>(j));
     for (size_t l = 0; l < ll; ++l) {
       const size_t count = state->sliceCount(static_cast<int>(l));
@@ -157,20 +186,76 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     }
     SQUALL_TRY(notes.exchange(round, 1));
     noteBytes += ll - 1;
-    if (at >= mine) continue;
+    const uint32_t r = round++;
+    if (at >= mine) return Status::kOk;
     const size_t m = std::min(p, mine - at);
     auto piece = [&](size_t l) -> const uint8_t* {
       if (l == static_cast<size_t>(j)) return input + (state->sliceBegin(j) + at) * esize;
-      return hierarchy.slot(round % 2, l) + static_cast<size_t>(j) * p * esize;
+      return hierarchy.slot(r % 2, l) + static_cast<size_t>(j) * p * esize;
     };
-    // Local order 0, 1, ..., L-1 on every host: ((x0 + x1) + x2) + ...
-    sumTwo(dtype, piece(0), piece(1), sum.data() + at, m);
-    for (size_t l = 2; l < ll; ++l) addFloats(dtype, piece(l), sum.data() + at, m);
-    // While the piece is in cache.
-    if (op == ReduceOp::kAvg) codec::divideAll(sum.data() + at, m, layout.local);
-  }
+    // Local order 0, 1, ..., L-1 on every host: ((x0 + x1) + x2) + ...; avg
+    // divides in the pass of the last piece.
+    auto divisor = [&](size_t l) { return op == ReduceOp::kAvg && l + 1 == ll ? layout.local : 1; };
+    accumulate(dtype, piece(0), piece(1), sum.data() + at, m, divisor(1));
+    for (size_t l = 2; l < ll; ++l)
+      accumulate(dtype, piece(l), nullptr, sum.data() + at, m, divisor(l));
+    return Status::kOk;
+  };
+  // The rounds that form sum[0, end); all of them (the peers' slices may
+  // be longer) once this rank's whole slice is asked for.
+  auto reduceUpTo = [&](size_t end) -> Status {
+    const size_t goal = end >= mine ? largest : end;
+    while (reduced < goal) SQUALL_TRY(reduceRound());
+    return Status::kOk;
+  };
 
-  // B. The compressed exchange of the slice among the hosts.
+  // C. One round of the all-gather: window [gathered, gathered + q) of
+  // every slice, converted to the dtype. The first round's notes carry the
+  // verdicts.
+  const size_t q = std::max<size_t>(window / esize, 1);
+  size_t gathered = 0;
+  bool allFinite = true;
+  auto gatherRound = [&](bool finite) -> Status {
+    const size_t at = gathered;
+    gathered += q;
+    if (at < mine) {
+      // Into the slot for the peers (fp32: from the output, where the
+      // exchange left it); other dtypes convert into the output too, while
+      // the piece is in cache.
+      const size_t m = std::min(q, mine - at);
+      uint8_t* slot = hierarchy.slot(round % 2, static_cast<size_t>(j));
+      if (dtype == DataType::kF32) {
+        std::memcpy(slot, result + at, m * sizeof(float));
+      } else {
+        storeDecoded(dtype, result + at, slot, 0, m);
+        storeDecoded(dtype, result + at, output, state->sliceBegin(j) + at, m);
+      }
+    }
+    SQUALL_TRY(notes.exchange(round, finite ? 1 : 0));
+    noteBytes += ll - 1;
+    if (at == 0) {
+      for (size_t l = 0; l < ll; ++l) allFinite = allFinite && notes.inbox(l) != 0;
+    }
+    for (size_t l = 0; l < ll; ++l) {
+      const size_t count = state->sliceCount(static_cast<int>(l));
+      if (at >= count || l == static_cast<size_t>(j)) continue;
+      std::memcpy(output + (state->sliceBegin(static_cast<int>(l)) + at) * esize,
+                  hierarchy.slot(round % 2, l), std::min(q, count - at) * esize);
+    }
+    ++round;
+    return Status::kOk;
+  };
+  // The rounds whose windows of this rank's slice lie in sum[0, end); all
+  // of them once the whole slice is final.
+  auto gatherUpTo = [&](size_t end, bool finite) -> Status {
+    const size_t goal = end >= mine ? largest : end / q * q;
+    while (gathered < goal) SQUALL_TRY(gatherRound(finite));
+    return Status::kOk;
+  };
+
+  // B. The compressed exchange of the slice among the hosts, pipelined with
+  // A and C through its hooks: A's rounds run as the exchange needs its
+  // input, C's as it decodes its output.
   CompressedState& cross = state->cross();
   bool finite = true;
   bool serverUsed = false;  // the all-gather variant keeps no server residual
@@ -183,40 +268,19 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
     const CompressedAlgo algo = resolveCompressedAlgo(
         layout.hosts, cross, ctx.options->compressedAlgo, ctx.options->latencyBytes());
     serverUsed = algo != CompressedAlgo::kAllGather;
+    ExchangeHooks hooks;
+    hooks.inputNeeded = reduceUpTo;
+    hooks.outputReady = gatherUpTo;
     SQUALL_TRY(algo == CompressedAlgo::kAllGather
-                   ? allGatherCompressedAllReduce(sub, sum.data(), sum.data(), DataType::kF32, op,
-                                                  &cross, &finite)
-                   : twoPhaseCompressedAllReduce(sub, sum.data(), sum.data(), DataType::kF32, op,
-                                                 &cross, &finite));
+                   ? allGatherCompressedAllReduce(sub, sum.data(), result, DataType::kF32, op,
+                                                  &cross, &finite, &hooks)
+                   : twoPhaseCompressedAllReduce(sub, sum.data(), result, DataType::kF32, op,
+                                                 &cross, &finite, &hooks));
     crossStats = cross.lastStats();
   }
-
-  // C. All-gather of the slices, converted to the dtype; the first round's
-  // notes carry the verdicts.
-  const size_t q = std::max<size_t>(window / esize, 1);
-  bool allFinite = true;
-  bool first = true;
-  for (size_t at = 0; at < largest; at += q, ++round) {
-    if (at < mine) {
-      // Into the slot for the peers, and into this rank's own output while
-      // the piece is in cache.
-      const size_t m = std::min(q, mine - at);
-      storeFloats(dtype, sum.data() + at, hierarchy.slot(round % 2, static_cast<size_t>(j)), m);
-      storeFloats(dtype, sum.data() + at, output + (state->sliceBegin(j) + at) * esize, m);
-    }
-    SQUALL_TRY(notes.exchange(round, finite ? 1 : 0));
-    noteBytes += ll - 1;
-    if (first) {
-      for (size_t l = 0; l < ll; ++l) allFinite = allFinite && notes.inbox(l) != 0;
-      first = false;
-    }
-    for (size_t l = 0; l < ll; ++l) {
-      const size_t count = state->sliceCount(static_cast<int>(l));
-      if (at >= count || l == static_cast<size_t>(j)) continue;
-      std::memcpy(output + (state->sliceBegin(static_cast<int>(l)) + at) * esize,
-                  hierarchy.slot(round % 2, l), std::min(q, count - at) * esize);
-    }
-  }
+  // Whatever the exchange did not need (all of it for an empty slice).
+  SQUALL_TRY(reduceUpTo(mine));
+  SQUALL_TRY(gatherUpTo(mine, finite));
   // Everyone has read the segment: the next call may write it.
   SQUALL_TRY(notes.exchange(round, 1));
   noteBytes += ll - 1;

@@ -278,6 +278,41 @@ TEST(Hierarchy, ThreeHostsOfTwoAreBitIdentical) {
   expectIdenticalHierarchical(runRanks(6, hosts(2), sweep), 0.99);
 }
 
+// The local phases run inside the exchange among hosts (its hooks), window by
+// window as it needs its input and decodes its output. With one-block
+// segments and small windows every buffer above a few blocks takes many of
+// each, interleaved (12 KiB windows: 1.5 segments of fp32, so windows and
+// segments end at different places); without segments the exchange asks for its whole input
+// at once and hands back its whole output, the phases one after the other.
+// The bytes must not depend on how they interleave.
+void expectPipeliningKeepsTheBytes(int ranks, int local, const Env& extra, double bound = 0.99) {
+  Env sequential = extra, pipelined = extra;
+  sequential.emplace_back("SQUALL_SEGMENT_BYTES", "0");
+  pipelined.emplace_back("SQUALL_SEGMENT_BYTES", "8192");
+  for (Env* e : {&sequential, &pipelined}) e->emplace_back("SQUALL_SHM_WINDOW_BYTES", "12288");
+  const std::vector<std::string> one = runRanks(ranks, hosts(local, sequential), sweep);
+  const std::vector<std::string> two = runRanks(ranks, hosts(local, pipelined), sweep);
+  expectIdenticalHierarchical(one, bound);
+  expectIdenticalHierarchical(two, bound);
+  EXPECT_TRUE(one[0] == two[0]) << "pipelined and sequential outputs differ";
+}
+
+TEST(Hierarchy, PipelinedAllGatherExchangeKeepsTheBytes) {
+  expectPipeliningKeepsTheBytes(4, 2, {});
+}
+
+TEST(Hierarchy, PipelinedUnevenSlicesKeepTheBytes) {
+  // 3 slices per host: the last ones are a group of blocks shorter, so a
+  // rank finishes its own slice while its peers still need its rounds.
+  expectPipeliningKeepsTheBytes(6, 3, {});
+}
+
+TEST(Hierarchy, PipelinedTwoPhaseExchangeKeepsTheBytes) {
+  // Among 3 hosts the two-phase compresses twice more than the host sum:
+  // one call's error is about 1.03 on this input.
+  expectPipeliningKeepsTheBytes(6, 2, {{"SQUALL_COMPRESSED_ALGO", "twophase"}}, 1.2);
+}
+
 }  // namespace
 }  // namespace squall::core
 
