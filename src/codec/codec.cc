@@ -1,6 +1,8 @@
 #include "src/codec/codec.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +18,10 @@
 
 namespace squall::codec {
 namespace {
+
+// Residual buffers from this size on are mapped rather than allocated
+// (codec.h): below it the zeroing is cheap and the pages are likely reused.
+constexpr size_t kMappedResidualBytes = size_t{128} << 10;
 
 bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
   const auto pa = reinterpret_cast<uintptr_t>(a);
@@ -122,6 +128,20 @@ Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
   SQUALL_REQUIRE(r != nullptr, Status::kOutOfMemory, Subsys::kCodec,
                  "out of memory allocating a residual object");
   const size_t padded = (bytes + 63) & ~size_t{63};
+  if (padded >= kMappedResidualBytes) {
+    // Zero pages from the kernel: nothing is touched until an encode writes.
+    r->mappedBytes_ = padded;
+    for (float*& buffer : r->buffers_) {
+      void* map = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      SQUALL_REQUIRE(map != MAP_FAILED, Status::kOutOfMemory, Subsys::kCodec,
+                     "out of memory mapping a residual of %zu elements (2 x %zu bytes): %s; "
+                     "free memory or compress smaller buffers",
+                     count, bytes, std::strerror(errno));
+      buffer = static_cast<float*>(map);
+    }
+    *out = std::move(r);
+    return Status::kOk;
+  }
   for (float*& buffer : r->buffers_) {
     buffer = static_cast<float*>(std::aligned_alloc(64, padded == 0 ? 64 : padded));
     SQUALL_REQUIRE(buffer != nullptr, Status::kOutOfMemory, Subsys::kCodec,
@@ -135,8 +155,14 @@ Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
 }
 
 Residual::~Residual() {
-  std::free(buffers_[0]);
-  std::free(buffers_[1]);
+  for (float* buffer : buffers_) {
+    if (buffer == nullptr) continue;
+    if (mappedBytes_ != 0) {
+      munmap(buffer, mappedBytes_);
+    } else {
+      std::free(buffer);
+    }
+  }
 }
 
 void Residual::commit(bool finite) {
@@ -147,8 +173,13 @@ void Residual::commit(bool finite) {
 }
 
 void Residual::reset() {
-  std::memset(buffers_[0], 0, count_ * sizeof(float));
-  std::memset(buffers_[1], 0, count_ * sizeof(float));
+  for (float* buffer : buffers_) {
+    // A mapping drops its pages instead: they read as zeros again, and the
+    // next encode that writes them takes them fresh (zeroing them in place
+    // here would first fault in every page never written yet).
+    if (mappedBytes_ == 0 || madvise(buffer, mappedBytes_, MADV_DONTNEED) != 0)
+      std::memset(buffer, 0, count_ * sizeof(float));
+  }
   current_ = 0;
   skipped_ = 0;
 }

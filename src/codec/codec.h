@@ -19,6 +19,11 @@ namespace squall::codec {
 // abandoned (the non-finite rule) without a second pass: encode reads
 // current(), writes next(), and commit() flips them only when every block of
 // the call was finite.
+//
+// Buffers of 128 KiB and more are mapped from the kernel's zero pages, so
+// creating a residual costs microseconds whatever its size: its pages are
+// faulted in and zeroed by the first encode that writes them (on the thread
+// that runs the collective, not on the one that created the state).
 class Residual {
  public:
   static Status create(size_t count, std::unique_ptr<Residual>* out);
@@ -39,6 +44,7 @@ class Residual {
   explicit Residual(size_t count) : count_(count) {}
   size_t count_;
   float* buffers_[2] = {nullptr, nullptr};
+  size_t mappedBytes_ = 0;  // each buffer's mapping; 0: from aligned_alloc
   int current_ = 0;
   uint64_t skipped_ = 0;
 };

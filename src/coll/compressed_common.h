@@ -129,12 +129,17 @@ inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* c
                              size_t bytes, Piece piece, int divisor, const float* residualIn,
                              float* residualOut, uint8_t* output, size_t capacity,
                              codec::EncodeResult* result, codec::Stores stores) {
+  if (piece.head == 0) {
+    return codec::encodeSum(spec, encodings.data(), encodings.size(), bytes, piece.count, divisor,
+                            residualIn, residualOut, output, capacity, result, stores);
+  }
+  // A headed piece: the rest's encodings start past each head's.
   const size_t head = headBytes(spec, piece);
   std::vector<const uint8_t*> parts(encodings.begin(), encodings.end());
   return encodeParts(
       piece, output, capacity, result,
       [&](size_t at, size_t count, uint8_t* to, size_t room, codec::EncodeResult* part) {
-        const size_t length = piece.head == 0 ? bytes : at == 0 ? head : bytes - head;
+        const size_t length = at == 0 ? head : bytes - head;
         if (at != 0) {
           for (const uint8_t*& p : parts) p += head;
         }

@@ -231,5 +231,34 @@ TEST_F(CodecThreads, DefaultDividesTheCoresAmongLocalRanks) {
   EXPECT_EQ(codecThreads(), 3);
 }
 
+// Small residuals are allocated and zeroed, large ones (128 KiB and more)
+// mapped from zero pages; both must start at zero, keep what an encode wrote
+// across commits, and read as zeros again after reset().
+TEST(Residual, StartsAndResetsToZeroAtEverySize) {
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{32767}, size_t{32768}, size_t{400001}}) {
+    std::unique_ptr<Residual> r;
+    ASSERT_EQ(Residual::create(count, &r), Status::kOk) << count;
+    auto zeros = [&](const float* p) {
+      return std::all_of(p, p + count, [](float v) { return v == 0.0f; });
+    };
+    EXPECT_TRUE(zeros(r->current()) && zeros(r->next())) << count;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(r->current()) % 64, 0u) << count;
+    std::fill(r->next(), r->next() + count, 1.5f);
+    r->commit(true);
+    EXPECT_EQ(r->current()[count - 1], 1.5f) << count;
+    std::fill(r->next(), r->next() + count, -2.0f);
+    r->commit(false);
+    EXPECT_EQ(r->current()[0], 1.5f) << count;
+    EXPECT_EQ(r->skipped(), 1u) << count;
+    r->reset();
+    EXPECT_TRUE(zeros(r->current()) && zeros(r->next())) << count;
+    EXPECT_EQ(r->skipped(), 0u) << count;
+    // Writable again after the reset dropped the pages.
+    std::fill(r->next(), r->next() + count, 3.0f);
+    r->commit(true);
+    EXPECT_EQ(r->current()[count / 2], 3.0f) << count;
+  }
+}
+
 }  // namespace
 }  // namespace squall::codec
