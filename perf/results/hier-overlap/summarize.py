@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table of run.sh / run100.sh results: the median [range] of each cell's
+"""Table of run.sh results: the median [range] of each cell's
 squall_perf time over the repeats, and the ratios taken per repeat (the runs
 of one repeat are seconds apart). Usage: summarize.py RAW_DIR [RAW_DIR...]"""
 import glob
