@@ -342,7 +342,7 @@ struct Divide {
 
   explicit Divide(int d)
       : divisor(d),
-        byProduct((d & (d - 1)) == 0),
+        byProduct(divideByProduct(d)),
         factor(_mm256_set1_ps(byProduct ? 1.0f / static_cast<float>(d) : static_cast<float>(d))) {}
   __m256 apply(__m256 v) const {
     return byProduct ? _mm256_mul_ps(v, factor) : _mm256_div_ps(v, factor);

@@ -302,7 +302,7 @@ struct Divide {
 
   explicit Divide(int d)
       : divisor(d),
-        byProduct((d & (d - 1)) == 0),
+        byProduct(divideByProduct(d)),
         factor(_mm512_set1_ps(byProduct ? 1.0f / static_cast<float>(d) : static_cast<float>(d))) {}
   __m512 apply(__m512 v) const {
     return byProduct ? _mm512_mul_ps(v, factor) : _mm512_div_ps(v, factor);

@@ -18,6 +18,12 @@
 
 namespace squall::codec {
 
+// The one rule for an average's division by n, on which its bytes depend
+// (codec::divideAll, the SIMD register sums, the hierarchical allreduce's host
+// sum): a product with the inverse where that is exact (n a power of two),
+// else a division.
+SQUALL_HD bool divideByProduct(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
 SQUALL_HD uint32_t floatBits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/codec/numeric.h"
 #include "src/common/log.h"
 #include "src/common/params.h"
 
@@ -378,7 +379,7 @@ void encodeSumPiece(const void* context, int i) {
 // Out of line on purpose: inlined into its callers' loops, gcc kept the
 // trip count in memory and the loop ran slower.
 void divideAll(float* acc, size_t count, int n) {
-  if (n > 0 && (n & (n - 1)) == 0) {
+  if (divideByProduct(n)) {
     const float inverse = 1.0f / static_cast<float>(n);
     for (size_t i = 0; i < count; ++i) acc[i] = acc[i] * inverse;
     return;

@@ -91,12 +91,12 @@ void combine(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, siz
 }
 
 // combine(), the last piece of an avg dividing by `divisor` in the same pass,
-// exactly as codec::divideAll would after it: by multiplying with 1/divisor
-// where that is exact (a power of two), else by dividing.
+// by the rule of codec::divideAll (codec::divideByProduct), so the bytes are
+// those of a separate division.
 void accumulate(DataType dtype, const uint8_t* a, const uint8_t* b, float* acc, size_t m,
                 int divisor) {
   if (divisor <= 1) return combine(dtype, a, b, acc, m, [](float v) { return v; });
-  if ((divisor & (divisor - 1)) == 0) {
+  if (codec::divideByProduct(divisor)) {
     const float inverse = 1.0f / static_cast<float>(divisor);
     return combine(dtype, a, b, acc, m, [inverse](float v) { return v * inverse; });
   }

@@ -282,9 +282,9 @@ TEST(Hierarchy, ThreeHostsOfTwoAreBitIdentical) {
 // window as it needs its input and decodes its output. With one-block
 // segments and small windows every buffer above a few blocks takes many of
 // each, interleaved (12 KiB windows: 1.5 segments of fp32, so windows and
-// segments end at different places); without segments the exchange asks for its whole input
-// at once and hands back its whole output, the phases one after the other.
-// The bytes must not depend on how they interleave.
+// segments end at different places); without segments the exchange asks for
+// its whole input at once and hands back its whole output, the phases one
+// after the other. The bytes must not depend on how they interleave.
 void expectPipeliningKeepsTheBytes(int ranks, int local, const Env& extra, double bound = 0.99) {
   Env sequential = extra, pipelined = extra;
   sequential.emplace_back("SQUALL_SEGMENT_BYTES", "0");
