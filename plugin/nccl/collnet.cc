@@ -17,9 +17,10 @@
 //
 // NCCL gives CollNet slices of its staging ring, not the user's tensors, so a
 // residual kept here would not follow any one gradient: only the codecs that
-// are accurate without one are offered, and a compressor's residual is zeroed
-// before it serves the next slice. Error feedback (1-bit) belongs to the interposer and the
-// optimizer, which see whole user buffers.
+// are accurate without one are offered, and their compressors keep no error
+// feedback (coll::Feedback::kNone: no residual to hold, zero or read). Error
+// feedback (1-bit) belongs to the interposer and the optimizer, which see
+// whole user buffers.
 #include <strings.h>
 #include <unistd.h>
 
@@ -269,7 +270,7 @@ Status collAllReduce(void* collComm, const void* send, void* recv, size_t count,
   if (c->compress && compressible && op == ReduceOp::kSum && count > 0) {
     auto& pool = c->idle[{r->lane, count}];
     if (pool.empty()) {
-      SQUALL_TRY(lane.createCompressor(count, c->spec, &r->compressor));
+      SQUALL_TRY(lane.createCompressor(count, c->spec, &r->compressor, 0, coll::Feedback::kNone));
     } else {
       r->compressor = std::move(pool.back());
       pool.pop_back();
@@ -384,10 +385,9 @@ Status collTest(void* request, int* done) {
   {
     std::lock_guard<std::mutex> lock(c->mutex);
     --c->outstanding;
-    // The codecs offered here keep an error-feedback residual like every
-    // compressor; the next slice of this count is other data, so it starts
-    // from zero (a failed call's compressor is dropped with its request).
-    if (r->compressor != nullptr && status == Status::kOk && r->compressor->reset() == Status::kOk)
+    // The compressor keeps no residual, so the next slice of this count may
+    // use it as it is (a failed call's compressor is dropped with its request).
+    if (r->compressor != nullptr && status == Status::kOk)
       c->idle[{r->lane, r->compressor->count()}].push_back(std::move(r->compressor));
   }
   if (status != Status::kOk)

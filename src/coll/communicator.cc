@@ -454,10 +454,13 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
 }
 
 Status Communicator::createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
-                                           std::unique_ptr<CompressedState>* out) const {
-  if (hierarchy_ == nullptr) return CompressedState::create(size(), count, spec, out, phase);
+                                           std::unique_ptr<CompressedState>* out,
+                                           Feedback feedback) const {
+  if (hierarchy_ == nullptr)
+    return CompressedState::create(size(), count, spec, out, phase, feedback);
   const HostLayout& l = hierarchy_->layout;
-  return CompressedState::createHierarchical(l.hosts, l.local, l.localIndex, count, spec, out);
+  return CompressedState::createHierarchical(l.hosts, l.local, l.localIndex, count, spec, out,
+                                             feedback);
 }
 
 Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -133,11 +133,12 @@ class Communicator {
   const Hierarchy* hierarchy() const { return hierarchy_.get(); }
   // A state for compressed allreduces of `count` elements on this
   // communicator: hierarchical when it has a hierarchy, else flat, of phase
-  // `phase` (the hierarchical layout has none). (A flat state made with
-  // CompressedState::create runs the flat algorithm on any communicator of
-  // its size.)
+  // `phase` (the hierarchical layout has none), keeping error feedback or
+  // not. (A flat state made with CompressedState::create runs the flat
+  // algorithm on any communicator of its size.)
   Status createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
-                               std::unique_ptr<CompressedState>* out) const;
+                               std::unique_ptr<CompressedState>* out,
+                               Feedback feedback = Feedback::kKept) const;
 
  private:
   using Body = std::function<Status(const OpContext&)>;

@@ -94,7 +94,6 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   const size_t seg = segmentLength(*ctx.options, unit, span);
   const size_t segments = (span + seg - 1) / seg;
   const size_t esize = dataTypeSize(dtype);
-  codec::Residual& worker = state->worker();
   CompressedStats stats;
   stats.algorithm = "allgather";
   stats.segments = segments;
@@ -113,7 +112,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
   // With hooks the caller reads each decoded segment next, from the cache.
   const codec::Stores stores =
-      hooks != nullptr ? codec::Stores::kCached : callStores(state->count(), esize);
+      hooks != nullptr ? codec::Stores::kCached : callStores(*state, esize);
   auto slotOf = [&](size_t j, size_t k) {
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
@@ -134,10 +133,10 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   for (size_t k = 0; k < segments; ++k) {
     const size_t at = firstOf(k);  // the worker residual is indexed virtually
     if (hooks != nullptr) SQUALL_TRY(hooks->inputNeeded(std::min((k + 1) * seg, span) - phase));
+    const CompressedState::Halves residual = state->workerAt(at);
     codec::EncodeResult result;
     SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
-                           worker.current() + at, worker.next() + at, slotOf(rr, k), slot, &result,
-                           stores));
+                           residual.in, residual.out, slotOf(rr, k), slot, &result, stores));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();
@@ -182,7 +181,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   if (verdict != nullptr) {
     *verdict = finite;
   } else {
-    worker.commit(finite);
+    state->commit(finite, false);
   }
   state->recordStats(stats);
   return Status::kOk;

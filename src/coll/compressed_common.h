@@ -35,10 +35,11 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
 }
 
 // Whether a call's large fp32 writes (residuals, output) bypass the caches:
-// its buffers (input, output, the worker residual's two halves) against the
-// last-level cache (codec::storesFor).
-inline codec::Stores callStores(size_t count, size_t elementSize) {
-  return codec::storesFor(count * (2 * elementSize + 2 * sizeof(float)));
+// its buffers (input, output, the worker residual's two halves when it keeps
+// one) against the last-level cache (codec::storesFor).
+inline codec::Stores callStores(const CompressedState& state, size_t elementSize) {
+  const size_t residual = state.feedback() == Feedback::kKept ? 2 * sizeof(float) : 0;
+  return codec::storesFor(state.count() * (2 * elementSize + residual));
 }
 
 // A piece of a call: `count` elements, of which the first `head` end a codec
@@ -144,7 +145,9 @@ inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* c
           for (const uint8_t*& p : parts) p += head;
         }
         return codec::encodeSum(spec, parts.data(), parts.size(), length, count, divisor,
-                                residualIn + at, residualOut + at, to, room, part, stores);
+                                residualIn == nullptr ? nullptr : residualIn + at,
+                                residualOut == nullptr ? nullptr : residualOut + at, to, room, part,
+                                stores);
       });
 }
 

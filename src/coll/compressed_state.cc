@@ -5,7 +5,8 @@
 namespace squall::coll {
 
 Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec,
-                               std::unique_ptr<CompressedState>* out, size_t phase) {
+                               std::unique_ptr<CompressedState>* out, size_t phase,
+                               Feedback feedback) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(nranks >= 1, Status::kInvalidArgument, Subsys::kColl,
@@ -26,15 +27,19 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
                  "a compressed allreduce of %zu elements is too large for this machine", count);
   const size_t padded = (phase + count + group - 1) / group * group;
   s->chunk_ = padded / static_cast<size_t>(nranks);
-  SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
-  SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));
+  s->feedback_ = feedback;
+  if (feedback == Feedback::kKept) {
+    SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
+    SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));
+  }
   *out = std::move(s);
   return Status::kOk;
 }
 
 Status CompressedState::createHierarchical(int hosts, int local, int localIndex, size_t count,
                                            const codec::Spec& spec,
-                                           std::unique_ptr<CompressedState>* out) {
+                                           std::unique_ptr<CompressedState>* out,
+                                           Feedback feedback) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(hosts >= 2 && local >= 2 && localIndex >= 0 && localIndex < local,
@@ -62,7 +67,7 @@ Status CompressedState::createHierarchical(int hosts, int local, int localIndex,
     const size_t begin = l * (groups / ll) + std::min(l, groups % ll);
     s->slices_[l] = std::min(begin * group, count);
   }
-  SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_));
+  SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_, 0, feedback));
   *out = std::move(s);
   return Status::kOk;
 }
@@ -72,8 +77,15 @@ void CompressedState::reset() {
     cross_->reset();
     return;
   }
+  if (worker_ == nullptr) return;
   worker_->reset();
   server_->reset();
+}
+
+void CompressedState::commit(bool finite, bool serverUsed) {
+  if (worker_ == nullptr) return;
+  worker_->commit(finite);
+  if (serverUsed) server_->commit(finite);
 }
 
 }  // namespace squall::coll

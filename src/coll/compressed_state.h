@@ -15,6 +15,12 @@
 // layout above of slice j among the H ranks of local index j (cross()): the
 // worker residual over slice j padded for H ranks, and the server residual
 // over this rank's chunk of that slice.
+//
+// Without error feedback (Feedback::kNone) a state keeps no residual at all:
+// every call encodes its input and the servers' sums as they are, so its
+// bytes are those a state with feedback sends right after reset(), and there
+// is nothing to zero between calls. For callers whose successive calls carry
+// unrelated data, where an owed error would land on the wrong elements.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +34,11 @@
 namespace squall::coll {
 
 enum class CompressedAlgo : uint8_t;
+
+enum class Feedback : uint8_t {
+  kKept,  // error feedback: each call's encoding error is owed to the next
+  kNone,  // every call on its own; no residuals
+};
 
 struct CompressedStats {
   // "twophase", "allgather", "hierarchical" or "none" (n = 1, N = 0)
@@ -47,11 +58,13 @@ struct CompressedStats {
 class CompressedState {
  public:
   static Status create(int nranks, size_t count, const codec::Spec& spec,
-                       std::unique_ptr<CompressedState>* out, size_t phase = 0);
+                       std::unique_ptr<CompressedState>* out, size_t phase = 0,
+                       Feedback feedback = Feedback::kKept);
   // The hierarchical layout for local index localIndex of `local` ranks per
   // host on `hosts` hosts (nranks() = hosts * local).
   static Status createHierarchical(int hosts, int local, int localIndex, size_t count,
-                                   const codec::Spec& spec, std::unique_ptr<CompressedState>* out);
+                                   const codec::Spec& spec, std::unique_ptr<CompressedState>* out,
+                                   Feedback feedback = Feedback::kKept);
 
   bool hierarchical() const { return cross_ != nullptr; }
   int hosts() const { return cross_ != nullptr ? cross_->nranks() : 0; }
@@ -77,10 +90,26 @@ class CompressedState {
   size_t chunk() const { return cross_ != nullptr ? cross_->chunk() : chunk_; }
   size_t unit() const { return unit_; }
   const codec::Spec& spec() const { return spec_; }
+  Feedback feedback() const { return cross_ != nullptr ? cross_->feedback() : feedback_; }
+  // The residuals; only for a state that keeps error feedback.
   codec::Residual& worker() { return cross_ != nullptr ? cross_->worker() : *worker_; }
   codec::Residual& server() { return cross_ != nullptr ? cross_->server() : *server_; }
+  // What the algorithms hand an encode at position `at` of the worker residual
+  // (virtual positions) or of the server residual (positions in the chunk):
+  // the half it reads and the half it writes, both null without feedback.
+  // Flat layout (the hierarchical algorithm asks cross()).
+  struct Halves {
+    const float* in = nullptr;
+    float* out = nullptr;
+  };
+  Halves workerAt(size_t at) { return halves(worker_.get(), at); }
+  Halves serverAt(size_t at) { return halves(server_.get(), at); }
+  // The end of a call: the worker residual, and the server's when the call
+  // used it, become current when `finite` (codec::Residual::commit); nothing
+  // without feedback.
+  void commit(bool finite, bool serverUsed);
   const CompressedStats& lastStats() const { return stats_; }
-  // Zeroes both residuals.
+  // Zeroes both residuals (nothing to do without feedback).
   void reset();
 
   // How the calls on this state choose their algorithm when
@@ -105,17 +134,22 @@ class CompressedState {
   Scratch& scratch() { return scratch_; }
 
  private:
+  static Halves halves(codec::Residual* r, size_t at) {
+    return r == nullptr ? Halves{} : Halves{r->current() + at, r->next() + at};
+  }
+
   Scratch scratch_;
   CompressedStats stats_;
   CompressedState() = default;
+  Feedback feedback_ = Feedback::kKept;
   int nranks_ = 1;
   size_t count_ = 0;
   size_t chunk_ = 0;
   size_t unit_ = 1;
   size_t phase_ = 0;
   codec::Spec spec_;
-  CompressedAlgo algo_{};  // kAuto
-  std::unique_ptr<codec::Residual> worker_, server_;
+  CompressedAlgo algo_{};                             // kAuto
+  std::unique_ptr<codec::Residual> worker_, server_;  // null without feedback
   // Hierarchical only.
   std::unique_ptr<CompressedState> cross_;
   int local_ = 1;

@@ -66,8 +66,6 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   const size_t segments = (chunk + seg - 1) / seg;
   const size_t esize = dataTypeSize(dtype);
   const codec::DType inType = codecDType(dtype);
-  codec::Residual& worker = state->worker();
-  codec::Residual& server = state->server();
   CompressedStats stats;
   stats.algorithm = "twophase";
   stats.segments = segments;
@@ -91,7 +89,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   state->scratch().gatherBuffer.resize(nn * segments * slot);
   state->scratch().serverBuffer.resize(segments * slot);
   if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
-  const codec::Stores stores = callStores(state->count(), esize);
+  const codec::Stores stores = callStores(*state, esize);
   auto sendSlot = [&](size_t c, size_t k) {
     return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
   };
@@ -146,10 +144,10 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     for (size_t j = 0; j < nn; ++j) encodings[j] = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
     // The server residual is indexed by position within the chunk.
     const size_t at = firstOf(rr, k) - rr * chunk;
+    const CompressedState::Halves residual = state->serverAt(at);
     codec::EncodeResult result;
     SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, op == ReduceOp::kAvg ? n : 1,
-                              server.current() + at, server.next() + at, serverSlot(k), slot,
-                              &result, stores));
+                              residual.in, residual.out, serverSlot(k), slot, &result, stores));
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
       if (j != rr)
@@ -178,10 +176,10 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       const Piece piece = pieceOf(c, k);
       if (piece.count == 0) continue;
       const size_t at = firstOf(c, k);  // the worker residual is indexed virtually
+      const CompressedState::Halves residual = state->workerAt(at);
       codec::EncodeResult result;
-      SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType,
-                             worker.current() + at, worker.next() + at, sendSlot(c, k), slot,
-                             &result, stores));
+      SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType, residual.in,
+                             residual.out, sendSlot(c, k), slot, &result, stores));
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());
@@ -230,8 +228,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   if (verdict != nullptr) {
     *verdict = finite;
   } else {
-    worker.commit(finite);
-    server.commit(finite);
+    state->commit(finite, true);
   }
   state->recordStats(stats);
   return Status::kOk;

@@ -285,8 +285,7 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
   SQUALL_TRY(notes.exchange(round, 1));
   noteBytes += ll - 1;
 
-  cross.worker().commit(allFinite);
-  if (serverUsed) cross.server().commit(allFinite);
+  cross.commit(allFinite, serverUsed);
   CompressedStats stats;
   stats.algorithm = "hierarchical";
   stats.crossAlgorithm = mine != 0 ? crossStats.algorithm : "none";

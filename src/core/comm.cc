@@ -223,10 +223,11 @@ Status Comm::startBarrier(coll::OperationPtr* operation) {
 }
 
 Status Comm::createCompressor(size_t count, const codec::Spec& spec,
-                              std::unique_ptr<Compressor>* out, size_t phase) {
+                              std::unique_ptr<Compressor>* out, size_t phase,
+                              coll::Feedback feedback) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the compressor output pointer is NULL");
-  return engine_->createCompressor(this, count, spec, phase, out);
+  return engine_->createCompressor(this, count, spec, phase, feedback, out);
 }
 
 Status Comm::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -225,8 +225,10 @@ class Comm {
   // its blocks are the sequence's wherever the buffer begins. Host engines
   // with the flat layout honour it; the hierarchical layout and the NCCL
   // engine keep the buffer's own blocks (the compressor's phase() says 0).
+  // Feedback::kNone (host engines): no residuals, every call encoded on its
+  // own (coll::Feedback); the NCCL engine always keeps them.
   Status createCompressor(size_t count, const codec::Spec& spec, std::unique_ptr<Compressor>* out,
-                          size_t phase = 0);
+                          size_t phase = 0, coll::Feedback feedback = coll::Feedback::kKept);
   // The compressed allreduce of c.count() elements of fp32, fp16 or bf16,
   // sum or avg, on host buffers (host engine).
   Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op, Compressor& c);

@@ -27,7 +27,8 @@ class Engine {
   virtual int device() const { return -1; }
 
   virtual Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec,
-                                  size_t phase, std::unique_ptr<Compressor>* out) = 0;
+                                  size_t phase, coll::Feedback feedback,
+                                  std::unique_ptr<Compressor>* out) = 0;
   // Host buffers; `operation` null: blocking. c belongs to this engine.
   virtual Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                                      Compressor& c, coll::OperationPtr* operation) = 0;

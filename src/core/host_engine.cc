@@ -25,7 +25,7 @@ class HostCompressor final : public Compressor {
   }
   Status stats(CompressorStats* out) override {
     out->calls = calls_;
-    out->skippedCalls = state_->worker().skipped();
+    out->skippedCalls = keepsFeedback() ? state_->worker().skipped() : 0;
     out->bytesSent = state_->lastStats().bytesSent;
     out->bytesReceived = state_->lastStats().bytesReceived;
     out->algorithm = state_->lastStats().algorithm;
@@ -39,6 +39,7 @@ class HostCompressor final : public Compressor {
 
   Status drain(float* owed, ReduceOp op, void*) override {
     SQUALL_TRY(flatOnly("drain"));
+    if (!keepsFeedback()) return Status::kOk;  // nothing is owed
     coll::CompressedState& s = *state_;
     const size_t phase = s.phase(), n = count();
     float* worker = s.worker().current();
@@ -57,6 +58,9 @@ class HostCompressor final : public Compressor {
   }
   Status seed(const float* owed, void*) override {
     SQUALL_TRY(flatOnly("seed"));
+    SQUALL_REQUIRE(keepsFeedback(), Status::kInvalidUsage, Subsys::kApi,
+                   "this compressor was made without error feedback and holds no residual to "
+                   "seed; make it with feedback kept to carry an owed error into its calls");
     float* worker = state_->worker().current() + state_->phase();
     for (size_t i = 0; i < count(); ++i) worker[i] += owed[i];
     return Status::kOk;
@@ -67,6 +71,7 @@ class HostCompressor final : public Compressor {
   void called() { ++calls_; }
 
  private:
+  bool keepsFeedback() const { return state_->feedback() == coll::Feedback::kKept; }
   Status flatOnly(const char* what) const {
     SQUALL_REQUIRE(!state_->hierarchical(), Status::kUnsupported, Subsys::kApi,
                    "a compressor of the hierarchical layout cannot %s its residuals: each rank "
@@ -102,9 +107,9 @@ class HostEngine final : public Engine {
   bool canSplit() const override { return bootstrap_ != nullptr; }
 
   Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec, size_t phase,
-                          std::unique_ptr<Compressor>* out) override {
+                          coll::Feedback feedback, std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::CompressedState> state;
-    SQUALL_TRY(coll_->createCompressedState(count, spec, phase, &state));
+    SQUALL_TRY(coll_->createCompressedState(count, spec, phase, &state, feedback));
     *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
     return Status::kOk;
   }

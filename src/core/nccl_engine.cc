@@ -91,7 +91,10 @@ class NcclEngine final : public Engine {
 
   // The device path keeps the buffer's own blocks: `phase` is not honoured.
   Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec, size_t,
-                          std::unique_ptr<Compressor>* out) override {
+                          coll::Feedback feedback, std::unique_ptr<Compressor>* out) override {
+    SQUALL_REQUIRE(feedback == coll::Feedback::kKept, Status::kUnsupported, Subsys::kApi,
+                   "the device compressed allreduce always keeps error feedback; make the "
+                   "compressor with feedback kept, or on a host communicator");
     std::unique_ptr<coll::device::DeviceCompressedState> state;
     SQUALL_TRY(coll::device::DeviceCompressedState::create(comm_.size(), comm_.rank(), count, spec,
                                                            &state));

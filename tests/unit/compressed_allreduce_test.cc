@@ -420,6 +420,65 @@ TEST_P(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
   }
 }
 
+// A state without error feedback keeps no residual and sends, call after
+// call, exactly what a state with feedback sends right after reset(): over
+// both algorithms, sum and avg, block and element-wise codecs, a buffer
+// inside a block (phase), segments, and a call with a NaN (which leaves
+// nothing to skip: the next call is as clean as the first).
+TEST_P(CompressedAllReduce, WithoutFeedbackEveryCallIsAFreshStatesCall) {
+  constexpr size_t kCount = 3 * 256 + 41;
+  for (int n : {2, 3}) {
+    for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+      coll::Options options = testing::testOptions();
+      options.compressedAlgo = algo;
+      options.segmentBytes = 256;
+      Group group(n, options);
+      for (const codec::Spec& spec :
+           {specOf(codec::CodecId::kOnebit, 64), specOf(codec::CodecId::kInt8, 64),
+            specOf(codec::CodecId::kBf16, 0)}) {
+        for (size_t phase : {size_t{0}, size_t{13}}) {
+          if (!codec::usesBlocks(spec.codec) && phase != 0) continue;
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+            SCOPED_TRACE(describeCase(Case{n, kCount, spec, algo, op, 256, 3, phase}));
+            std::vector<std::unique_ptr<CompressedState>> kept(n), none(n);
+            for (int r = 0; r < n; ++r) {
+              ASSERT_EQ(CompressedState::create(n, kCount, spec, &kept[r], phase), Status::kOk);
+              ASSERT_EQ(
+                  CompressedState::create(n, kCount, spec, &none[r], phase, coll::Feedback::kNone),
+                  Status::kOk);
+              EXPECT_EQ(none[r]->feedback(), coll::Feedback::kNone);
+              EXPECT_EQ(none[r]->workerAt(0).in, nullptr);
+              EXPECT_EQ(none[r]->serverAt(0).out, nullptr);
+            }
+            for (int call = 0; call < 3; ++call) {
+              auto inputs = randomInputs(n, kCount, 300u + static_cast<unsigned>(call));
+              if (call == 1) inputs[n - 1][100] = std::nanf("");
+              std::vector<std::vector<float>> fresh(n, std::vector<float>(kCount)),
+                  stateless(n, std::vector<float>(kCount));
+              group.run([&](Communicator& comm, int r) {
+                kept[r]->reset();
+                EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), fresh[r].data(),
+                                                   DataType::kF32, op, kept[r].get()),
+                          Status::kOk)
+                    << lastError();
+                EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), stateless[r].data(),
+                                                   DataType::kF32, op, none[r].get()),
+                          Status::kOk)
+                    << lastError();
+              });
+              for (int r = 0; r < n; ++r) {
+                ASSERT_TRUE(sameBits(fresh[r].data(), stateless[r].data(), kCount))
+                    << "rank " << r << " call " << call;
+                EXPECT_EQ(none[r]->lastStats().bytesSent, kept[r]->lastStats().bytesSent);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CompressedAllReduce, HalfPrecisionInputIsWidened) {
   constexpr int kN = 3;
   constexpr size_t kCount = 3000;

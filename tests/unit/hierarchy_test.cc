@@ -313,6 +313,53 @@ TEST(Hierarchy, PipelinedTwoPhaseExchangeKeepsTheBytes) {
   expectPipeliningKeepsTheBytes(6, 2, {{"SQUALL_COMPRESSED_ALGO", "twophase"}}, 1.2);
 }
 
+// Without error feedback the hierarchy keeps no residual: each call's bytes
+// are those of a compressor with feedback reset before that call, pipelined
+// or not, whichever exchange runs among the hosts.
+std::string withoutFeedback(Comm& comm, int rank) {
+  std::string report;
+  for (size_t count : {size_t{2048 * 3 + 7}, size_t{70001}}) {
+    std::unique_ptr<Compressor> kept, none;
+    if (comm.createCompressor(count, codec::Spec{}, &kept) != Status::kOk ||
+        comm.createCompressor(count, codec::Spec{}, &none, 0, coll::Feedback::kNone) != Status::kOk)
+      return "ERROR: createCompressor: " + lastError();
+    for (int call = 0; call < 3; ++call) {
+      std::vector<uint8_t> in, fresh(count * 4), stateless(count * 4);
+      fill(DataType::kF32, &in, count, rank, call);
+      if (kept->reset() != Status::kOk ||
+          comm.compressedAllReduce(in.data(), fresh.data(), DataType::kF32, ReduceOp::kAvg,
+                                   *kept) != Status::kOk ||
+          comm.compressedAllReduce(in.data(), stateless.data(), DataType::kF32, ReduceOp::kAvg,
+                                   *none) != Status::kOk)
+        return "ERROR: compressedAllReduce: " + lastError();
+      CompressorStats s;
+      (void)none->stats(&s);
+      report += std::string(s.algorithm) + (fresh == stateless ? " same" : " differs") + "|";
+    }
+  }
+  return report;
+}
+
+TEST(Hierarchy, WithoutFeedbackEveryCallIsAFreshCompressorsCall) {
+  const std::string want = [] {
+    std::string w;
+    for (int i = 0; i < 6; ++i) w += "hierarchical same|";
+    return w;
+  }();
+  for (const char* algo : {"twophase", "allgather"}) {
+    for (const char* segment : {"0", "8192"}) {
+      const std::vector<std::string> reports =
+          runRanks(4,
+                   hosts(2, {{"SQUALL_COMPRESSED_ALGO", algo},
+                             {"SQUALL_SEGMENT_BYTES", segment},
+                             {"SQUALL_SHM_WINDOW_BYTES", "12288"}}),
+                   withoutFeedback);
+      for (size_t r = 0; r < reports.size(); ++r)
+        EXPECT_EQ(reports[r], want) << algo << " segment " << segment << " rank " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace squall::core
 
