@@ -68,6 +68,10 @@ inline Status pieceBytes(const codec::Spec& spec, Piece piece, size_t* bytes) {
   return Status::kOk;
 }
 
+// p + at, or null for a call without error feedback (no residual).
+inline const float* residualAt(const float* p, size_t at) { return p == nullptr ? p : p + at; }
+inline float* residualAt(float* p, size_t at) { return p == nullptr ? p : p + at; }
+
 // encode(head, output, capacity, result) then encode(rest, ...) for a piece
 // with a head, each with its own part of the output; `encode` takes the
 // part's element offset and count: the two encodings travel back to back.
@@ -93,9 +97,8 @@ inline Status encodePiece(const codec::Spec& spec, Piece piece, const uint8_t* i
       piece, output, capacity, result,
       [&](size_t at, size_t count, uint8_t* to, size_t room, codec::EncodeResult* part) {
         return codec::encodeRaw(spec, input + at * codec::dtypeSize(dtype), dtype, count,
-                                residualIn == nullptr ? nullptr : residualIn + at,
-                                residualOut == nullptr ? nullptr : residualOut + at, to, room, part,
-                                stores);
+                                residualAt(residualIn, at), residualAt(residualOut, at), to, room,
+                                part, stores);
       });
 }
 
@@ -145,9 +148,8 @@ inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* c
           for (const uint8_t*& p : parts) p += head;
         }
         return codec::encodeSum(spec, parts.data(), parts.size(), length, count, divisor,
-                                residualIn == nullptr ? nullptr : residualIn + at,
-                                residualOut == nullptr ? nullptr : residualOut + at, to, room, part,
-                                stores);
+                                residualAt(residualIn, at), residualAt(residualOut, at), to, room,
+                                part, stores);
       });
 }
 

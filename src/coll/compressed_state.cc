@@ -27,7 +27,6 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
                  "a compressed allreduce of %zu elements is too large for this machine", count);
   const size_t padded = (phase + count + group - 1) / group * group;
   s->chunk_ = padded / static_cast<size_t>(nranks);
-  s->feedback_ = feedback;
   if (feedback == Feedback::kKept) {
     SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
     SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));

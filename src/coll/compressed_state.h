@@ -90,7 +90,10 @@ class CompressedState {
   size_t chunk() const { return cross_ != nullptr ? cross_->chunk() : chunk_; }
   size_t unit() const { return unit_; }
   const codec::Spec& spec() const { return spec_; }
-  Feedback feedback() const { return cross_ != nullptr ? cross_->feedback() : feedback_; }
+  Feedback feedback() const {
+    if (cross_ != nullptr) return cross_->feedback();
+    return worker_ != nullptr ? Feedback::kKept : Feedback::kNone;
+  }
   // The residuals; only for a state that keeps error feedback.
   codec::Residual& worker() { return cross_ != nullptr ? cross_->worker() : *worker_; }
   codec::Residual& server() { return cross_ != nullptr ? cross_->server() : *server_; }
@@ -141,7 +144,6 @@ class CompressedState {
   Scratch scratch_;
   CompressedStats stats_;
   CompressedState() = default;
-  Feedback feedback_ = Feedback::kKept;
   int nranks_ = 1;
   size_t count_ = 0;
   size_t chunk_ = 0;
