@@ -9,9 +9,10 @@
 //
 // Rank 1 sends, rank 0 receives and prints the result. Roles and the control
 // channel come from RANK, MASTER_ADDR and MASTER_PORT (set by links.sh).
-// In plugin mode every isend, irecv and test call is timed as well: count,
-// median, p99, maximum and the calls over 0.5 ms per kind, both ranks' in
-// rank 0's JSON line ("calls") and as a table on stderr. Without shaping,
+// Every call is timed as well (isend, irecv and test in plugin mode, send
+// and recv in raw mode): count, median, p99, maximum and the calls over
+// 0.5 ms per kind, both ranks' in rank 0's JSON line ("calls") and as a
+// table on stderr. Without shaping,
 // RANK=0 and RANK=1 on one host over 127.0.0.1 measure the calls alone.
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -87,7 +88,14 @@ struct Options {
 
 // ---- raw TCP ----------------------------------------------------------------
 
-double runRaw(const Options& o, int rank, int control, const char* host) {
+using squall::bench::CallTimes;
+
+// Raw mode times every send() and recv() as plugin mode times the plugin's
+// calls: with --chunk set to the plugin's per-call cap (256 KiB) and
+// --cpu-times 1, the CPU time of a system call that moves as much as one
+// plugin call may, on the same machine: the floor of any design that moves
+// the bytes in the caller.
+double runRaw(const Options& o, int rank, int control, const char* host, std::string* callsJson) {
   size_t perConn = o.bytes / static_cast<size_t>(o.conns);
   std::vector<int> fds(static_cast<size_t>(o.conns));
   if (rank == 0) {
@@ -117,15 +125,19 @@ double runRaw(const Options& o, int rank, int control, const char* host) {
     sendAll(control, &go, 1);
   auto start = Clock::now();
   std::vector<std::thread> threads;
+  std::vector<CallTimes> times(static_cast<size_t>(o.conns));
   threads.reserve(static_cast<size_t>(o.conns));
   for (int c = 0; c < o.conns; ++c) {
     threads.emplace_back([&, c] {
       std::vector<char> buf(o.chunk, 1);
       size_t left = perConn;
       int fd = fds[static_cast<size_t>(c)];
+      CallTimes& mine = times[static_cast<size_t>(c)];
       while (left > 0) {
         size_t n = std::min(left, buf.size());
-        ssize_t k = rank == 1 ? send(fd, buf.data(), n, MSG_NOSIGNAL) : recv(fd, buf.data(), n, 0);
+        ssize_t k = mine.time([&] {
+          return rank == 1 ? send(fd, buf.data(), n, MSG_NOSIGNAL) : recv(fd, buf.data(), n, 0);
+        });
         if (k <= 0) die("raw stream");
         left -= static_cast<size_t>(k);
       }
@@ -134,12 +146,24 @@ double runRaw(const Options& o, int rank, int control, const char* host) {
   for (auto& t : threads) t.join();
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   for (int fd : fds) close(fd);
+  for (int c = 1; c < o.conns; ++c) times[0].absorb(times[static_cast<size_t>(c)]);
+  CallTimes::Summary mine = times[0].summary();
+  if (rank == 1) {
+    sendAll(control, &mine, sizeof(mine));
+  } else {
+    CallTimes::Summary theirs;
+    recvAll(control, &theirs, sizeof(theirs));
+    std::string json;
+    squall::bench::callJson(&json, "send", theirs);
+    squall::bench::callJson(&json, "recv", mine);
+    *callsJson = "{" + json + "}";
+    squall::bench::callLine("send", theirs);
+    squall::bench::callLine("recv", mine);
+  }
   return seconds;
 }
 
 // ---- the plugin ----------------------------------------------------------------
-
-using squall::bench::CallTimes;
 
 // The timed plugin calls, in the order they are reported.
 struct Calls {
@@ -325,8 +349,8 @@ int main(int argc, char** argv) {
     control = connectTo(addressOf(host, port));
   }
   std::string callsJson;
-  double seconds =
-      o.mode == "raw" ? runRaw(o, rank, control, host) : runPlugin(o, rank, control, &callsJson);
+  double seconds = o.mode == "raw" ? runRaw(o, rank, control, host, &callsJson)
+                                   : runPlugin(o, rank, control, &callsJson);
   if (rank == 0) {
     double gbps = static_cast<double>(o.bytes) * 8 / seconds / 1e9;
     const char* plane = getenv("SQUALL_NET_TRANSPORT");

@@ -61,6 +61,12 @@ class CallTimes {
     return result;
   }
 
+  // Adds another thread's samples to these.
+  void absorb(const CallTimes& other) {
+    ns_.insert(ns_.end(), other.ns_.begin(), other.ns_.end());
+    cpuNs_.insert(cpuNs_.end(), other.cpuNs_.begin(), other.cpuNs_.end());
+  }
+
   // Fixed-size digest, sent between ranks as bytes.
   struct Summary {
     double count = 0, medianUs = 0, p99Us = 0, maxUs = 0, slow = 0;
