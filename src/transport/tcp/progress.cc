@@ -9,7 +9,13 @@
 
 namespace squall::transport::tcp {
 namespace {
-constexpr uint64_t kWakeId = ~uint64_t{0};  // ids are 32-bit, so this is never a socket's
+constexpr uint64_t kWakeId = ~uint64_t{0};  // slots are small, so this is never a socket's
+constexpr uint32_t kSocketEvents = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+// A parked socket: nothing asked for (errors and hang-ups, which epoll
+// always reports, reported once).
+constexpr uint32_t kParkedEvents = EPOLLET;
+// The longest a parked socket waits to be armed again (see progress.h).
+constexpr int kParkedForMs = 1;
 }  // namespace
 
 Status ProgressThread::start(const std::vector<std::pair<int, uint32_t>>& sockets, Serve serve,
@@ -27,11 +33,10 @@ Status ProgressThread::start(const std::vector<std::pair<int, uint32_t>>& socket
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeId;
   int rc = epoll_ctl(epoll, EPOLL_CTL_ADD, wake, &ev);
-  for (auto [fd, id] : sockets) {
-    if (rc != 0) break;
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-    ev.data.u64 = id;
-    rc = epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &ev);
+  for (size_t slot = 0; slot < sockets.size() && rc == 0; ++slot) {
+    ev.events = kSocketEvents;
+    ev.data.u64 = slot;
+    rc = epoll_ctl(epoll, EPOLL_CTL_ADD, sockets[slot].first, &ev);
   }
   if (rc != 0) {
     int err = errno;
@@ -41,13 +46,48 @@ Status ProgressThread::start(const std::vector<std::pair<int, uint32_t>>& socket
                        "cannot watch the tcp transport's sockets with epoll: %s",
                        std::strerror(err));
   }
-  out->reset(new ProgressThread(epoll, wake, std::move(serve)));
+  out->reset(new ProgressThread(epoll, wake, sockets, std::move(serve)));
   return Status::kOk;
 }
 
-ProgressThread::ProgressThread(int epoll, int wake, Serve serve)
-    : epoll_(epoll), wake_(wake), serve_(std::move(serve)) {
+ProgressThread::ProgressThread(int epoll, int wake, std::vector<std::pair<int, uint32_t>> sockets,
+                               Serve serve)
+    : epoll_(epoll),
+      wake_(wake),
+      sockets_(std::move(sockets)),
+      parked_(new std::atomic<bool>[sockets_.size()]),
+      serve_(std::move(serve)) {
+  for (size_t slot = 0; slot < sockets_.size(); ++slot) parked_[slot] = false;
   thread_ = std::thread([this] { loop(); });
+}
+
+void ProgressThread::release(bool armNow) {
+  if (holders_.fetch_sub(1) == 1 && armNow && anyParked_.load()) armParked();
+}
+
+void ProgressThread::watch(size_t slot, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.u64 = slot;
+  // Fails only when the socket is gone, which the transport finds itself.
+  (void)epoll_ctl(epoll_, EPOLL_CTL_MOD, sockets_[slot].first, &ev);
+}
+
+// Stops watching a socket until armParked(). The socket is unwatched before
+// it is marked: an armParked() that takes the mark then watches it after.
+void ProgressThread::park(size_t slot) {
+  if (parked_[slot].load()) return;
+  watch(slot, kParkedEvents);
+  parked_[slot].store(true);
+  anyParked_.store(true);
+}
+
+// Arms every parked socket; any thread may call it, and two at once arm a
+// socket at most twice, which is harmless.
+void ProgressThread::armParked() {
+  anyParked_.store(false);
+  for (size_t slot = 0; slot < sockets_.size(); ++slot)
+    if (parked_[slot].exchange(false)) watch(slot, kSocketEvents);  // reports it if ready
 }
 
 ProgressThread::~ProgressThread() {
@@ -63,19 +103,30 @@ void ProgressThread::loop() {
   epoll_event events[64];
   uint32_t ids[64];
   for (;;) {
-    int n = epoll_wait(epoll_, events, 64, -1);
+    int n = epoll_wait(epoll_, events, 64, anyParked_.load() ? kParkedForMs : -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       SQUALL_WARN(Subsys::kTransport, "epoll_wait failed: %s; the tcp progress thread stops",
                   std::strerror(errno));
       return;
     }
+    if (n == 0) {  // the parked sockets' time is up
+      armParked();
+      continue;
+    }
     int count = 0;
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kWakeId) return;  // shutting down
-      ids[count++] = static_cast<uint32_t>(events[i].data.u64);
+      const auto slot = static_cast<size_t>(events[i].data.u64);
+      if (holders_.load() > 0) {
+        park(slot);
+        // A release(true) that came before park() saw nothing parked.
+        if (holders_.load() == 0) armParked();
+        continue;
+      }
+      ids[count++] = sockets_[slot].second;
     }
-    serve_(ids, count);
+    if (count > 0) serve_(ids, count);
   }
 }
 

@@ -9,7 +9,9 @@
 // sockets itself for a short while (WaitOptions::spin) before it sleeps:
 // a small message's reply usually lands within microseconds, and taking it
 // here saves waking the progress thread and then this one, which on a
-// loaded machine is most of a small collective's time. Destroying a pending request
+// loaded machine is most of a small collective's time. Meanwhile the
+// progress thread parks the sockets that become ready instead of waking for
+// each message to contend for the mutex (progress.h). Destroying a pending request
 // takes the same mutex and withdraws it from its connection, so the backend
 // never touches a cancelled request's buffer afterwards. Waiters sleep on a
 // condition variable that is signalled whenever a request completes.
@@ -150,7 +152,9 @@ class TcpTransport final : public Transport {
       // Poll from this thread first. Between polls the lock is dropped and the
       // CPU yielded, so the progress thread (and, on a shared core, the peer
       // this rank waits for) can run.
+      // The progress thread stands aside meanwhile (progress.h).
       const Deadline stop = std::min(until, Clock::now() + spin_);
+      progress_->hold();
       for (;;) {
         for (int p = 0; p < core_->size; ++p) core_->with(p, [](Connection& c) { c.progress(); });
         if (core_->generation != seen_ || Clock::now() >= stop) break;
@@ -158,6 +162,7 @@ class TcpTransport final : public Transport {
         sched_yield();
         lock.lock();
       }
+      progress_->release(/*armNow=*/core_->generation == seen_);
     }
     if (core_->generation == seen_) {
       // The cap bounds the cost of a wakeup missed by a second thread that
