@@ -93,9 +93,9 @@ class ProgressTest : public ::testing::Test {
 
 TEST_F(ProgressTest, ServesEverySocketThatBecomesReady) {
   for (int i = 0; i < kPairs; ++i) put(i, 100);
-  EXPECT_TRUE(servedWithin(3 * 100, 5s)) << bytes_.load();
+  EXPECT_TRUE(servedWithin(size_t{3} * 100, 5s)) << bytes_.load();
   put(1, 7);
-  EXPECT_TRUE(servedWithin(3 * 100 + 7, 5s)) << bytes_.load();
+  EXPECT_TRUE(servedWithin(size_t{3} * 100 + 7, 5s)) << bytes_.load();
 }
 
 TEST_F(ProgressTest, StandsAsideWhileHeldAndServesWhenReleasedToSleep) {
@@ -109,7 +109,7 @@ TEST_F(ProgressTest, StandsAsideWhileHeldAndServesWhenReleasedToSleep) {
   std::this_thread::sleep_for(20ms);
   EXPECT_EQ(bytes_.load(), 0u);
   thread_->release(/*armNow=*/true);
-  EXPECT_TRUE(servedWithin(20 * 64, 5s)) << bytes_.load();
+  EXPECT_TRUE(servedWithin(size_t{20} * 64, 5s)) << bytes_.load();
 }
 
 TEST_F(ProgressTest, ALazyReleaseIsServedByTheTimer) {
