@@ -12,8 +12,8 @@
 // Every call is timed as well (isend, irecv and test in plugin mode, send
 // and recv in raw mode): count, median, p99, maximum and the calls over
 // 0.5 ms per kind, both ranks' in rank 0's JSON line ("calls") and as a
-// table on stderr. Without shaping,
-// RANK=0 and RANK=1 on one host over 127.0.0.1 measure the calls alone.
+// table on stderr. Without shaping, RANK=0 and RANK=1 on one host over
+// 127.0.0.1 measure the calls alone.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>

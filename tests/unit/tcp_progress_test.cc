@@ -78,11 +78,10 @@ class ProgressTest : public ::testing::Test {
   // True once `want` bytes were served, false after `limit`.
   bool servedWithin(size_t want, Clock::duration limit) {
     const auto until = Clock::now() + limit;
-    while (bytes_.load() < want)
-      if (Clock::now() > until)
-        return false;
-      else
-        std::this_thread::sleep_for(100us);
+    while (bytes_.load() < want) {
+      if (Clock::now() > until) return false;
+      std::this_thread::sleep_for(100us);
+    }
     return true;
   }
 
@@ -108,7 +107,7 @@ TEST_F(ProgressTest, StandsAsideWhileHeldAndServesWhenReleasedToSleep) {
   // nothing served, although the sockets were watched again on each round.
   std::this_thread::sleep_for(20ms);
   EXPECT_EQ(bytes_.load(), 0u);
-  thread_->release(/*armNow=*/true);
+  thread_->release(/*watchNow=*/true);
   EXPECT_TRUE(servedWithin(size_t{20} * 64, 5s)) << bytes_.load();
 }
 
@@ -117,7 +116,7 @@ TEST_F(ProgressTest, ALazyReleaseIsServedByTheTimer) {
   put(0, 10);
   put(2, 10);
   std::this_thread::sleep_for(10ms);  // parked by now
-  thread_->release(/*armNow=*/false);
+  thread_->release(/*watchNow=*/false);
   EXPECT_TRUE(servedWithin(20, 5s)) << bytes_.load();
 }
 
@@ -126,10 +125,10 @@ TEST_F(ProgressTest, NestedHoldsStandAsideUntilTheLastRelease) {
   thread_->hold();
   put(1, 5);
   std::this_thread::sleep_for(10ms);
-  thread_->release(/*armNow=*/true);  // one holder is left
+  thread_->release(/*watchNow=*/true);  // one holder is left
   std::this_thread::sleep_for(10ms);
   EXPECT_EQ(bytes_.load(), 0u);
-  thread_->release(/*armNow=*/true);
+  thread_->release(/*watchNow=*/true);
   EXPECT_TRUE(servedWithin(5, 5s)) << bytes_.load();
 }
 

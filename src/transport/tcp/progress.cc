@@ -14,7 +14,7 @@ constexpr uint32_t kSocketEvents = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
 // A parked socket: nothing asked for (errors and hang-ups, which epoll
 // always reports, reported once).
 constexpr uint32_t kParkedEvents = EPOLLET;
-// The longest a parked socket waits to be armed again (see progress.h).
+// The longest a parked socket waits to be watched again (see progress.h).
 constexpr int kParkedForMs = 1;
 }  // namespace
 
@@ -61,8 +61,8 @@ ProgressThread::ProgressThread(int epoll, int wake, std::vector<std::pair<int, u
   thread_ = std::thread([this] { loop(); });
 }
 
-void ProgressThread::release(bool armNow) {
-  if (holders_.fetch_sub(1) == 1 && armNow && anyParked_.load()) armParked();
+void ProgressThread::release(bool watchNow) {
+  if (holders_.fetch_sub(1) == 1 && watchNow && anyParked_.load()) watchParked();
 }
 
 void ProgressThread::watch(size_t slot, uint32_t events) {
@@ -73,8 +73,8 @@ void ProgressThread::watch(size_t slot, uint32_t events) {
   (void)epoll_ctl(epoll_, EPOLL_CTL_MOD, sockets_[slot].first, &ev);
 }
 
-// Stops watching a socket until armParked(). The socket is unwatched before
-// it is marked: an armParked() that takes the mark then watches it after.
+// Stops watching a socket until watchParked(). The socket is unwatched
+// before it is marked: a watchParked() that takes the mark watches it after.
 void ProgressThread::park(size_t slot) {
   if (parked_[slot].load()) return;
   watch(slot, kParkedEvents);
@@ -82,9 +82,9 @@ void ProgressThread::park(size_t slot) {
   anyParked_.store(true);
 }
 
-// Arms every parked socket; any thread may call it, and two at once arm a
-// socket at most twice, which is harmless.
-void ProgressThread::armParked() {
+// Watches every parked socket again; any thread may call it, and two at once
+// watch a socket at most twice, which is harmless.
+void ProgressThread::watchParked() {
   anyParked_.store(false);
   for (size_t slot = 0; slot < sockets_.size(); ++slot)
     if (parked_[slot].exchange(false)) watch(slot, kSocketEvents);  // reports it if ready
@@ -111,7 +111,7 @@ void ProgressThread::loop() {
       return;
     }
     if (n == 0) {  // the parked sockets' time is up
-      armParked();
+      watchParked();
       continue;
     }
     int count = 0;
@@ -121,7 +121,7 @@ void ProgressThread::loop() {
       if (holders_.load() > 0) {
         park(slot);
         // A release(true) that came before park() saw nothing parked.
-        if (holders_.load() == 0) armParked();
+        if (holders_.load() == 0) watchParked();
         continue;
       }
       ids[count++] = sockets_[slot].second;

@@ -9,13 +9,13 @@
 // message to find the work done and contend for the lock. So a socket that
 // becomes ready while someone holds is parked instead of served: unwatched,
 // so that its later messages do not wake the thread either. Parked
-// sockets are armed again by the thread itself at most kParkedForMs later,
-// or at once by a release(true) that leaves nobody holding: one before the
-// caller sleeps, so that its wakeup is not late. A caller that found what it
-// polled for releases lazily (release(false)): its next wait will likely
-// poll again, and the thread stays asleep meanwhile. Watching a socket again
-// reports it at once if it is ready, so no event is lost, and bytes that arrive while
-// the user computes still move within kParkedForMs.
+// sockets are watched again by the thread itself at most kParkedForMs
+// later, or at once by a release(true) that leaves nobody holding: one
+// before the caller sleeps, so that its wakeup is not late. A caller that
+// found what it polled for releases lazily (release(false)): its next wait
+// will likely poll again, and the thread stays asleep meanwhile. Watching a
+// socket again reports it at once if it is ready, so no event is lost, and
+// bytes that arrive while the user computes still move within kParkedForMs.
 #pragma once
 
 #include <atomic>
@@ -43,7 +43,7 @@ class ProgressThread {
   // A thread of the transport polls the sockets itself from hold() to
   // release(); calls nest and may come from several threads.
   void hold() { holders_.fetch_add(1); }
-  void release(bool armNow);
+  void release(bool watchNow);
   ProgressThread(const ProgressThread&) = delete;
   ProgressThread& operator=(const ProgressThread&) = delete;
 
@@ -52,7 +52,7 @@ class ProgressThread {
   void loop();
   void watch(size_t slot, uint32_t events);
   void park(size_t slot);
-  void armParked();
+  void watchParked();
 
   int epoll_;
   int wake_;                                             // an eventfd whose readiness means "stop"

@@ -149,10 +149,9 @@ class TcpTransport final : public Transport {
   Status waitForActivity(Deadline until) override {
     std::unique_lock<std::mutex> lock(core_->mutex);
     if (core_->generation == seen_ && spin_.count() > 0) {
-      // Poll from this thread first. Between polls the lock is dropped and the
-      // CPU yielded, so the progress thread (and, on a shared core, the peer
-      // this rank waits for) can run.
-      // The progress thread stands aside meanwhile (progress.h).
+      // Poll from this thread first, while the progress thread stands aside
+      // (progress.h). Between polls the lock is dropped and the CPU yielded,
+      // so that, on a shared core, the peer this rank waits for can run.
       const Deadline stop = std::min(until, Clock::now() + spin_);
       progress_->hold();
       for (;;) {
@@ -162,7 +161,7 @@ class TcpTransport final : public Transport {
         sched_yield();
         lock.lock();
       }
-      progress_->release(/*armNow=*/core_->generation == seen_);
+      progress_->release(/*watchNow=*/core_->generation == seen_);
     }
     if (core_->generation == seen_) {
       // The cap bounds the cost of a wakeup missed by a second thread that
