@@ -2,7 +2,8 @@
 // serves the sockets that become ready, stands aside (parks them) while a
 // thread of the transport holds it, and loses no readiness when the sockets
 // are watched again, whichever of release(true), release(false) and its own
-// timer does that.
+// timer does that. And over the transport itself: a connection that fails
+// while its rank polls leaves the socket to the thread until it stops.
 #include "src/transport/tcp/progress.h"
 
 #include <gtest/gtest.h>
@@ -13,9 +14,13 @@
 #include <chrono>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "src/transport/tcp/tcp_transport.h"
+#include "tests/unit/bootstrap_doubles.h"
 
 namespace squall::transport::tcp {
 namespace {
@@ -158,6 +163,55 @@ TEST_F(ProgressTest, RacingHoldsLoseNoReadiness) {
   a.join();
   b.join();
   EXPECT_TRUE(servedWithin(sent, 10s)) << bytes_.load() << " of " << sent;
+}
+
+// A peer that leaves while this rank polls for a message it never sends:
+// the polling waiter reads the end of the stream and fails the connection,
+// while the progress thread, woken by the same hang-up, parks the socket.
+// The failure may not close the descriptor under the thread (a closed number
+// can be reused; ThreadSanitizer reported the close racing the thread's
+// epoll_ctl), and the wait ends with the failure, not at its deadline.
+// Rounds, because the two meet only now and then.
+TEST(TcpTransportProgress, APeerLeavingWhileThisRankPollsFailsTheWait) {
+  for (int round = 0; round < 20; ++round) {
+    squall::testing::ThreadBootstrapGroup group(2);
+    Status status = Status::kOk;
+    std::string error;
+    Clock::duration waited{};
+    std::vector<std::thread> ranks;
+    ranks.reserve(2);
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        squall::testing::ThreadBootstrap boot(&group, r);
+        WaitOptions wait;
+        wait.spin = std::chrono::seconds(1);  // rank 1 polls for the whole wait
+        std::unique_ptr<Transport> t;
+        ASSERT_EQ(createTcpTransport(boot, &t, wait), Status::kOk) << lastError();
+        Tag tag;
+        tag.sequence = 1;
+        uint8_t byte = 7;
+        RequestPtr request;
+        if (r == 0) {
+          ASSERT_EQ(t->send(1, tag, &byte, 1, &request), Status::kOk);
+          RequestPtr requests[] = {std::move(request)};
+          EXPECT_EQ(t->waitAll(requests, Clock::now() + 10s), Status::kOk) << lastError();
+          return;  // and leave: the transport closes
+        }
+        ASSERT_EQ(t->recv(0, tag, &byte, 1, &request), Status::kOk);
+        tag.sequence = 2;
+        RequestPtr never;
+        ASSERT_EQ(t->recv(0, tag, &byte, 1, &never), Status::kOk);
+        RequestPtr requests[] = {std::move(request), std::move(never)};
+        const auto start = Clock::now();
+        status = t->waitAll(requests, start + 20s);
+        waited = Clock::now() - start;
+        error = lastError();
+      });
+    for (auto& t : ranks) t.join();
+    ASSERT_NE(status, Status::kOk) << "round " << round;
+    EXPECT_NE(status, Status::kTimeout) << "round " << round << ": " << error;
+    EXPECT_LT(waited, 10s) << "round " << round;
+  }
 }
 
 }  // namespace

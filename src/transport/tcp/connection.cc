@@ -64,6 +64,7 @@ Connection::UnexpectedMap::iterator Connection::dropUnexpected(UnexpectedMap::it
 
 Connection::~Connection() {
   if (fd_ >= 0) close(fd_);
+  if (shutFd_ >= 0) close(shutFd_);
 }
 
 void Connection::finish(ConnectionRequest* request, Status status) {
@@ -100,7 +101,11 @@ void Connection::fail(Status status, const std::string& why, bool quietIfIdle) {
   failure_ = status;
   why_ = why;
   if (fd_ >= 0) {
-    close(fd_);  // also leaves any epoll set
+    // Shut, not closed: a progress thread may still name the descriptor in
+    // epoll_ctl, and a closed number can be reused. It is closed with the
+    // connection, after the thread has stopped.
+    shutdown(fd_, SHUT_RDWR);
+    shutFd_ = fd_;
     fd_ = -1;
   }
   const size_t pending = awaited();

@@ -187,6 +187,7 @@ class Connection {
   void sendToSelf(ConnectionRequest* request);
 
   int fd_;
+  int shutFd_ = -1;  // the descriptor after a failure shut it (closed on destruction)
   const bool loopback_;
   const int self_;
   const int peer_;
