@@ -94,7 +94,10 @@ typedef enum {
   squallCodecFp16 = 2,   /* IEEE half, round to nearest even */
   squallCodecBf16 = 3,   /* bfloat16, round to nearest even */
   squallCodecInt8 = 4,   /* block-scaled int8, 1 byte per element + 4 bytes per block */
-  squallNumCodecs = 5
+  squallCodecInt2 = 5,   /* block-scaled ternary (-s, 0, +s; s = max|z|), 2 bits per element
+                            + 4 bytes per block */
+  squallCodecInt4 = 6,   /* block-scaled int4 (-7..7), 4 bits per element + 4 bytes per block */
+  squallNumCodecs = 7
 } squallCodec_t;
 
 typedef enum {
@@ -105,15 +108,15 @@ typedef enum {
 typedef struct {
   squallCodec_t codec;
   squallScale_t scale; /* onebit only; ignored by the others */
-  uint32_t blockSize;  /* onebit and int8: a power of two >= 64; others: ignored */
+  uint32_t blockSize;  /* onebit, int2, int4, int8: a power of two >= 64; others: ignored */
 } squallCodecSpec_t;
 
 #define SQUALL_DEFAULT_BLOCK_SIZE 2048u
 #define SQUALL_CODEC_SPEC_ONEBIT \
   { squallCodecOnebit, squallScaleMeanAbs, SQUALL_DEFAULT_BLOCK_SIZE }
 
-/* Parses "onebit", "onebit:block=4096", "onebit:scale=rms", "int8:block=256",
- * "fp16", "bf16" or "none" (options separated by ':'). */
+/* Parses "onebit", "onebit:block=4096", "onebit:scale=rms", "int2", "int4",
+ * "int8:block=256", "fp16", "bf16" or "none" (options separated by ':'). */
 SQUALL_API squallResult_t squallCodecSpecParse(const char* text, squallCodecSpec_t* spec);
 
 /* Error-feedback state of one buffer: the part of past inputs that the codec

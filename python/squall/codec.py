@@ -18,12 +18,14 @@ except ImportError:  # pragma: no cover
     np = None
 
 _NAMES = {_lib.CODEC_NONE: "none", _lib.CODEC_ONEBIT: "onebit", _lib.CODEC_FP16: "fp16",
-          _lib.CODEC_BF16: "bf16", _lib.CODEC_INT8: "int8"}
+          _lib.CODEC_BF16: "bf16", _lib.CODEC_INT8: "int8", _lib.CODEC_INT2: "int2",
+          _lib.CODEC_INT4: "int4"}
+_INTEGER = (_lib.CODEC_INT2, _lib.CODEC_INT4, _lib.CODEC_INT8)
 
 
 def parse_codec(codec):
     """A CodecSpec from text ("onebit", "onebit:block=4096", "onebit:scale=rms",
-    "int8:block=256", "fp16", "bf16", "none") or a CodecSpec."""
+    "int2", "int4", "int8:block=256", "fp16", "bf16", "none") or a CodecSpec."""
     if isinstance(codec, CodecSpec):
         return CodecSpec(codec.codec, codec.scale, codec.blockSize)
     if not isinstance(codec, str):
@@ -39,8 +41,8 @@ def codec_string(spec):
     if spec.codec == _lib.CODEC_ONEBIT:
         text = f"onebit:block={spec.blockSize}"
         return text + (":scale=rms" if spec.scale == _lib.SCALE_RMS else "")
-    if spec.codec == _lib.CODEC_INT8:
-        return f"int8:block={spec.blockSize}"
+    if spec.codec in _INTEGER:
+        return f"{name}:block={spec.blockSize}"
     return name
 
 

@@ -380,6 +380,8 @@ Status encodingFinite(const void* input, size_t bytes, bool* finite) {
   };
   switch (spec.codec) {
     case CodecId::kOnebit:
+    case CodecId::kInt2:
+    case CodecId::kInt4:
     case CodecId::kInt8:
       scan(float{}, layout.blocks, 0, [](float f) { return isFinite(f); });
       break;

@@ -114,7 +114,7 @@ Status inspect(const void* input, size_t bytes, Spec* spec, size_t* count);
 
 // Whether an encoded buffer decodes to finite values only: every scale of a
 // block codec (a non-finite block is stored with a NaN scale), every value
-// of an element-wise one. Reads the scales only for onebit and int8, so it
+// of an element-wise one. Reads the scales only for the block codecs, so it
 // is cheap next to decoding. Every rank that holds the same bytes gets the
 // same answer, which is what lets the collectives decide together whether a
 // call's residuals are committed.

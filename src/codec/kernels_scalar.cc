@@ -110,11 +110,28 @@ void onebitDecode(const DecodeJob& job) {
   }
 }
 
-// ---- int8 ---------------------------------------------------------------
+// ---- int2, int4, int8: block-scaled integers -----------------------------
 
-bool int8Encode(const EncodeJob& job) {
+// Element i's code: int8 stores q as a byte; int4 and int2 pack 8 / bits
+// two's complement codes into each byte, element i at bit bits * (i % per).
+template <CodecId kCodec>
+struct IntCode {
+  static constexpr int kBits = intBits(kCodec);
+  static constexpr size_t kPerByte = 8 / kBits;
+  static constexpr unsigned kMask = (1u << kBits) - 1u;
+  static int read(const uint8_t* data, size_t i) {
+    const unsigned field = (data[i / kPerByte] >> (kBits * (i % kPerByte))) & kMask;
+    // Sign-extend the field: codes at or above 2^(bits-1) are negative.
+    return static_cast<int>(field) - (field >= (kMask + 1) / 2 ? static_cast<int>(kMask) + 1 : 0);
+  }
+};
+
+template <CodecId kCodec>
+bool intEncode(const EncodeJob& job) {
+  using Code = IntCode<kCodec>;
+  constexpr float kLevels = static_cast<float>(intLevels(kCodec));
   uint8_t* scales = job.payload;
-  auto* q = reinterpret_cast<int8_t*>(job.payload + job.layout.dataOffset);
+  uint8_t* data = job.payload + job.layout.dataOffset;
   const size_t block = job.spec.block;
   bool finite = true;
   for (size_t b = 0; b < job.layout.blocks; ++b) {
@@ -127,33 +144,45 @@ bool int8Encode(const EncodeJob& job) {
       blockFinite = blockFinite && isFinite(z);
       maxAbs = std::max(maxAbs, absf(z));
     }
-    const float s = blockFinite ? maxAbs / 127.0f : bitsFloat(kNanBits);
+    const float s = blockFinite ? maxAbs / kLevels : bitsFloat(kNanBits);
     storeAt<float>(scales, b, s);
     finite = finite && blockFinite;
+    // A block starts at a multiple of 64 elements, so it starts a byte.
+    unsigned byte = 0;
     for (size_t i = start; i < start + n; ++i) {
       const float z = loadZ(job, i);
       float r = 0.0f;
-      if (blockFinite && s != 0.0f) r = std::clamp(roundEven(z / s), -127.0f, 127.0f);
-      q[i] = static_cast<int8_t>(r);
+      if (blockFinite && s != 0.0f) r = std::clamp(roundEven(z / s), -kLevels, kLevels);
+      const unsigned field = static_cast<unsigned>(static_cast<int>(r)) & Code::kMask;
+      byte |= field << (Code::kBits * (i % Code::kPerByte));
+      if ((i + 1) % Code::kPerByte == 0 || i + 1 == start + n) {
+        data[i / Code::kPerByte] = static_cast<uint8_t>(byte);
+        byte = 0;
+      }
       if (job.residualIn != nullptr) job.residualOut[i] = z - r * s;
     }
   }
   return finite;
 }
 
-template <bool kAccumulate>
-void int8Decode(const DecodeJob& job) {
+template <CodecId kCodec, bool kAccumulate>
+void intDecode(const DecodeJob& job) {
   const uint8_t* scales = job.payload;
-  const auto* q = reinterpret_cast<const int8_t*>(job.payload + job.layout.dataOffset);
+  const uint8_t* data = job.payload + job.layout.dataOffset;
   for (size_t i = 0; i < job.count; ++i) {
     const float s = loadAt<float>(scales, i / job.spec.block);
     float d = 0.0f;
     if (!isFinite(s))
       d = bitsFloat(kNanBits);
     else if (s != 0.0f)
-      d = static_cast<float>(q[i]) * s;
+      d = static_cast<float>(IntCode<kCodec>::read(data, i)) * s;
     job.output[i] = kAccumulate ? job.output[i] + d : d;
   }
+}
+
+template <CodecId kCodec>
+constexpr CodecKernels intKernels() {
+  return {intEncode<kCodec>, intDecode<kCodec, false>, intDecode<kCodec, true>};
 }
 
 // ---- none / fp16 / bf16: element-wise ----------------------------------
@@ -209,7 +238,9 @@ constexpr KernelTable kScalar = {
         {onebitEncode, onebitDecode<false>, onebitDecode<true>},  // onebit
         elementwiseKernels<Fp16Format>(),                         // fp16
         elementwiseKernels<Bf16Format>(),                         // bf16
-        {int8Encode, int8Decode<false>, int8Decode<true>},        // int8
+        intKernels<CodecId::kInt8>(),                             // int8
+        intKernels<CodecId::kInt2>(),                             // int2
+        intKernels<CodecId::kInt4>(),                             // int4
     },
 };
 

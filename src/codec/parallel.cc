@@ -178,6 +178,8 @@ size_t dataByteOffset(CodecId codec, size_t begin) {
   switch (codec) {
     case CodecId::kOnebit: return begin / 8;  // begin is a multiple of 64
     case CodecId::kInt8: return begin;
+    case CodecId::kInt4: return begin / 2;  // begin is a multiple of 64 here too
+    case CodecId::kInt2: return begin / 4;
     case CodecId::kNone: return begin * 4;
     case CodecId::kFp16:
     case CodecId::kBf16: return begin * 2;

@@ -30,6 +30,8 @@ const char* codecName(CodecId codec) {
     case CodecId::kFp16: return "fp16";
     case CodecId::kBf16: return "bf16";
     case CodecId::kInt8: return "int8";
+    case CodecId::kInt2: return "int2";
+    case CodecId::kInt4: return "int4";
   }
   return "unknown";
 }
@@ -37,10 +39,10 @@ const char* codecName(CodecId codec) {
 size_t dtypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 Status validateSpec(const Spec& spec) {
-  SQUALL_REQUIRE(static_cast<unsigned>(spec.codec) < kNumCodecs, Status::kInvalidArgument,
-                 Subsys::kCodec,
-                 "unknown codec id %u; use none, onebit, fp16, bf16 or int8 (squallCodec_t)",
-                 static_cast<unsigned>(spec.codec));
+  SQUALL_REQUIRE(
+      static_cast<unsigned>(spec.codec) < kNumCodecs, Status::kInvalidArgument, Subsys::kCodec,
+      "unknown codec id %u; use none, onebit, int2, int4, int8, fp16 or bf16 (squallCodec_t)",
+      static_cast<unsigned>(spec.codec));
   if (spec.codec == CodecId::kOnebit) {
     SQUALL_REQUIRE(spec.scale == Scale::kMeanAbs || spec.scale == Scale::kRms,
                    Status::kInvalidArgument, Subsys::kCodec,
@@ -74,6 +76,8 @@ Status layoutFor(const Spec& spec, size_t count, Layout* layout) {
     case CodecId::kBf16: ok = ok && mulOk(count, 2, &dataBytes); break;
     case CodecId::kOnebit: ok = ok && mulOk(count / 64 + (count % 64 != 0), 8, &dataBytes); break;
     case CodecId::kInt8: dataBytes = count; break;
+    case CodecId::kInt4: dataBytes = count / 2 + count % 2; break;
+    case CodecId::kInt2: dataBytes = count / 4 + (count % 4 != 0); break;
   }
   l.dataBytes = dataBytes;
   ok = ok && roundUp8(dataBytes, &dataBytes) && addOk(l.dataOffset, dataBytes, &l.payloadBytes) &&

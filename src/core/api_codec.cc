@@ -20,6 +20,8 @@ static_assert(static_cast<int>(squallCodecOnebit) == static_cast<int>(codec::Cod
 static_assert(static_cast<int>(squallCodecFp16) == static_cast<int>(codec::CodecId::kFp16));
 static_assert(static_cast<int>(squallCodecBf16) == static_cast<int>(codec::CodecId::kBf16));
 static_assert(static_cast<int>(squallCodecInt8) == static_cast<int>(codec::CodecId::kInt8));
+static_assert(static_cast<int>(squallCodecInt2) == static_cast<int>(codec::CodecId::kInt2));
+static_assert(static_cast<int>(squallCodecInt4) == static_cast<int>(codec::CodecId::kInt4));
 static_assert(squallNumCodecs == codec::kNumCodecs);
 static_assert(static_cast<int>(squallFloat16) == static_cast<int>(codec::DType::kF16));
 static_assert(static_cast<int>(squallBfloat16) == static_cast<int>(codec::DType::kBf16));
@@ -32,7 +34,8 @@ Status toCodecSpec(const squallCodecSpec_t* in, codec::Spec* out) {
   const int codecId = rawEnum(in->codec);
   const int scaleId = rawEnum(in->scale);
   SQUALL_REQUIRE(codecId >= 0 && codecId < squallNumCodecs, Status::kInvalidArgument, Subsys::kApi,
-                 "unknown codec %d; use squallCodecNone, Onebit, Fp16, Bf16 or Int8", codecId);
+                 "unknown codec %d; use squallCodecNone, Onebit, Int2, Int4, Int8, Fp16 or Bf16",
+                 codecId);
   SQUALL_REQUIRE(scaleId == squallScaleMeanAbs || scaleId == squallScaleRms,
                  Status::kInvalidArgument, Subsys::kApi,
                  "unknown scale kind %d; use squallScaleMeanAbs or squallScaleRms", scaleId);
@@ -85,7 +88,8 @@ Status parseSpec(const char* text, codec::Spec* spec) {
     }
   }
   SQUALL_REQUIRE(known, Status::kInvalidArgument, Subsys::kApi,
-                 "unknown codec \"%s\"; use none, onebit, fp16, bf16 or int8", name.c_str());
+                 "unknown codec \"%s\"; use none, onebit, int2, int4, int8, fp16 or bf16",
+                 name.c_str());
   while (colon != std::string::npos) {
     size_t next = s.find(':', colon + 1);
     std::string option = s.substr(colon + 1, next == std::string::npos ? next : next - colon - 1);

@@ -9,13 +9,17 @@
 // device (residual untouched, skipped counter incremented), graph capture and
 // replay of encode + commit, the device-side header check of decode, the
 // onebit decode's non-finite flag, and the fused server step (cudaServeChunk)
-// against the unfused sequence it replaces.
+// against the unfused sequence it replaces. int2 and int4 also get every tail
+// of a packed last byte, a non-finite block beside a finite one in the same
+// warp step, and decodes of arbitrary bytes (codes no encode writes, scales
+// that are zero, negative, NaN or infinite).
 //
 // Without a usable GPU every test that needs one is skipped and the binary
 // exits 0.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -81,7 +85,10 @@ struct ResidualDeleter {
 };
 using ResidualPtr = std::unique_ptr<DeviceResidual, ResidualDeleter>;
 
-enum class Fill { kRandom, kZeroBlock, kNonFinite };
+// kNonFinite puts non-finite values in blocks 0, count / 2 / block and the
+// last; kNonFiniteOdd only in block 1 (the upper half-warp of int2's blocks
+// of 64, whose neighbour block 0 stays finite).
+enum class Fill { kRandom, kZeroBlock, kNonFinite, kNonFiniteOdd };
 
 // Input bytes of `count` elements of `dtype`, and whether any is non-finite.
 std::vector<uint8_t> makeInput(DType dtype, size_t count, uint32_t block, Fill fill,
@@ -102,6 +109,10 @@ std::vector<uint8_t> makeInput(DType dtype, size_t count, uint32_t block, Fill f
     values[count / 2] = std::nanf("");
     values[count - 1] = INFINITY;
     if (count > 3) values[1] = -INFINITY;
+  }
+  if (fill == Fill::kNonFiniteOdd && count > 0) {
+    values[std::min<size_t>(count - 1, block + 5)] = -INFINITY;
+    values[std::min<size_t>(count - 1, 2 * size_t{block} - 1)] = std::nanf("");
   }
   std::vector<uint8_t> bytes(count * dtypeSize(dtype));
   for (size_t i = 0; i < count; ++i) {
@@ -169,6 +180,8 @@ std::string compareEncoded(const std::vector<uint8_t>& want, const std::vector<u
   switch (spec.codec) {
     case CodecId::kOnebit:
     case CodecId::kInt8:
+    case CodecId::kInt2:
+    case CodecId::kInt4:
       if (std::memcmp(wd, gd, l.payloadBytes - l.dataOffset) != 0) return where + " (data)";
       break;
     case CodecId::kNone:
@@ -198,7 +211,7 @@ std::string compareEncoded(const std::vector<uint8_t>& want, const std::vector<u
 
 std::string describe(const Spec& spec, DType dtype, size_t count, bool res, Fill fill) {
   static const char* dtypes[] = {"f32", "f16", "bf16"};
-  static const char* fills[] = {"random", "zero-block", "non-finite"};
+  static const char* fills[] = {"random", "zero-block", "non-finite", "non-finite-odd"};
   return std::string(codecName(spec.codec)) + (spec.scale == Scale::kRms ? "/rms" : "") +
          " block " + std::to_string(spec.block) + " " + dtypes[static_cast<int>(dtype)] +
          " count " + std::to_string(count) + (res ? " +residual " : " ") +
@@ -244,7 +257,7 @@ void checkCase(cudaStream_t stream, const Spec& spec, DType dtype, size_t count,
   std::vector<uint8_t> got(total);
   CUDA_OK(cudaMemcpyAsync(got.data(), dOut.p, total, cudaMemcpyDeviceToHost, stream));
   CUDA_OK(cudaStreamSynchronize(stream));
-  const bool nonFinite = fill == Fill::kNonFinite;
+  const bool nonFinite = fill == Fill::kNonFinite || fill == Fill::kNonFiniteOdd;
   const std::string diff = compareEncoded(want, got, spec, count, nonFinite);
   EXPECT_EQ(diff, "");
 
@@ -328,6 +341,8 @@ std::vector<Spec> specsFor([[maybe_unused]] size_t count) {
     specs.push_back({CodecId::kOnebit, Scale::kMeanAbs, b});
     specs.push_back({CodecId::kOnebit, Scale::kRms, b});
     specs.push_back({CodecId::kInt8, Scale::kMeanAbs, b});
+    specs.push_back({CodecId::kInt4, Scale::kMeanAbs, b});
+    specs.push_back({CodecId::kInt2, Scale::kMeanAbs, b});
   }
   specs.push_back({CodecId::kNone, Scale::kMeanAbs, kDefaultBlock});
   specs.push_back({CodecId::kFp16, Scale::kMeanAbs, kDefaultBlock});
@@ -357,7 +372,8 @@ TEST_P(GpuSizes, ZeroAndNonFiniteBlocks) {
   for (const Spec& spec : specsFor(count)) {
     for (DType dtype : kDtypes) {
       for (bool res : {false, true}) {
-        for (Fill fill : {Fill::kZeroBlock, Fill::kNonFinite}) {
+        for (Fill fill : {Fill::kZeroBlock, Fill::kNonFinite, Fill::kNonFiniteOdd}) {
+          if (fill == Fill::kNonFiniteOdd && intLevels(spec.codec) == 0) continue;
           checkCase(stream_, spec, dtype, count, res, fill, ++seed);
           if (HasFatalFailure() || HasFailure()) return;
         }
@@ -376,10 +392,80 @@ INSTANTIATE_TEST_SUITE_P(Counts, GpuSizes,
                                            size_t{2047}, size_t{2049}, (size_t{1} << 20) + 3));
 #endif
 
+// int2 and int4 pack 4 and 2 elements per byte: every tail of a last byte (1
+// to 4 elements), a last block of one byte, each segment shape (int2 in blocks
+// of 64 is two blocks per warp step, of 128 one; int4 in 64 one) and the
+// warp-per-block kernel, with a non-finite block beside finite ones.
+TEST_F(Gpu, IntegerCodecTails) {
+  uint32_t seed = 31337;
+#if defined(SQUALL_CUDA_EMULATION)
+  const size_t counts[] = {2, 3, 67, 130, 2051};
+  const uint32_t blocks[] = {64, 128, 4096};
+#else
+  const size_t counts[] = {2, 3, 4, 5, 66, 67, 127, 130, 2050, 2051, 4099, 8190, 100001};
+  const uint32_t blocks[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
+#endif
+  for (CodecId codec : {CodecId::kInt2, CodecId::kInt4}) {
+    for (uint32_t block : blocks) {
+      const Spec spec{codec, Scale::kMeanAbs, block};
+      for (size_t count : counts) {
+        for (DType dtype : kDtypes) {
+          for (bool res : {false, true}) {
+            for (Fill fill : {Fill::kRandom, Fill::kNonFiniteOdd}) {
+              checkCase(stream_, spec, dtype, count, res, fill, ++seed);
+              if (HasFatalFailure() || HasFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Decoding is defined for any data bytes, also the codes -L - 1 that no encode
+// writes (-2 for int2, -8 for int4, -128 for int8), and for scales that are
+// zero, negative, NaN or infinite: the device decodes them as the reference.
+TEST_F(Gpu, IntegerDecodeOfAnyBytes) {
+  std::mt19937 rng(2024);
+  for (CodecId codec : {CodecId::kInt2, CodecId::kInt4, CodecId::kInt8}) {
+    for (uint32_t block : {64u, 4096u}) {
+      const Spec spec{codec, Scale::kMeanAbs, block};
+      const size_t count = 2 * size_t{block} + 67;
+      SCOPED_TRACE(describe(spec, DType::kF32, count, false, Fill::kRandom));
+      Layout layout;
+      ASSERT_EQ(layoutFor(spec, count, &layout), Status::kOk);
+      std::vector<uint8_t> enc(layout.totalBytes, 0);
+      writeHeader(spec, count, enc.data());
+      uint8_t* payload = enc.data() + kHeaderBytes;
+      const uint32_t scaleBits[] = {0x3f800000u, 0xbe000000u, 0x00000000u, 0x7f800000u,
+                                    0x7fc00000u, 0x00000001u, 0x7f7fffffu};
+      for (size_t b = 0; b < layout.blocks; ++b) {
+        const uint32_t bitsB = b == 0 ? 0x40490fdbu : scaleBits[rng() % 7];
+        std::memcpy(payload + 4 * b, &bitsB, 4);
+      }
+      for (size_t i = 0; i < layout.dataBytes; ++i) {
+        payload[layout.dataOffset + i] = static_cast<uint8_t>(rng());
+      }
+      payload[layout.dataOffset] = 0x88;  // int4's -8 -8, int2's -2 0 -2 0, int8's -120
+      const size_t total = enc.size();
+      DeviceBuffer dEnc(total), dDec(count * 4);
+      CUDA_OK(cudaMemcpy(dEnc.p, enc.data(), total, cudaMemcpyHostToDevice));
+      std::vector<float> want(count), got(count);
+      ASSERT_EQ(decode(enc.data(), total, want.data(), count), Status::kOk);
+      ASSERT_EQ(cudaDecode(spec, dEnc.p, total, dDec.as<float>(), count, stream_, nullptr),
+                Status::kOk);
+      CUDA_OK(copyAsync(got.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(floatBits(got[i]), floatBits(want[i])) << "element " << i;
+      }
+    }
+  }
+}
+
 // Two calls on one residual: a finite one commits, a non-finite one leaves the
 // committed residual alone and counts a skip, all decided on the device.
-TEST_F(Gpu, NonFiniteCallIsSkippedOnDevice) {
-  const Spec spec{CodecId::kOnebit, Scale::kMeanAbs, 256};
+void checkSkips(cudaStream_t stream, const Spec& spec) {
   const size_t count = 1000;
   const std::vector<uint8_t> good = makeInput(DType::kF32, count, spec.block, Fill::kRandom, 5);
   const std::vector<uint8_t> bad = makeInput(DType::kF32, count, spec.block, Fill::kNonFinite, 6);
@@ -397,19 +483,30 @@ TEST_F(Gpu, NonFiniteCallIsSkippedOnDevice) {
     EncodeResult result;
     ASSERT_EQ(encode(spec, in->data(), DType::kF32, count, host.get(), want.data(), total, &result),
               Status::kOk);
-    CUDA_OK(copyAsync(dIn.p, in->data(), count * 4, cudaMemcpyHostToDevice, stream_));
-    ASSERT_EQ(cudaEncode(spec, dIn.p, DType::kF32, count, r.get(), dOut.p, total, stream_, &bytes),
+    CUDA_OK(copyAsync(dIn.p, in->data(), count * 4, cudaMemcpyHostToDevice, stream));
+    ASSERT_EQ(cudaEncode(spec, dIn.p, DType::kF32, count, r.get(), dOut.p, total, stream, &bytes),
               Status::kOk);
+    CUDA_OK(cudaMemcpyAsync(got.data(), dOut.p, total, cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(compareEncoded(want, got, spec, count, in == &bad), "");
     const float* current = nullptr;
-    ASSERT_EQ(cudaResidualCurrent(*r, stream_, &current), Status::kOk);
+    ASSERT_EQ(cudaResidualCurrent(*r, stream, &current), Status::kOk);
     std::vector<float> resGot(count);
     CUDA_OK(copy(resGot.data(), current, count * 4, cudaMemcpyDeviceToHost));
     EXPECT_EQ(floatBitsOf(resGot.data(), count), floatBitsOf(host->current(), count));
     unsigned long long skipped = 0;
-    ASSERT_EQ(cudaResidualQuery(*r, stream_, nullptr, &skipped), Status::kOk);
+    ASSERT_EQ(cudaResidualQuery(*r, stream, nullptr, &skipped), Status::kOk);
     EXPECT_EQ(skipped, host->skipped());
   }
   EXPECT_EQ(host->skipped(), 3u);
+}
+
+TEST_F(Gpu, NonFiniteCallIsSkippedOnDevice) {
+  for (CodecId codec : {CodecId::kOnebit, CodecId::kInt8, CodecId::kInt4, CodecId::kInt2}) {
+    SCOPED_TRACE(codecName(codec));
+    checkSkips(stream_, {codec, Scale::kMeanAbs, 256});
+    if (HasFatalFailure() || HasFailure()) return;
+  }
 }
 
 // encode + commit captured once in a CUDA graph and replayed: same bytes and
@@ -477,29 +574,32 @@ TEST_F(Gpu, GraphCaptureAndReplay) {
 // A buffer whose header does not match the expectation decodes to NaN and
 // raises the device error flag instead of being trusted.
 TEST_F(Gpu, DecodeChecksHeaderOnDevice) {
-  const Spec spec{CodecId::kInt8, Scale::kMeanAbs, 64};
-  const size_t count = 300;
-  size_t total = 0;
-  ASSERT_EQ(encodedSize(spec, count, &total), Status::kOk);
-  const std::vector<uint8_t> input = makeInput(DType::kF32, count, spec.block, Fill::kRandom, 3);
-  std::vector<uint8_t> enc(total);
-  EncodeResult result;
-  ASSERT_EQ(encodeRaw(spec, input.data(), DType::kF32, count, nullptr, nullptr, enc.data(), total,
-                      &result),
-            Status::kOk);
-  enc[0] ^= 0xff;  // magic
-  DeviceBuffer dEnc(total), dDec(count * 4), dErr(sizeof(int));
-  CUDA_OK(cudaMemcpy(dEnc.p, enc.data(), total, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(dErr.p, 0, sizeof(int)));
-  ASSERT_EQ(cudaDecode(spec, dEnc.p, total, dDec.as<float>(), count, stream_, dErr.as<int>()),
-            Status::kOk);
-  std::vector<float> dec(count);
-  int err = 0;
-  CUDA_OK(copyAsync(dec.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
-  CUDA_OK(cudaMemcpyAsync(&err, dErr.p, sizeof(int), cudaMemcpyDeviceToHost, stream_));
-  CUDA_OK(cudaStreamSynchronize(stream_));
-  EXPECT_EQ(err, 1);
-  for (float f : dec) ASSERT_EQ(floatBits(f), 0x7fc00000u);
+  for (CodecId codec : {CodecId::kInt8, CodecId::kInt4, CodecId::kInt2}) {
+    SCOPED_TRACE(codecName(codec));
+    const Spec spec{codec, Scale::kMeanAbs, 64};
+    const size_t count = 300;
+    size_t total = 0;
+    ASSERT_EQ(encodedSize(spec, count, &total), Status::kOk);
+    const std::vector<uint8_t> input = makeInput(DType::kF32, count, spec.block, Fill::kRandom, 3);
+    std::vector<uint8_t> enc(total);
+    EncodeResult result;
+    ASSERT_EQ(encodeRaw(spec, input.data(), DType::kF32, count, nullptr, nullptr, enc.data(), total,
+                        &result),
+              Status::kOk);
+    enc[0] ^= 0xff;  // magic
+    DeviceBuffer dEnc(total), dDec(count * 4), dErr(sizeof(int));
+    CUDA_OK(cudaMemcpy(dEnc.p, enc.data(), total, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dErr.p, 0, sizeof(int)));
+    ASSERT_EQ(cudaDecode(spec, dEnc.p, total, dDec.as<float>(), count, stream_, dErr.as<int>()),
+              Status::kOk);
+    std::vector<float> dec(count);
+    int err = 0;
+    CUDA_OK(copyAsync(dec.data(), dDec.p, count * 4, cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaMemcpyAsync(&err, dErr.p, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    EXPECT_EQ(err, 1);
+    for (float f : dec) ASSERT_EQ(floatBits(f), 0x7fc00000u);
+  }
 }
 
 // ---- the fused server step and the decode's non-finite flag ----------------
@@ -749,6 +849,13 @@ TEST(GpuHostValidation, RejectsBadArguments) {
   ASSERT_EQ(encodedSize(int8, 4, &int8Bytes), Status::kOk);
   EXPECT_EQ(cudaDecode(int8, out, int8Bytes, in, 4, nullptr, nullptr, &flag),
             Status::kUnsupported);  // the non-finite flag is onebit's
+  for (CodecId codec : {CodecId::kInt2, CodecId::kInt4}) {
+    const Spec packed{codec, Scale::kMeanAbs, 64};
+    size_t packedBytes = 0;
+    ASSERT_EQ(encodedSize(packed, 4, &packedBytes), Status::kOk);
+    EXPECT_EQ(cudaDecode(packed, out, packedBytes, in, 4, nullptr, nullptr, &flag),
+              Status::kUnsupported);
+  }
   size_t oneBytes = 0;
   ASSERT_EQ(encodedSize(good, 4, &oneBytes), Status::kOk);
   alignas(8) static uint8_t slots[256];
@@ -758,6 +865,14 @@ TEST(GpuHostValidation, RejectsBadArguments) {
   EXPECT_EQ(cudaServeChunk(int8, slots, 64, 1, int8Bytes, 4, false, server, 0, served, 128, nullptr,
                            &bytes, nullptr),
             Status::kUnsupported);
+  for (CodecId codec : {CodecId::kInt2, CodecId::kInt4}) {  // unfused, as int8
+    const Spec packed{codec, Scale::kMeanAbs, 64};
+    size_t packedBytes = 0;
+    ASSERT_EQ(encodedSize(packed, 4, &packedBytes), Status::kOk);
+    EXPECT_EQ(cudaServeChunk(packed, slots, 64, 1, packedBytes, 4, false, server, 0, served, 128,
+                             nullptr, &bytes, nullptr),
+              Status::kUnsupported);
+  }
   EXPECT_EQ(cudaServeChunk(good, slots, 64, 1, oneBytes + 8, 4, false, server, 0, served, 128,
                            nullptr, &bytes, nullptr),
             Status::kInvalidUsage);  // wrong piece size

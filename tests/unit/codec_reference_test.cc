@@ -154,6 +154,105 @@ TEST(Int8, BlockScaledRoundTrip) {
   EXPECT_EQ(d, x);
 }
 
+// The packed integer codecs, byte for byte: one block of 64 whose largest
+// magnitude is L, so the scale is 1 and each code is the rounded value.
+TEST(Int4, PacksTwoCodesPerByteLowNibbleFirst) {
+  std::vector<float> x(64, 0.0f);
+  const float values[8] = {7.0f, -7.0f, 2.5f, 3.5f, -0.5f, 1.49f, 6.6f, -6.6f};
+  for (int i = 0; i < 8; ++i) x[i] = values[i];
+  x[40] = -7.0f;
+  const Bytes b = encode(spec(squallCodecInt4, 64), x);
+  ASSERT_EQ(b.size(), 24u + 8u + 32u);  // header, one scale padded to 8, 64 nibbles
+  float scale;
+  std::memcpy(&scale, b.data() + 24, 4);
+  EXPECT_EQ(scale, 1.0f);
+  const uint8_t* q = b.data() + 32;
+  // Element 2k in the low nibble of byte k, two's complement: -7 = 0x9; ties
+  // round to even (2.5 -> 2, 3.5 -> 4, -0.5 -> 0); 6.6 -> 7, -6.6 -> -7.
+  EXPECT_EQ(q[0], 0x97);
+  EXPECT_EQ(q[1], 0x42);
+  EXPECT_EQ(q[2], 0x10);
+  EXPECT_EQ(q[3], 0x97);
+  EXPECT_EQ(q[20], 0x09);  // element 40 in the low nibble of byte 20
+  const std::vector<float> d = decode(b, x.size());
+  EXPECT_EQ(d[0], 7.0f);
+  EXPECT_EQ(d[1], -7.0f);
+  EXPECT_EQ(d[2], 2.0f);
+  EXPECT_EQ(d[3], 4.0f);
+  EXPECT_EQ(bitsOf(d[4]), 0u);  // a zero code decodes to +0.0
+  EXPECT_EQ(d[5], 1.0f);
+}
+
+TEST(Int2, IsTernaryWithTheBlockMaximumAsScale) {
+  std::vector<float> x(64, 0.25f);
+  x[0] = -4.0f;  // max |x| = 4: codes are -1, 0, +1 times 4
+  x[1] = 2.0f;   // exactly half the scale: ties to even, 0
+  x[2] = 2.01f;  // above half: +1
+  x[3] = -3.0f;  // -1
+  x[63] = 4.0f;
+  ResidualHandle res(x.size());
+  const Bytes b = encode(spec(squallCodecInt2, 64), x, res.r);
+  ASSERT_EQ(b.size(), 24u + 8u + 16u);
+  float scale;
+  std::memcpy(&scale, b.data() + 24, 4);
+  EXPECT_EQ(scale, 4.0f);
+  const uint8_t* q = b.data() + 32;
+  // Element i in bits 2 * (i % 4) of byte i / 4, two's complement: -1 = 0b11.
+  EXPECT_EQ(q[0], 0b11010011);   // elements 3..0: -1, +1, 0, -1
+  EXPECT_EQ(q[15], 0b01000000);  // element 63: +1, elements 60..62: 0
+  const std::vector<float> d = decode(b, x.size());
+  const std::vector<float> e = residualValues(res.r);
+  EXPECT_EQ(d[0], -4.0f);
+  EXPECT_EQ(d[2], 4.0f);
+  EXPECT_EQ(e[2], 2.01f - 4.0f);
+  EXPECT_EQ(d[10], 0.0f);
+  EXPECT_EQ(e[10], 0.25f);  // what was not sent waits in the residual
+}
+
+TEST(IntegerCodecs, EncodedSizesAreExact) {
+  // 1000 elements in blocks of 256: 4 scales (16 bytes), then the codes.
+  for (auto [codec, dataBytes] :
+       {std::pair{squallCodecInt2, size_t{256}}, std::pair{squallCodecInt4, size_t{504}},
+        std::pair{squallCodecInt8, size_t{1000}}}) {
+    const squallCodecSpec_t s = spec(codec, 256);
+    size_t bytes = 0;
+    ASSERT_EQ(squallEncodedSize(&s, 1000, &bytes), squallSuccess);
+    EXPECT_EQ(bytes, 24u + 16u + dataBytes) << codec;
+  }
+  // Odd tails: 3 elements take one byte of int2 and two of int4 (padded to 8).
+  for (squallCodec_t codec : {squallCodecInt2, squallCodecInt4}) {
+    const squallCodecSpec_t s = spec(codec, 64);
+    size_t bytes = 0;
+    ASSERT_EQ(squallEncodedSize(&s, 3, &bytes), squallSuccess);
+    EXPECT_EQ(bytes, 24u + 8u + 8u);
+    const std::vector<float> x = {1.0f, -1.0f, 0.1f};
+    const std::vector<float> d = decode(encode(s, x), 3);
+    EXPECT_NEAR(d[0], 1.0f, 1e-6f);  // int4's scale is 1/7, rounded
+    EXPECT_NEAR(d[1], -1.0f, 1e-6f);
+  }
+}
+
+TEST(IntegerCodecs, RunningMeanConvergesForConstantInput) {
+  // Error feedback makes even the ternary code unbiased over time.
+  for (squallCodec_t codec : {squallCodecInt2, squallCodecInt4}) {
+    const size_t n = 4096;
+    ResidualHandle res(n);
+    const std::vector<float> g = randomVector(n, 5);
+    std::vector<double> mean(n, 0.0);
+    const int calls = 400;
+    for (int t = 0; t < calls; ++t) {
+      const std::vector<float> d = decode(encode(spec(codec, 2048), g, res.r), n);
+      for (size_t i = 0; i < n; ++i) mean[i] += d[i] / calls;
+    }
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < n; ++i) {
+      err += (mean[i] - g[i]) * (mean[i] - g[i]);
+      ref += g[i] * g[i];
+    }
+    EXPECT_LT(std::sqrt(err / ref), 0.02) << codec;
+  }
+}
+
 TEST(None, IsLossless) {
   const std::vector<float> x = randomVector(1001, 7);
   EXPECT_EQ(decode(encode(spec(squallCodecNone), x), x.size()), x);
@@ -177,8 +276,8 @@ TEST(Codecs, AcceptHalfAndBfloatInput) {
 
 TEST(Codecs, DecodeAccumulateAdds) {
   const std::vector<float> x = randomVector(3000, 3);
-  for (squallCodec_t c :
-       {squallCodecNone, squallCodecOnebit, squallCodecFp16, squallCodecBf16, squallCodecInt8}) {
+  for (squallCodec_t c : {squallCodecNone, squallCodecOnebit, squallCodecFp16, squallCodecBf16,
+                          squallCodecInt8, squallCodecInt2, squallCodecInt4}) {
     const Bytes b = encode(spec(c, 256), x);
     const std::vector<float> d = decode(b, x.size());
     std::vector<float> acc(x.size(), 0.5f);
@@ -190,7 +289,7 @@ TEST(Codecs, DecodeAccumulateAdds) {
 // ---- error feedback -----------------------------------------------------
 
 std::string codecTestName(const ::testing::TestParamInfo<squallCodec_t>& info) {
-  static const char* const kNames[] = {"none", "onebit", "fp16", "bf16", "int8"};
+  static const char* const kNames[] = {"none", "onebit", "fp16", "bf16", "int8", "int2", "int4"};
   return kNames[info.param];
 }
 
@@ -228,7 +327,8 @@ TEST_P(ErrorFeedback, ResidualIsInputMinusDecoded) {
 
 INSTANTIATE_TEST_SUITE_P(AllCodecs, ErrorFeedback,
                          ::testing::Values(squallCodecNone, squallCodecOnebit, squallCodecFp16,
-                                           squallCodecBf16, squallCodecInt8),
+                                           squallCodecBf16, squallCodecInt8, squallCodecInt2,
+                                           squallCodecInt4),
                          codecTestName);
 
 TEST(Onebit, RunningMeanConvergesForConstantInput) {
@@ -282,7 +382,8 @@ TEST_P(NonFinite, BadBlockDecodesToNanAndResidualIsUntouched) {
   uint64_t skipped = 0;
   ASSERT_EQ(squallResidualGetSkipped(res.r, &skipped), squallSuccess);
   EXPECT_EQ(skipped, 1u);
-  if (codec == squallCodecOnebit || codec == squallCodecInt8) {
+  if (codec == squallCodecOnebit || codec == squallCodecInt8 || codec == squallCodecInt2 ||
+      codec == squallCodecInt4) {
     for (size_t i = 64; i < 128; ++i) ASSERT_TRUE(std::isnan(d[i])) << i;
     for (size_t i = 0; i < 64; ++i) ASSERT_TRUE(std::isfinite(d[i])) << i;
     for (size_t i = 128; i < n; ++i) ASSERT_TRUE(std::isfinite(d[i])) << i;
@@ -298,7 +399,8 @@ TEST_P(NonFinite, BadBlockDecodesToNanAndResidualIsUntouched) {
 INSTANTIATE_TEST_SUITE_P(
     Codecs, NonFinite,
     ::testing::Combine(::testing::Values(squallCodecNone, squallCodecOnebit, squallCodecFp16,
-                                         squallCodecBf16, squallCodecInt8),
+                                         squallCodecBf16, squallCodecInt8, squallCodecInt2,
+                                         squallCodecInt4),
                        ::testing::Values(std::numeric_limits<float>::quiet_NaN(),
                                          std::numeric_limits<float>::infinity(),
                                          -std::numeric_limits<float>::infinity())));
@@ -514,6 +616,15 @@ TEST(Api, SpecParse) {
   EXPECT_EQ(s.scale, squallScaleRms);
   ASSERT_EQ(squallCodecSpecParse("fp16", &s), squallSuccess);
   EXPECT_EQ(s.codec, squallCodecFp16);
+  for (auto [text, codec] : {std::pair{"int2", squallCodecInt2}, std::pair{"int4", squallCodecInt4},
+                             std::pair{"int8", squallCodecInt8}}) {
+    ASSERT_EQ(squallCodecSpecParse(text, &s), squallSuccess) << text;
+    EXPECT_EQ(s.codec, codec);
+    EXPECT_EQ(s.blockSize, 2048u);
+  }
+  ASSERT_EQ(squallCodecSpecParse("int2:block=256", &s), squallSuccess);
+  EXPECT_EQ(s.blockSize, 256u);
+  EXPECT_EQ(squallCodecSpecParse("int4:block=100", &s), squallInvalidArgument);
   EXPECT_EQ(squallCodecSpecParse("onebit:block=100", &s), squallInvalidArgument);
   EXPECT_EQ(squallCodecSpecParse("twobit", &s), squallInvalidArgument);
   EXPECT_NE(std::string(squallGetLastError()).find("unknown codec \"twobit\""), std::string::npos);

@@ -12,9 +12,15 @@
 //                  the block (an L1/L2 hit, not DRAM) sets bit = z >= 0 with
 //                  two ballots per 64-bit word (low ballot = elements 0..31 of
 //                  the word) and writes residual z - (bit ? s : -s).
-//   int8 encode    one warp per block: max |z| and finiteness by shuffles (max
-//                  is exact, so order does not matter), s = max / 127 or NaN,
-//                  then q = clamp(roundEven(z / s), -127, 127), residual z - q*s.
+//   int2/int4/int8 one warp per block: max |z| and finiteness by shuffles
+//   encode         (max is exact, so order does not matter), s = max / L
+//                  (L = 1, 7, 127) or NaN, then q = clamp(roundEven(z / s),
+//                  -L, L), residual z - q*s. A thread takes whole bytes (the
+//                  2 int4 or 4 int2 consecutive elements of one byte, 1 for
+//                  int8), so it packs its codes in a register and writes each
+//                  byte once. Blocks of at most 2048 elements use the onebit
+//                  segment layout in bytes, one read of the data; int2 in
+//                  blocks of 64 (16 bytes) reduces each half-warp as a block.
 //   none/fp16/bf16 one thread per element (grid-stride), residual z - decoded.
 //   decode         one thread per element (grid-stride), every block first
 //                  checking the header against the caller's expectation;
@@ -291,10 +297,46 @@ __global__ void __launch_bounds__(kThreads)
   if (wordIndex * 64 < a.count) words[wordIndex] = mine;
 }
 
-// ---- int8 ------------------------------------------------------------------
+// ---- int2, int4, int8: block-scaled integers ---------------------------------
 
-template <DType D, bool kRes>
-__global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
+// A codec's codes: kPer elements share a byte (a "unit"), element i in bits
+// kBits * (i % kPer) of byte i / kPer, as a kBits-bit two's complement q in
+// [-kLevels, kLevels]. A codec block starts at a multiple of 64 elements, so
+// at a unit, and a unit never straddles two blocks. One thread encodes whole
+// units (its kPer consecutive elements), so a byte is packed in a register
+// and written once, with no other lane's codes needed.
+template <CodecId C>
+struct IntCode {
+  static constexpr int kBits = intBits(C);
+  static constexpr int kPer = 8 / kBits;
+  static constexpr unsigned kMask = (1u << kBits) - 1u;
+  static constexpr float kLevels = static_cast<float>(intLevels(C));
+  static_assert(kBits == 2 || kBits == 4 || kBits == 8, "an integer codec");
+};
+
+// q for z in a block of scale s (quantise: the block is finite, s != 0):
+// clamp(roundEven(z / s), -L, L), with an IEEE division.
+template <typename Code>
+__device__ __forceinline__ float intLevel(float z, float s, bool quantise) {
+  if (!quantise) return 0.0f;
+  const float r = roundEven(__fdiv_rn(z, s));
+  return r < -Code::kLevels ? -Code::kLevels : (Code::kLevels < r ? Code::kLevels : r);  // clamp
+}
+
+// q's field in its unit's byte: element k of the unit at bit kBits * k.
+template <typename Code>
+__device__ __forceinline__ unsigned intField(float r, int k) {
+  return (static_cast<unsigned>(static_cast<int>(r)) & Code::kMask) << (Code::kBits * k);
+}
+
+// One warp per codec block (blocks above 2048 elements): lane t takes units
+// start / kPer + t, + 32, ...; max |z| and finiteness by shuffles (max is
+// exact, so order does not matter), s = max / L or NaN, then a second walk
+// (an L1/L2 hit) for the codes and the residuals z - q*s.
+template <CodecId C, DType D, bool kRes>
+__global__ void __launch_bounds__(kThreads) intEncodeKernel(EncodeArgs a) {
+  using Code = IntCode<C>;
+  constexpr int kPer = Code::kPer;
   if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
   const unsigned lane = threadIdx.x & 31u;
   const size_t b = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
@@ -305,18 +347,25 @@ __global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
   const size_t start = b * a.block;
   const size_t n = a.count - start < a.block ? a.count - start : a.block;
   const size_t end = start + n;
+  const size_t uEnd = (end + kPer - 1) / kPer;
 
   float maxAbs = 0.0f;
   bool finite = true;
 #pragma unroll 8
-  for (size_t i = start + lane; i < end; i += 32) {
-    const float z = loadZ<D, kRes>(a.input, resIn, i);
-    finite = finite && isFinite(z);
-    maxAbs = fmaxf(maxAbs, absf(z));  // NaN ignored; the block is non-finite then
+  for (size_t u = start / kPer + lane; u < uEnd; u += 32) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const size_t i = u * kPer + k;
+      if (i < end) {
+        const float z = loadZ<D, kRes>(a.input, resIn, i);
+        finite = finite && isFinite(z);
+        maxAbs = fmaxf(maxAbs, absf(z));  // NaN ignored; the block is non-finite then
+      }
+    }
   }
   for (int w = 16; w >= 1; w /= 2) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, w));
   finite = __all_sync(kFull, finite) != 0;
-  const float s = finite ? __fdiv_rn(maxAbs, 127.0f) : bitsFloat(kNanBits);
+  const float s = finite ? __fdiv_rn(maxAbs, Code::kLevels) : bitsFloat(kNanBits);
   uint8_t* payload = a.out + kHeaderBytes;
   if (lane == 0) {
     reinterpret_cast<float*>(payload)[b] = s;
@@ -324,26 +373,41 @@ __global__ void __launch_bounds__(kThreads) int8EncodeKernel(EncodeArgs a) {
       if (!finite) raiseFlag(&a.control[1]);
     }
   }
-  auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
+  uint8_t* data = payload + a.dataOffset;
   const bool quantise = finite && s != 0.0f;
 #pragma unroll 4
-  for (size_t i = start + lane; i < end; i += 32) {
-    const float z = loadZ<D, kRes>(a.input, resIn, i);
-    float r = 0.0f;
-    if (quantise) {
-      r = roundEven(__fdiv_rn(z, s));
-      r = r < -127.0f ? -127.0f : (127.0f < r ? 127.0f : r);  // std::clamp
+  for (size_t u = start / kPer + lane; u < uEnd; u += 32) {
+    unsigned byte = 0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const size_t i = u * kPer + k;
+      if (i < end) {
+        const float z = loadZ<D, kRes>(a.input, resIn, i);
+        const float r = intLevel<Code>(z, s, quantise);
+        byte |= intField<Code>(r, k);
+        if constexpr (kRes) resOut[i] = __fsub_rn(z, __fmul_rn(r, s));
+      }
     }
-    q[i] = static_cast<int8_t>(static_cast<int>(r));
-    if constexpr (kRes) resOut[i] = __fsub_rn(z, __fmul_rn(r, s));
+    data[u] = static_cast<uint8_t>(byte);
   }
 }
 
-// int8 for blocks of at most 2048 elements: the onebit segment layout (see
-// onebitEncodeSegmentKernel), one read of the data.
-template <DType D, bool kRes>
+// Blocks of at most 2048 elements: the onebit segment layout (see
+// onebitEncodeSegmentKernel) in units, one read of the data. A warp takes a
+// 2048-element segment, kUnits = 2048 / kPer / 32 units per thread: thread t
+// holds units ub + t + 32 j, j = 0..kUnits-1 (ub = base / kPer), element k of
+// unit j in z[kPer j + k]. With U = block / kPer units per codec block
+// (2^unitShift, at least 16), a block is U / 32 consecutive steps j of the
+// whole warp when U >= 32; int2 in blocks of 64 (U = 16) has two blocks per
+// step, one per half-warp. Either way a block's lanes are an aligned group of
+// lpb = min(U, 32) lanes, reduced with xor shuffles of offsets below lpb and
+// a ballot masked to the group.
+template <CodecId C, DType D, bool kRes>
 __global__ void __launch_bounds__(kThreads)
-    int8EncodeSegmentKernel(EncodeArgs a, unsigned perShift) {
+    intEncodeSegmentKernel(EncodeArgs a, unsigned unitShift) {
+  using Code = IntCode<C>;
+  constexpr int kPer = Code::kPer;
+  constexpr int kUnits = kPerThread / kPer;
   if (blockIdx.x == 0 && threadIdx.x == 0) writePrologue(a);
   const unsigned lane = threadIdx.x & 31u;
   const size_t g = static_cast<size_t>(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
@@ -352,13 +416,25 @@ __global__ void __launch_bounds__(kThreads)
   const float* resIn;
   float* resOut;
   residualBuffers<kRes>(a, &resIn, &resOut);
-  const unsigned per = 1u << perShift;
+  // Steps per block (U >= 32), or lanes per block and blocks per step (U < 32).
+  const unsigned stepShift = unitShift >= 5 ? unitShift - 5 : 0u;
+  const unsigned lpbShift = unitShift >= 5 ? 5u : unitShift;
+  const unsigned bpsShift = 5u - lpbShift;
+  const unsigned steps = 1u << stepShift;
+  const unsigned lpb = 1u << lpbShift;
+  const unsigned bps = 1u << bpsShift;
+  const unsigned group = lane & ~(lpb - 1);  // the first lane of my block's group
+  const unsigned groupMask = lpb == 32 ? kFull : ((1u << lpb) - 1u) << group;
+  const size_t ub = base / kPer;
   const size_t firstBlock = base / a.block;
   float z[kPerThread];
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const size_t i = base + 32 * j + lane;
-    z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+  for (int j = 0; j < kUnits; ++j) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const size_t i = (ub + 32 * j + lane) * kPer + k;
+      z[kPer * j + k] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
+    }
   }
   uint8_t* payload = a.out + kHeaderBytes;
   auto* scales = reinterpret_cast<float*>(payload);
@@ -366,44 +442,55 @@ __global__ void __launch_bounds__(kThreads)
   bool finite = true;
   float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    finite = finite && isFinite(z[j]);  // padding lanes hold 0: finite
-    maxAbs = fmaxf(maxAbs, absf(z[j]));
-    if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
-      const unsigned c = static_cast<unsigned>(j) >> perShift;
-      for (int w = 16; w >= 1; w /= 2) maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, w));
-      const bool blockFinite = __all_sync(kFull, finite) != 0;
+  for (int j = 0; j < kUnits; ++j) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      finite = finite && isFinite(z[kPer * j + k]);  // padding holds 0: finite
+      maxAbs = fmaxf(maxAbs, absf(z[kPer * j + k]));
+    }
+    if (((j + 1) & (steps - 1)) == 0) {  // the end of a block (of bps blocks): warp-uniform
+      for (unsigned w = lpb >> 1; w != 0; w >>= 1)
+        maxAbs = fmaxf(maxAbs, __shfl_xor_sync(kFull, maxAbs, static_cast<int>(w)));
+      const bool blockFinite = (__ballot_sync(kFull, !finite) & groupMask) == 0;
+      const unsigned c0 = (static_cast<unsigned>(j) >> stepShift) << bpsShift;
+      const unsigned c = c0 + (lane >> lpbShift);  // my block
+      const float s = blockFinite ? __fdiv_rn(maxAbs, Code::kLevels) : bitsFloat(kNanBits);
+      // Lane c0 + h takes the scale of block c0 + h from the group's first lane.
+      const float sOf = __shfl_sync(kFull, s, ((lane - c0) & (bps - 1)) << lpbShift);
+      if (lane - c0 < bps) myScale = sOf;  // unsigned: lanes below c0 fail too
       const size_t blockStart = base + static_cast<size_t>(c) * a.block;
-      if (blockStart < a.count) {
-        const float s = blockFinite ? __fdiv_rn(maxAbs, 127.0f) : bitsFloat(kNanBits);
-        if (lane == c) myScale = s;
-        if (lane == 0) {
-          scales[firstBlock + c] = s;
-          if constexpr (kRes) {
-            if (!blockFinite) raiseFlag(&a.control[1]);
-          }
+      if (lane == group && blockStart < a.count) {
+        scales[firstBlock + c] = s;
+        if constexpr (kRes) {
+          if (!blockFinite) raiseFlag(&a.control[1]);
         }
       }
       maxAbs = 0.0f;
       finite = true;
     }
   }
-  auto* q = reinterpret_cast<int8_t*>(payload + a.dataOffset);
+  uint8_t* data = payload + a.dataOffset;
   float s = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    if ((j & (per - 1)) == 0) {  // the start of a block: warp-uniform
-      s = __shfl_sync(kFull, myScale, static_cast<unsigned>(j) >> perShift);
+  for (int j = 0; j < kUnits; ++j) {
+    if ((j & (steps - 1)) == 0) {  // the start of a block (or of bps blocks): warp-uniform
+      const unsigned c = ((static_cast<unsigned>(j) >> stepShift) << bpsShift) + (lane >> lpbShift);
+      s = __shfl_sync(kFull, myScale, c);
     }
-    const size_t i = base + 32 * j + lane;
-    if (i < a.count) {
-      float r = 0.0f;
-      if (isFinite(s) && s != 0.0f) {  // a NaN scale marks a non-finite block
-        r = roundEven(__fdiv_rn(z[j], s));
-        r = r < -127.0f ? -127.0f : (127.0f < r ? 127.0f : r);  // std::clamp
+    const size_t u = ub + 32 * j + lane;
+    if (u * kPer < a.count) {
+      const bool quantise = isFinite(s) && s != 0.0f;  // a NaN scale marks a non-finite block
+      unsigned byte = 0;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const size_t i = u * kPer + k;
+        if (i < a.count) {
+          const float r = intLevel<Code>(z[kPer * j + k], s, quantise);
+          byte |= intField<Code>(r, k);
+          if constexpr (kRes) resOut[i] = __fsub_rn(z[kPer * j + k], __fmul_rn(r, s));
+        }
       }
-      q[i] = static_cast<int8_t>(static_cast<int>(r));
-      if constexpr (kRes) resOut[i] = __fsub_rn(z[j], __fmul_rn(r, s));
+      data[u] = static_cast<uint8_t>(byte);
     }
   }
 }
@@ -471,7 +558,7 @@ __global__ void __launch_bounds__(kThreads) elementwiseEncodeKernel(EncodeArgs a
 struct DecodeArgs {
   const uint8_t* in;  // the header; the payload follows
   size_t count;
-  unsigned blockShift;  // log2(block) for onebit and int8
+  unsigned blockShift;  // log2(block) for onebit and the integer codecs
   size_t dataOffset;
   uint64_t expected[3];
   int* error;
@@ -543,17 +630,32 @@ __global__ void __launch_bounds__(kThreads) onebitDecodeKernel(DecodeArgs a) {
   });
 }
 
-template <bool kAcc>
-__global__ void __launch_bounds__(kThreads) int8DecodeKernel(DecodeArgs a) {
+// q of element i: its field, sign-extended (codes at or above 2^(bits-1) are
+// negative; the code -L - 1, never written, decodes as itself).
+template <typename Code>
+__device__ __forceinline__ int intCodeAt(const uint8_t* data, size_t i) {
+  if constexpr (Code::kBits == 8) {
+    return static_cast<int8_t>(data[i]);
+  } else {
+    constexpr unsigned kSign = 1u << (Code::kBits - 1);
+    const unsigned field =
+        (data[i / Code::kPer] >> (Code::kBits * static_cast<int>(i % Code::kPer))) & Code::kMask;
+    return static_cast<int>(field ^ kSign) - static_cast<int>(kSign);
+  }
+}
+
+template <CodecId C, bool kAcc>
+__global__ void __launch_bounds__(kThreads) intDecodeKernel(DecodeArgs a) {
+  using Code = IntCode<C>;
   const bool ok = headerMatches(a);
   const uint8_t* payload = a.in + kHeaderBytes;
   const auto* scales = reinterpret_cast<const float*>(payload);
-  const auto* q = reinterpret_cast<const int8_t*>(payload + a.dataOffset);
+  const uint8_t* data = payload + a.dataOffset;
   decodeLoop<kAcc>(a, [&](size_t i) {
     if (!ok) return nanValue();
     const float s = scales[i >> a.blockShift];
     if (!isFinite(s)) return nanValue();
-    return s != 0.0f ? __fmul_rn(static_cast<float>(q[i]), s) : 0.0f;
+    return s != 0.0f ? __fmul_rn(static_cast<float>(intCodeAt<Code>(data, i)), s) : 0.0f;
   });
 }
 
@@ -667,6 +769,23 @@ unsigned gridFor(size_t items, size_t perCta, size_t cap = kMaxGrid) {
   return static_cast<unsigned>(g);
 }
 
+// The integer codecs: the segment kernel up to 2048-element blocks, else one
+// warp per block.
+template <CodecId C, DType D, bool kRes>
+void launchIntEncode(const EncodeArgs& a, cudaStream_t stream) {
+  if (a.block <= static_cast<uint32_t>(kSegment)) {
+    const unsigned segmentGrid =
+        gridFor((a.count + kSegment - 1) / kSegment, kWarpsPerCta, kMaxWarpGrid);
+    // log2 of the units (bytes) per codec block: block / kPer.
+    const unsigned unitShift = static_cast<unsigned>(__builtin_ctz(a.block)) -
+                               static_cast<unsigned>(__builtin_ctz(IntCode<C>::kPer));
+    launchKernel(intEncodeSegmentKernel<C, D, kRes>, segmentGrid, kThreads, stream, a, unitShift);
+  } else {
+    launchKernel(intEncodeKernel<C, D, kRes>, gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid),
+                 kThreads, stream, a);
+  }
+}
+
 template <DType D, bool kRes>
 void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t stream) {
   const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid);
@@ -699,14 +818,9 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
         launchKernel(onebitEncodeKernel<D, kRes, false>, warpGrid, kThreads, stream, a);
       }
       break;
-    case CodecId::kInt8:
-      if (a.block <= static_cast<uint32_t>(kSegment)) {
-        const unsigned perShift = static_cast<unsigned>(__builtin_ctz(a.block)) - 5;  // /32
-        launchKernel(int8EncodeSegmentKernel<D, kRes>, segmentGrid, kThreads, stream, a, perShift);
-      } else {
-        launchKernel(int8EncodeKernel<D, kRes>, warpGrid, kThreads, stream, a);
-      }
-      break;
+    case CodecId::kInt8: launchIntEncode<CodecId::kInt8, D, kRes>(a, stream); break;
+    case CodecId::kInt2: launchIntEncode<CodecId::kInt2, D, kRes>(a, stream); break;
+    case CodecId::kInt4: launchIntEncode<CodecId::kInt4, D, kRes>(a, stream); break;
   }
 }
 
@@ -733,7 +847,15 @@ void launchDecode(const Spec& spec, const DecodeArgs& a, cudaStream_t stream) {
       launchKernel(elementwiseDecodeKernel<Fmt::kBf16, kAcc>, grid, kThreads, stream, a);
       break;
     case CodecId::kOnebit: launchKernel(onebitDecodeKernel<kAcc>, grid, kThreads, stream, a); break;
-    case CodecId::kInt8: launchKernel(int8DecodeKernel<kAcc>, grid, kThreads, stream, a); break;
+    case CodecId::kInt8:
+      launchKernel(intDecodeKernel<CodecId::kInt8, kAcc>, grid, kThreads, stream, a);
+      break;
+    case CodecId::kInt2:
+      launchKernel(intDecodeKernel<CodecId::kInt2, kAcc>, grid, kThreads, stream, a);
+      break;
+    case CodecId::kInt4:
+      launchKernel(intDecodeKernel<CodecId::kInt4, kAcc>, grid, kThreads, stream, a);
+      break;
   }
 }
 
