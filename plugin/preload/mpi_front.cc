@@ -291,6 +291,6 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
     core::CompressorStats stats;
     sent += c->stats(&stats) == Status::kOk ? stats.bytesSent : 0;
   }
-  Report::get().compressed(sent, fullBytes);
+  Report::get().compressed(policy().codec.codec, sent, fullBytes);
   return MPI_SUCCESS;
 }

@@ -584,6 +584,6 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // A device compressor's statistics wait for its stream; the report takes
   // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
-  Report::get().compressed(compressedBytes(count, nranks), fullBytes);
+  Report::get().compressed(policy().codec.codec, compressedBytes(count, nranks), fullBytes);
   return nccl_abi::kSuccess;
 }

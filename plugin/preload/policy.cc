@@ -66,9 +66,9 @@ Policy Policy::fromEnvironment() {
     p.codecText = codec;
   } else {
     SQUALL_WARN(Subsys::kEnv,
-                "SQUALL_PRELOAD_CODEC=%s is not onebit, int8, fp16 or bf16 (with options); "
-                "using onebit",
-                codec.c_str());
+                "SQUALL_PRELOAD_CODEC=%s is not int2, int4, int8, onebit, fp16 or bf16 (with "
+                "options, e.g. int4:block=256); using the default, %s",
+                codec.c_str(), p.codecText.c_str());
   }
   const int64_t minBytes = paramInt(Param::kPreloadMinBytes);
   p.minBytes = minBytes > 0 ? static_cast<size_t>(minBytes) : 0;

@@ -15,8 +15,10 @@ Report& Report::get() {
   return *report;
 }
 
-void Report::compressed(uint64_t bytesSent, uint64_t bytesFull) {
+void Report::compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull) {
   ++callsCompressed_;
+  ++callsByCodec_[static_cast<int>(codec)];
+  bytesByCodec_[static_cast<int>(codec)] += bytesSent;
   ++reasons_[static_cast<int>(Verdict::kCompress)];
   bytesSent_ += bytesSent;
   bytesFull_ += bytesFull;
@@ -61,7 +63,20 @@ std::string Report::json(const std::string& codec) const {
                   verdictName(static_cast<Verdict>(i)), reasons_[i].load());
     out += buffer;
   }
-  out += "}\n}\n";
+  out += "}";
+  // Which code the compressed calls used: calls and bytes sent, per codec.
+  auto perCodec = [&](const char* name, const std::atomic<uint64_t>* counts) {
+    out += std::string(",\n  \"") + name + "\": {";
+    for (int i = 1; i < codec::kNumCodecs; ++i) {  // none is never a compressed call's code
+      std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 1 ? "" : ", ",
+                    codec::codecName(static_cast<codec::CodecId>(i)), counts[i].load());
+      out += buffer;
+    }
+    out += "}";
+  };
+  perCodec("calls_by_codec", callsByCodec_);
+  perCodec("bytes_by_codec", bytesByCodec_);
+  out += "\n}\n";
   return out;
 }
 

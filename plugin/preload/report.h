@@ -15,9 +15,9 @@ class Report {
  public:
   static Report& get();
 
-  // A call that ran compressed: what it sent, and what a full-precision
-  // allreduce of it would have sent.
-  void compressed(uint64_t bytesSent, uint64_t bytesFull);
+  // A call that ran compressed with `codec`: what it sent, and what a
+  // full-precision allreduce of it would have sent.
+  void compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull);
   // A call passed through (sent at full precision).
   void passed(Verdict why, uint64_t bytesFull);
   void evicted(uint64_t entries) { evictions_ += entries; }
@@ -43,6 +43,9 @@ class Report {
   std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
   std::atomic<uint64_t> evictions_{0}, relearns_{0}, recuts_{0}, keptFull_{0};
   std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
+  // Per codec: the compressed calls that used it and the bytes they sent.
+  std::atomic<uint64_t> callsByCodec_[codec::kNumCodecs] = {},
+                        bytesByCodec_[codec::kNumCodecs] = {};
   std::atomic<int> rank_{-1}, fallback_{-1};
   std::atomic<bool> finished_{false};
 };

@@ -300,14 +300,20 @@ TEST(PreloadSteps, TheLearningWindowRevealsItsEdges) {
 TEST(PreloadReport, JsonHasTheFields) {
   Report& r = Report::get();
   r.setRank(3);
-  r.compressed(10, 320);
+  r.compressed(codec::CodecId::kInt2, 10, 320);
+  r.compressed(codec::CodecId::kInt4, 20, 320);
   r.passed(Verdict::kSmall, 8);
   r.recut();
   r.keptFull(256);
   const std::string j = r.json("onebit");
-  for (const char* field : {"\"calls_compressed\": 1", "\"calls_passed\": 1", "\"bytes_sent\": 18",
-                            "\"bytes_full_precision\": 328", "\"codec\": \"onebit\"", "\"rank\": 3",
-                            "\"small\": 1", "\"calls_recut\": 1", "\"elements_kept_full\": 256"})
+  for (const char* field :
+       {"\"calls_compressed\": 2", "\"calls_passed\": 1", "\"bytes_sent\": 38",
+        "\"bytes_full_precision\": 648", "\"codec\": \"onebit\"", "\"rank\": 3", "\"small\": 1",
+        "\"calls_recut\": 1", "\"elements_kept_full\": 256",
+        "\"calls_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 1, "
+        "\"int4\": 1}",
+        "\"bytes_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 10, "
+        "\"int4\": 20}"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " in " << j;
 }
 
