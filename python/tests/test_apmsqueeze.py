@@ -53,13 +53,14 @@ def _schedule(opt):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
 
 
-def _apm_worker(rank, world, warmup, compressed_steps, warmup_codec="none"):
+def _apm_worker(rank, world, warmup, compressed_steps, warmup_codec="none", codec=None):
     from squall.optim import APMSqueeze
 
     squall.init()
     ps = _params()
     initial = [p.detach().clone() for p in ps]
-    opt = APMSqueeze(_groups(ps), warmup=warmup, warmup_codec=warmup_codec, **HYPER)
+    chosen = {} if codec is None else {"codec": codec}
+    opt = APMSqueeze(_groups(ps), warmup=warmup, warmup_codec=warmup_codec, **chosen, **HYPER)
     sched = _schedule(opt)
     ref_ps = _params()
     ref = torch.optim.AdamW(_groups(ref_ps), **HYPER)
@@ -93,13 +94,15 @@ def _apm_worker(rank, world, warmup, compressed_steps, warmup_codec="none"):
     return out
 
 
-@pytest.mark.parametrize("warmup_codec", ["none", None])
-def test_apmsqueeze_warmup_equals_adamw_then_identical_ranks(warmup_codec):
+@pytest.mark.parametrize("warmup_codec,codec", [("none", None), (None, None),
+                                               ("none", "int4:block=64"), ("none", "int2:block=64")])
+def test_apmsqueeze_warmup_equals_adamw_then_identical_ranks(warmup_codec, codec):
     """fp32 warmup: AdamW to 1e-6; the default (bf16) warmup: within one step (lr) of it.
     Not closer: where the ranks' gradients nearly cancel, the rounded average differs
-    in relative terms, and Adam's early steps are about lr * sign(g) there."""
+    in relative terms, and Adam's early steps are about lr * sign(g) there. The
+    compressed phase with the default codec (1-bit momentum) and with int4 and int2."""
     warmup, compressed = 6, 50
-    res = _dist.run(_apm_worker, world=WORLD, args=(warmup, compressed, warmup_codec),
+    res = _dist.run(_apm_worker, world=WORLD, args=(warmup, compressed, warmup_codec, codec),
                     timeout=120)
     for r in res:
         if warmup_codec == "none":

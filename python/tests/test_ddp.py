@@ -34,6 +34,10 @@ class _Stub:
         return self.steps < self.n
 
 
+# The hooks that compress after warmup, and their codecs.
+COMPRESSING = {"onebit": "onebit", "onebit_mom": "onebit", "int4": "int4", "int2": "int2"}
+
+
 def _ddp_worker(rank, world, hook_name, warmup, steps):
     import copy
 
@@ -48,8 +52,8 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
     model = _model()
     local = copy.deepcopy(model)
     ddp = DDP(model)
-    if hook_name.startswith("onebit"):
-        state = squall.ddp.OnebitState(warmup_steps=warmup, codec="onebit",
+    if hook_name in COMPRESSING:
+        state = squall.ddp.OnebitState(warmup_steps=warmup, codec=COMPRESSING[hook_name],
                                        keep_1d_full=hook_name == "onebit_mom")
         ddp.register_comm_hook(state, squall.ddp.onebit_hook)
     else:
@@ -72,7 +76,7 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
         out.append({"synced": synced, "mean": sum(everyone) / world,
                     "local": torch.cat([g.reshape(-1) for g in mine])})
         opt.step()
-        if not hook_name.startswith("onebit"):
+        if hook_name not in COMPRESSING:
             stub.steps += 1
     counters = state.counters()
     counters["comm_sent"] = comm.stats["bytes_sent"] - before["bytes_sent"]
@@ -81,7 +85,7 @@ def _ddp_worker(rank, world, hook_name, warmup, steps):
     return out, counters, [p.detach().clone() for p in model.parameters()] + bufs
 
 
-@pytest.mark.parametrize("hook", ["onebit", "onebit_mom", "apmsqueeze"])
+@pytest.mark.parametrize("hook", ["onebit", "onebit_mom", "int4", "int2", "apmsqueeze"])
 def test_ddp_hook(hook):
     warmup, steps = 2, 6
     (r0, c0, p0), (r1, c1, p1) = _dist.run(_ddp_worker, world=2, args=(hook, warmup, steps))
@@ -90,14 +94,14 @@ def test_ddp_hook(hook):
         if s < warmup:  # full precision: the true average, equal on both ranks
             assert torch.allclose(a["synced"], a["mean"], rtol=1e-5, atol=1e-6)
             assert torch.allclose(b["synced"], b["mean"], rtol=1e-5, atol=1e-6)
-        elif hook.startswith("onebit"):  # compressed: bit-identical across ranks, not the mean
+        elif hook in COMPRESSING:  # compressed: bit-identical across ranks, not the mean
             assert torch.equal(a["synced"], b["synced"])
             assert not torch.allclose(a["synced"], a["mean"])
         else:  # no communication: each rank keeps its local gradient
             assert torch.allclose(a["synced"], a["local"], rtol=1e-6, atol=1e-7)
             assert torch.allclose(b["synced"], b["local"], rtol=1e-6, atol=1e-7)
             assert not torch.allclose(a["synced"], b["synced"])
-    if hook.startswith("onebit"):
+    if hook in COMPRESSING:
         assert c0["steps"] == steps and c0["warmup_steps"] == warmup
         assert c0["compressed_calls"] > 0 and c0["full_calls"] > 0
         assert c0["calls"] == c0["compressed_calls"] + c0["full_calls"]

@@ -45,7 +45,7 @@ def _reference(world, steps, tau, alpha, beta):
     return [p.detach() for p in replicas[0]]
 
 
-def _slowmo_run(rank, steps, tau, alpha, beta, mode):
+def _slowmo_run(rank, steps, tau, alpha, beta, mode, codec="onebit"):
     from squall.optim import SlowMo
 
     ps = _params()
@@ -53,7 +53,7 @@ def _slowmo_run(rank, steps, tau, alpha, beta, mode):
         with torch.no_grad():
             ps[0].add_(1.0)
     opt = SlowMo(torch.optim.SGD(_groups(ps), momentum=0.9), tau=tau, alpha=alpha, beta=beta,
-                 mode=mode)
+                 mode=mode, codec=codec)
     assert opt.param_groups[1]["lr"] == 0.05
     synced = []
     for s in range(steps):
@@ -81,7 +81,9 @@ def _slowmo_bad(rank):
     return True
 
 
-CONFIGS = [(1.0, 0.0, "full"), (0.7, 0.5, "full"), (1.0, 0.5, "compressed")]
+CONFIGS = [(1.0, 0.0, "full", "onebit"), (0.7, 0.5, "full", "onebit"),
+           (1.0, 0.5, "compressed", "onebit"), (1.0, 0.5, "compressed", "int4"),
+           (1.0, 0.5, "compressed", "int2")]
 
 
 def _slowmo_worker(rank, world, steps, tau):
@@ -96,19 +98,23 @@ def test_slowmo_periodic_averaging_reference_and_bad_input():
     steps, tau, world = 9, 3, 2
     res = _dist.run(_slowmo_worker, world=world, args=(steps, tau))
     assert res[0][1] and res[1][1]  # bad input raised on both ranks
-    for k, (alpha, beta, mode) in enumerate(CONFIGS):
+    distance = {}  # compressed: how far each codec's parameters end from full precision
+    for k, (alpha, beta, mode, codec) in enumerate(CONFIGS):
         r0, r1 = res[0][0][k], res[1][0][k]
         # after every synchronisation all ranks hold bit-identical parameters
         for a, b in zip(r0["synced"], r1["synced"]):
-            assert all(torch.equal(x, y) for x, y in zip(a, b)), (alpha, beta, mode)
-        if mode == "compressed":
-            continue
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), (alpha, beta, mode, codec)
         ref = _reference(world, steps, tau, alpha, beta)
+        if mode == "compressed":
+            distance[codec] = sum((got - want).norm() for got, want in zip(r0["final"], ref))
+            continue
         for got, want in zip(r0["final"], ref):
             if alpha == 1.0 and beta == 0.0:
                 assert torch.equal(got, want)  # exactly periodic averaging
             else:
                 assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    # More bits per element, closer to the full-precision synchronisation.
+    assert distance["int4"] < distance["int2"] < distance["onebit"], distance
 
 
 def _slowmo_ckpt(rank, world, path, resume):

@@ -254,6 +254,8 @@ void checkTwoStreams(const Case& c, int pairs) {
 const codec::Spec kOnebit64{codec::CodecId::kOnebit, codec::Scale::kMeanAbs, 64};
 const codec::Spec kOnebitRms{codec::CodecId::kOnebit, codec::Scale::kRms, 128};
 const codec::Spec kInt8{codec::CodecId::kInt8, codec::Scale::kMeanAbs, 64};
+const codec::Spec kInt4{codec::CodecId::kInt4, codec::Scale::kMeanAbs, 64};
+const codec::Spec kInt2{codec::CodecId::kInt2, codec::Scale::kMeanAbs, 128};
 const codec::Spec kFp16{codec::CodecId::kFp16, codec::Scale::kMeanAbs, 0};
 
 TEST(DeviceAllReduceEmu, TwoRanksOnebitSum) { check({2, 1000, kOnebit64, false, false}, 3); }
@@ -261,6 +263,8 @@ TEST(DeviceAllReduceEmu, FourRanksOnebitAvgInPlace) { check({4, 1000, kOnebit64,
 TEST(DeviceAllReduceEmu, FourRanksEmptyChunks) { check({4, 100, kOnebit64, true, false}, 2); }
 TEST(DeviceAllReduceEmu, ThreeRanksRmsBlock128) { check({3, 777, kOnebitRms, false, false}, 2); }
 TEST(DeviceAllReduceEmu, FourRanksInt8Avg) { check({4, 600, kInt8, true, false}, 2); }
+TEST(DeviceAllReduceEmu, ThreeRanksInt4Sum) { check({3, 777, kInt4, false, false}, 2); }
+TEST(DeviceAllReduceEmu, FourRanksInt2AvgInPlace) { check({4, 1001, kInt2, true, true}, 2); }
 TEST(DeviceAllReduceEmu, TwoRanksFp16Sum) { check({2, 301, kFp16, false, true}, 2); }
 TEST(DeviceAllReduceEmu, TwoRanksBf16Buffers) {
   check({2, 500, kOnebit64, true, false, DataType::kBf16}, 2);
@@ -278,6 +282,9 @@ TEST(DeviceAllReduceEmu, ANonFiniteCallLeavesEveryRanksResiduals) {
   Case int8{4, 600, kInt8, true, false};
   int8.badCall = 1;
   check(int8, 3);
+  Case int2{3, 1001, kInt2, false, false};
+  int2.badCall = 1;
+  check(int2, 3);
   // onebit's verdict comes from the decode's scales, also on the fp32 scratch
   // of a bf16 output.
   Case bf16{2, 500, kOnebit64, true, false, DataType::kBf16};

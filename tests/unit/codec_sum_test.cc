@@ -145,6 +145,8 @@ std::vector<Case> allCases() {
                         {CodecId::kOnebit, Scale::kRms, 64},
                         {CodecId::kOnebit, Scale::kRms, 16384},  // a tile per block
                         {CodecId::kInt8, Scale::kMeanAbs, 256},
+                        {CodecId::kInt4, Scale::kMeanAbs, 64},
+                        {CodecId::kInt2, Scale::kMeanAbs, 2048},
                         {CodecId::kFp16, Scale::kMeanAbs, kDefaultBlock},
                         {CodecId::kBf16, Scale::kMeanAbs, kDefaultBlock},
                         {CodecId::kNone, Scale::kMeanAbs, kDefaultBlock}};

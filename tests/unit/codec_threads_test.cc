@@ -167,7 +167,8 @@ TEST_F(CodecThreads, PublicApiGivesTheSingleThreadBytes) {
   const size_t count = 6 * minElementsPerThread() + 2048 + 31;
   for (bool nonFinite : {false, true}) {
     const auto x = makeInput(DType::kF32, count, 99, nonFinite);
-    for (CodecId codec : {CodecId::kOnebit, CodecId::kInt8, CodecId::kFp16}) {
+    for (CodecId codec :
+         {CodecId::kOnebit, CodecId::kInt8, CodecId::kInt4, CodecId::kInt2, CodecId::kFp16}) {
       const Spec spec{codec, Scale::kRms, kDefaultBlock};
       const Encoded one = apiRun(spec, x, count, 1);
       EXPECT_EQ(one.finite, !nonFinite);

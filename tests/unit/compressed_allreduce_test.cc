@@ -189,7 +189,9 @@ TEST_P(CompressedAllReduce, PhaseAlignsBlocksToTheSequence) {
 TEST_P(CompressedAllReduce, MatchesReferenceForEveryCodec) {
   const codec::Spec specs[] = {
       specOf(codec::CodecId::kOnebit, 2048), specOf(codec::CodecId::kInt8, 64),
-      specOf(codec::CodecId::kInt8, 256),    specOf(codec::CodecId::kFp16, 64),
+      specOf(codec::CodecId::kInt8, 256),    specOf(codec::CodecId::kInt4, 64),
+      specOf(codec::CodecId::kInt4, 2048),   specOf(codec::CodecId::kInt2, 64),
+      specOf(codec::CodecId::kInt2, 256),    specOf(codec::CodecId::kFp16, 64),
       specOf(codec::CodecId::kBf16, 64),     specOf(codec::CodecId::kNone, 64)};
   for (int n : {3, 4}) {
     Group group(n);
@@ -435,6 +437,7 @@ TEST_P(CompressedAllReduce, WithoutFeedbackEveryCallIsAFreshStatesCall) {
       Group group(n, options);
       for (const codec::Spec& spec :
            {specOf(codec::CodecId::kOnebit, 64), specOf(codec::CodecId::kInt8, 64),
+            specOf(codec::CodecId::kInt4, 64), specOf(codec::CodecId::kInt2, 64),
             specOf(codec::CodecId::kBf16, 0)}) {
         for (size_t phase : {size_t{0}, size_t{13}}) {
           if (!codec::usesBlocks(spec.codec) && phase != 0) continue;

@@ -182,7 +182,8 @@ std::vector<float> lastOutput(int n, size_t count, const codec::Spec& spec, Comp
 
 TEST(Reliability, ANonFiniteCallDoesNotChangeTheNextCall) {
   constexpr size_t kCount = 3 * 512 + 77;
-  for (codec::CodecId id : {codec::CodecId::kOnebit, codec::CodecId::kInt8}) {
+  for (codec::CodecId id : {codec::CodecId::kOnebit, codec::CodecId::kInt8, codec::CodecId::kInt4,
+                            codec::CodecId::kInt2}) {
     codec::Spec spec;
     spec.codec = id;
     spec.block = 64;
