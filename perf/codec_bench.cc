@@ -1,14 +1,16 @@
-// codec_bench: throughput of the onebit codec kernels (fp32 input) for each
-// implementation and thread count, next to a STREAM-style copy measured in
-// the same run, since the kernels are meant to be memory-bound.
+// codec_bench: throughput of the block codecs' kernels (onebit, int2, int4,
+// int8; fp32 input) for each implementation and thread count, next to a
+// STREAM-style copy measured in the same run, since the kernels are meant to
+// be memory-bound.
 //
 //   codec_bench [--sizes=1M,4M,...] [--iters=N] [--impl=scalar,avx2,avx512]
-//               [--threads=1,2,4,8] [--full] [--json] [--summary]
+//               [--codecs=onebit,int2,int4,int8] [--threads=1,2,4,8] [--full]
+//               [--json] [--summary]
 //   codec_bench --calibrate[=N] [--segment=256K]
 //
 // Each figure is the median of --iters timed runs after one warm-up run, on
-// buffers whose pages were touched beforehand; the configurations (impl x
-// threads) run interleaved, one run of each per iteration in rotating order,
+// buffers whose pages were touched beforehand; per codec, the configurations
+// (impl x threads) run interleaved, one run of each per iteration in rotating order,
 // so that load from other processes falls on all of them alike, and each
 // configuration's per-iteration time ratio to the first one (the "paired"
 // column) is reported next to the medians. GB/s counts the bytes a kernel
@@ -42,6 +44,7 @@ struct Options {
   std::vector<size_t> sizes;
   int iters = 7;
   std::vector<Isa> impls;
+  std::vector<CodecId> codecs;
   std::vector<int> threads;
   bool json = false;
   bool summary = false;
@@ -53,7 +56,8 @@ struct Options {
   std::fprintf(stderr,
                "codec_bench: %s\n"
                "usage: codec_bench [--sizes=1M,4M,16M,64M] [--iters=N] "
-               "[--impl=scalar,avx2,avx512] [--threads=1,2,4,8] [--full] [--json] [--summary]\n"
+               "[--impl=scalar,avx2,avx512] [--codecs=onebit,int2,int4,int8]\n"
+               "                   [--threads=1,2,4,8] [--full] [--json] [--summary]\n"
                "       codec_bench --calibrate[=N] [--segment=256K]\n",
                why);
   std::exit(2);
@@ -109,6 +113,19 @@ Options parseOptions(int argc, char** argv) {
         else
           usage(("unknown implementation \"" + s + "\"").c_str());
       }
+    } else if (const char* v = value("--codecs=")) {
+      for (const std::string& s : split(v)) {
+        if (s == "onebit")
+          o.codecs.push_back(CodecId::kOnebit);
+        else if (s == "int2")
+          o.codecs.push_back(CodecId::kInt2);
+        else if (s == "int4")
+          o.codecs.push_back(CodecId::kInt4);
+        else if (s == "int8")
+          o.codecs.push_back(CodecId::kInt8);
+        else
+          usage(("unknown codec \"" + s + "\" (onebit, int2, int4, int8)").c_str());
+      }
     } else if (const char* v = value("--threads=")) {
       for (const std::string& t : split(v)) {
         const int n = std::atoi(t.c_str());
@@ -142,6 +159,8 @@ Options parseOptions(int argc, char** argv) {
   }
   if (o.summary && o.iters == 7) o.iters = 3;
   if (o.impls.empty()) o.impls = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+  if (o.codecs.empty())
+    o.codecs = {CodecId::kOnebit, CodecId::kInt2, CodecId::kInt4, CodecId::kInt8};
   if (o.threads.empty()) o.threads = {1};
   return o;
 }
@@ -212,6 +231,7 @@ void copyFloats(const float* src, float* dst, size_t n) {
 // ---- the measurements ------------------------------------------------------
 
 struct Result {
+  const char* codec;
   const char* impl;
   int threads;
   const char* kernel;
@@ -234,26 +254,29 @@ constexpr int kKernelRows = 7;
 struct SizeRun {
   double copyGbps = 0;
   int iters = 0;
-  std::vector<Result> results;  // per config: encode+EF, decode, accumulate
+  std::vector<Result> results;  // per codec, per config: kKernelRows rows
 };
 
-SizeRun measureSize(const Options& o, size_t count) {
-  const Spec spec{CodecId::kOnebit, Scale::kMeanAbs, kDefaultBlock};
+// The fp32 buffers every codec of one size shares.
+struct Floats {
+  explicit Floats(size_t count) : x(count * 4), eIn(count * 4), eOut(count * 4), out(count * 4) {}
+  Buffer x, eIn, eOut, out;
+};
+
+// Bits per element in a block codec's data section.
+size_t codeBits(CodecId codec) { return codec == CodecId::kOnebit ? 1 : intBits(codec); }
+
+// Measures one codec's kernels at `count` elements into run.results; the
+// configurations (impl x threads) are interleaved, paired to the first.
+void measureCodec(const Options& o, size_t count, CodecId codec, const Floats& f, SizeRun& run) {
+  const Spec spec{codec, Scale::kMeanAbs, kDefaultBlock};
   Layout layout;
   if (layoutFor(spec, count, &layout) != Status::kOk) usage("size too large");
-
-  Buffer x(count * 4), eIn(count * 4), eOut(count * 4), out(count * 4);
+  const Buffer& x = f.x;
+  const Buffer& eIn = f.eIn;
+  const Buffer& eOut = f.eOut;
+  const Buffer& out = f.out;
   Buffer payload(layout.payloadBytes);
-  for (size_t i = 0; i < count; ++i) {
-    x.floats()[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) * 1e-3f;
-    eIn.floats()[i] = static_cast<float>(static_cast<int>(i * 40503u % 201) - 100) * 1e-5f;
-  }
-
-  SizeRun run;
-  run.iters = o.iters;
-  const double copySeconds =
-      medianSeconds(o.iters, [&] { copyFloats(x.floats(), out.floats(), count); });
-  run.copyGbps = 2.0 * 4.0 * static_cast<double>(count) / copySeconds / 1e9;
 
   struct Config {
     const KernelTable* table;
@@ -285,7 +308,7 @@ SizeRun measureSize(const Options& o, size_t count) {
       // A segment of whole blocks seen as its own call (parallel.cc, rebase).
       Layout l = layout;
       l.blocks = (m + spec.block - 1) / spec.block;
-      l.dataOffset = layout.dataOffset + at / 8 - (at / spec.block) * 4;
+      l.dataOffset = layout.dataOffset + at * codeBits(codec) / 8 - (at / spec.block) * 4;
       seg.payload = payload.data + (at / spec.block) * 4;
       seg.layout = l;
       parallelDecode(k.decode, seg, threads);
@@ -296,7 +319,7 @@ SizeRun measureSize(const Options& o, size_t count) {
   // times[config][kernel][iteration]
   std::vector<std::array<std::vector<double>, kKernels>> times(configs.size());
   auto once = [&](const Config& c, int kernel) {
-    const CodecKernels& k = c.table->codecs[static_cast<int>(CodecId::kOnebit)];
+    const CodecKernels& k = c.table->codecs[static_cast<int>(codec)];
     switch (kernel) {
       case 0: return secondsOf([&] { (void)parallelEncode(k.encode, ejob, c.threads); });
       case 1: return secondsOf([&] { parallelDecode(k.decode, djob, c.threads); });
@@ -337,12 +360,27 @@ SizeRun measureSize(const Options& o, size_t count) {
         ratios.push_back(t[i] / times[0][kernel][i]);
         wins += t[i] < times[0][kernel][i] ? 1 : 0;
       }
-      run.results.push_back({configs[c].table->name, configs[c].threads, names[kernel], count,
-                             medianOf(t), *std::min_element(t.begin(), t.end()),
+      run.results.push_back({codecName(codec), configs[c].table->name, configs[c].threads,
+                             names[kernel], count, medianOf(t),
+                             *std::min_element(t.begin(), t.end()),
                              *std::max_element(t.begin(), t.end()), medianOf(ratios), wins,
                              traffic[kernel], run.copyGbps});
     }
   }
+}
+
+SizeRun measureSize(const Options& o, size_t count) {
+  Floats f(count);
+  for (size_t i = 0; i < count; ++i) {
+    f.x.floats()[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    f.eIn.floats()[i] = static_cast<float>(static_cast<int>(i * 40503u % 201) - 100) * 1e-5f;
+  }
+  SizeRun run;
+  run.iters = o.iters;
+  const double copySeconds =
+      medianSeconds(o.iters, [&] { copyFloats(f.x.floats(), f.out.floats(), count); });
+  run.copyGbps = 2.0 * 4.0 * static_cast<double>(count) / copySeconds / 1e9;
+  for (CodecId codec : o.codecs) measureCodec(o, count, codec, f, run);
   return run;
 }
 
@@ -351,42 +389,57 @@ std::string sizeLabel(size_t count) {
   return std::to_string(count);
 }
 
-// The median time of the same implementation and kernel at one thread in
-// this run (0 when one thread was not measured).
+// The median time of the same codec, implementation and kernel at one thread
+// in this run (0 when one thread was not measured).
 double oneThreadSeconds(const SizeRun& run, const Result& r) {
   for (const Result& o : run.results)
-    if (o.threads == 1 && o.kernel == r.kernel && std::strcmp(o.impl, r.impl) == 0)
+    if (o.threads == 1 && o.kernel == r.kernel && std::strcmp(o.impl, r.impl) == 0 &&
+        std::strcmp(o.codec, r.codec) == 0)
       return o.seconds;
   return 0;
 }
 
+// The first result of r's codec in this run: what its "paired" column is
+// relative to.
+const Result& pairedBase(const SizeRun& run, const Result& r) {
+  for (const Result& o : run.results)
+    if (std::strcmp(o.codec, r.codec) == 0) return o;
+  return r;
+}
+
 void printTable(const std::vector<SizeRun>& runs) {
-  std::printf("%-6s %-7s %3s %-11s %9s %19s %9s %8s %7s %7s %8s %s\n", "size", "impl", "thr",
-              "kernel", "ms", "range ms", "Gelem/s", "GB/s", "%copy", "xthr1", "paired", "wins");
+  std::printf("%-6s %-6s %-7s %3s %-16s %9s %19s %9s %8s %7s %7s %8s %s\n", "size", "codec", "impl",
+              "thr", "kernel", "ms", "range ms", "Gelem/s", "GB/s", "%copy", "xthr1", "paired",
+              "wins");
   for (const SizeRun& run : runs) {
     for (const Result& r : run.results) {
       const double one = oneThreadSeconds(run, r);
-      std::printf("%-6s %-7s %3d %-11s %9.3f %9.3f-%-9.3f %9.3f %8.2f %6.1f%% %6.2fx %8.3f %d/%d\n",
-                  sizeLabel(r.count).c_str(), r.impl, r.threads, r.kernel, r.seconds * 1e3,
-                  r.minSeconds * 1e3, r.maxSeconds * 1e3, r.elementsPerSecond() / 1e9, r.gbps(),
-                  r.percentOfCopy(), one > 0 ? one / r.seconds : 0.0, r.paired, r.pairedWins,
-                  run.iters);
+      std::printf(
+          "%-6s %-6s %-7s %3d %-16s %9.3f %9.3f-%-9.3f %9.3f %8.2f %6.1f%% %6.2fx %8.3f %d/%d\n",
+          sizeLabel(r.count).c_str(), r.codec, r.impl, r.threads, r.kernel, r.seconds * 1e3,
+          r.minSeconds * 1e3, r.maxSeconds * 1e3, r.elementsPerSecond() / 1e9, r.gbps(),
+          r.percentOfCopy(), one > 0 ? one / r.seconds : 0.0, r.paired, r.pairedWins, run.iters);
     }
-    if (!run.results.empty())
-      std::printf("# %s: copy %.2f GB/s; paired = median per-iteration time / %s %d-thread time\n",
-                  sizeLabel(run.results[0].count).c_str(), run.copyGbps, run.results[0].impl,
-                  run.results[0].threads);
+    if (!run.results.empty()) {
+      const Result& base = pairedBase(run, run.results[0]);
+      std::printf(
+          "# %s: copy %.2f GB/s; paired = median per-iteration time / the codec's %s %d-thread "
+          "time\n",
+          sizeLabel(run.results[0].count).c_str(), run.copyGbps, base.impl, base.threads);
+    }
   }
 }
 
 void printSummary(const std::vector<SizeRun>& runs) {
   for (const SizeRun& run : runs) {
     if (run.results.empty()) continue;
-    std::printf("onebit codec, %s fp32 elements; copy %.1f GB/s\n",
-                sizeLabel(run.results[0].count).c_str(), run.copyGbps);
-    std::printf("  %-7s %3s %18s %18s %18s\n", "impl", "thr", "encode+EF", "decode", "accumulate");
+    std::printf("%s fp32 elements; copy %.1f GB/s\n", sizeLabel(run.results[0].count).c_str(),
+                run.copyGbps);
+    std::printf("  %-6s %-7s %3s %18s %18s %18s\n", "codec", "impl", "thr", "encode+EF", "decode",
+                "accumulate");
     for (size_t i = 0; i + 2 < run.results.size(); i += kKernelRows) {
-      std::printf("  %-7s %3d", run.results[i].impl, run.results[i].threads);
+      std::printf("  %-6s %-7s %3d", run.results[i].codec, run.results[i].impl,
+                  run.results[i].threads);
       for (size_t j = i; j < i + 3; ++j) {
         std::printf(" %7.1f GB/s %3.0f%%", run.results[j].gbps(), run.results[j].percentOfCopy());
       }
@@ -401,14 +454,15 @@ void printJson(const std::vector<SizeRun>& runs) {
   for (const SizeRun& run : runs) {
     for (const Result& r : run.results) {
       std::printf(
-          "%s  {\"impl\": \"%s\", \"threads\": %d, \"kernel\": \"%s\", \"elements\": %zu, "
+          "%s  {\"codec\": \"%s\", \"impl\": \"%s\", \"threads\": %d, \"kernel\": \"%s\", "
+          "\"elements\": %zu, "
           "\"seconds\": %.6g, \"seconds_min\": %.6g, \"seconds_max\": %.6g, "
           "\"elements_per_s\": %.6g, \"gb_per_s\": %.4g, \"copy_gb_per_s\": %.4g, "
           "\"percent_of_copy\": %.4g, \"paired_ratio\": %.4g, \"paired_wins\": %d, "
           "\"iters\": %d, \"affinity_cores\": %d}",
-          first ? "" : ",\n", r.impl, r.threads, r.kernel, r.count, r.seconds, r.minSeconds,
-          r.maxSeconds, r.elementsPerSecond(), r.gbps(), r.copyGbps, r.percentOfCopy(), r.paired,
-          r.pairedWins, run.iters, affinityCores());
+          first ? "" : ",\n", r.codec, r.impl, r.threads, r.kernel, r.count, r.seconds,
+          r.minSeconds, r.maxSeconds, r.elementsPerSecond(), r.gbps(), r.copyGbps,
+          r.percentOfCopy(), r.paired, r.pairedWins, run.iters, affinityCores());
       first = false;
     }
   }

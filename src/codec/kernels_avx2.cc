@@ -15,7 +15,12 @@
 //     is 64-byte aligned, whole words of residualOut (encode) or of the
 //     output (plain decode) are written with streaming stores, and the kernel
 //     ends with a store fence; the values are the same;
-//   * the other codecs (none, fp16, bf16, int8) use the scalar kernels.
+//   * int2, int4 and int8 find the block's max|z| in a first walk and write
+//     codes and residuals in the second, 32 elements (four vectors) at a time:
+//     z / s is a true division, rounded to nearest even, clamped, then packed
+//     to bytes (packs + permute) and to nibbles or 2-bit fields (maddubs);
+//     decode shifts each field to the top of a lane and back, arithmetically;
+//   * the other codecs (none, fp16, bf16) use the scalar kernels.
 // Everything here has internal linkage and avoids out-of-line helpers from
 // shared headers: this file is compiled with -mavx2, and a shared inline
 // function emitted here could be picked by the linker for scalar callers.
@@ -429,6 +434,310 @@ void onebitSum(const DecodeJob* jobs, size_t n, int divisor) {
   }
 }
 
+// ---- int2, int4, int8: block-scaled integers -------------------------------
+
+// s = max|z| / L per block, q = clamp(roundEven(z / s), -L, L): the same IEEE
+// operations as the reference (a true division, round-to-nearest-even, min
+// and max), eight lanes at a time. The block's max|z| is an integer max of
+// the magnitudes' bits, which orders finite magnitudes as floats do and puts
+// an infinity or a NaN above every finite one, so one reduction gives both
+// the scale and the finite test (the max is order-independent, so any lane
+// order gives the reference's value).
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;
+
+template <typename Source>
+uint32_t blockMaxBits(const Source& src, size_t start, size_t n) {
+  const __m256i absMask = _mm256_set1_epi32(static_cast<int>(kAbsMask));
+  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256i m = _mm256_and_si256(
+          _mm256_castps_si256(src.load8(start + i + 8 * static_cast<size_t>(k))), absMask);
+      acc[k] = _mm256_max_epu32(acc[k], m);
+    }
+  }
+  for (; i + 8 <= n; i += 8)
+    acc[0] = _mm256_max_epu32(acc[0],
+                              _mm256_and_si256(_mm256_castps_si256(src.load8(start + i)), absMask));
+  const __m256i m8 =
+      _mm256_max_epu32(_mm256_max_epu32(acc[0], acc[1]), _mm256_max_epu32(acc[2], acc[3]));
+  const __m128i m4 = _mm_max_epu32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+  const __m128i m2 = _mm_max_epu32(m4, _mm_shuffle_epi32(m4, 0x4e));
+  const __m128i m1 = _mm_max_epu32(m2, _mm_shuffle_epi32(m2, 0xb1));
+  uint32_t best = static_cast<uint32_t>(_mm_cvtsi128_si32(m1));
+  for (; i < n; ++i) {  // the buffer's last block may end mid-vector
+    const uint32_t bits = floatBits(src.load1(start + i)) & kAbsMask;
+    best = bits > best ? bits : best;
+  }
+  return best;
+}
+
+// 32 codes q (int32, |q| <= 127, four vectors of eight in element order) as
+// 32 bytes in element order.
+__m256i codeBytes(const __m256i q[4]) {
+  const __m256i p01 = _mm256_packs_epi32(q[0], q[1]);  // per lane: q0 q1 quads
+  const __m256i p23 = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i bytes = _mm256_packs_epi16(p01, p23);  // dword 4m + L: q[m] quad L
+  return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Packs 32 codes into 32 * kBits / 8 bytes at `out`: the wire's two's
+// complement fields, element i of the run at bit kBits * i.
+template <int kBits>
+void storeCodes(const __m256i q[4], uint8_t* out) {
+  const __m256i codes = codeBytes(q);
+  if constexpr (kBits == 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), codes);
+  } else if constexpr (kBits == 4) {
+    // Each byte pair (even element low) becomes lo + 16 * hi in a word.
+    const __m256i fields = _mm256_and_si256(codes, _mm256_set1_epi8(0x0f));
+    const __m256i words = _mm256_maddubs_epi16(fields, _mm256_set1_epi16(0x1001));
+    const __m256i packed = _mm256_packus_epi16(words, words);        // lane L: its 8 bytes twice
+    const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);  // qwords 0, 2
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(ordered));
+  } else {
+    static_assert(kBits == 2);
+    const __m256i fields = _mm256_and_si256(codes, _mm256_set1_epi8(0x03));
+    const __m256i pairs = _mm256_maddubs_epi16(fields, _mm256_set1_epi16(0x0401));  // a + 4b
+    const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));  // + 16 (c + 4d)
+    // Byte 0 of each dword, lane by lane, then the two lanes' four bytes.
+    const __m256i gathered = _mm256_shuffle_epi8(
+        quads, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4,
+                                8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1));
+    const __m256i ordered =
+        _mm256_permutevar8x32_epi32(gathered, _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(ordered));
+  }
+}
+
+// 32 elements from `first`: their codes into out (32 * kBits / 8 bytes) and,
+// with error feedback, residualOut = z - r * s (a product then a difference,
+// as the reference). kLive is false for a block whose scale is zero or not
+// finite: r = 0 there, and the residual is still z - 0 * s.
+template <int kBits, bool kLive, bool kEf, bool kStream, typename Source>
+void encodeRun32(const Source& src, size_t first, __m256 s, float* eOut, uint8_t* out) {
+  constexpr float kLevels = static_cast<float>((1 << (kBits - 1)) - 1);
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) {
+    const size_t i = first + 8 * static_cast<size_t>(k);
+    const __m256 z = src.load8(i);
+    __m256 r = _mm256_setzero_ps();
+    if constexpr (kLive) {
+      r = _mm256_round_ps(_mm256_div_ps(z, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-kLevels)), _mm256_set1_ps(kLevels));
+    }
+    q[k] = _mm256_cvttps_epi32(r);
+    if constexpr (kEf) {
+      const __m256 e = _mm256_sub_ps(z, _mm256_mul_ps(r, s));
+      if constexpr (kStream) {
+        _mm256_stream_ps(eOut + i, e);
+      } else {
+        _mm256_storeu_ps(eOut + i, e);
+      }
+    }
+  }
+  storeCodes<kBits>(q, out);
+}
+
+// The buffer's last run of fewer than 32 elements, staged through a
+// zero-padded copy so that the same vector operations run; only its own
+// residuals and code bytes are written back.
+template <int kBits, bool kLive, DType kDType, bool kEf>
+void encodePartialRun(const ZSource<kDType, kEf>& src, size_t first, size_t count, __m256 s,
+                      float* eOut, uint8_t* out) {
+  constexpr size_t kBytes = Input<kDType>::kBytes;
+  alignas(32) uint8_t x[32 * kBytes] = {};
+  alignas(32) float e[32] = {};
+  alignas(32) float eStaged[32];
+  alignas(32) uint8_t codes[32];
+  std::memcpy(x, src.x + first * kBytes, count * kBytes);
+  if constexpr (kEf) std::memcpy(e, src.e + first, count * 4);
+  const ZSource<kDType, kEf> staged{x, e};
+  encodeRun32<kBits, kLive, kEf, false>(staged, 0, s, eStaged, codes);
+  if constexpr (kEf) std::memcpy(eOut + first, eStaged, count * 4);
+  std::memcpy(out, codes, (count * kBits + 7) / 8);
+}
+
+// With streaming residual stores, the second walk of a block reads only
+// the caches; asking for the next block's x and e one run at a time then
+// keeps memory busy meanwhile (into L2: the current block stays in L1).
+// With cached stores the residual's read-for-ownership competes for the
+// same line fills, and measured slower with the prefetch than without.
+template <DType kDType, bool kEf>
+void prefetchNextBlock(const ZSource<kDType, kEf>& src, size_t i) {
+  constexpr size_t kBytes = Input<kDType>::kBytes;
+  // Integer addresses: the last run's lines may lie past the buffer, which a
+  // prefetch may touch but pointer arithmetic may not name.
+  const uintptr_t x = reinterpret_cast<uintptr_t>(src.x) + i * kBytes;
+  for (size_t line = 0; line < 32 * kBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(x + line), _MM_HINT_T1);
+  if constexpr (kEf) {
+    const uintptr_t e = reinterpret_cast<uintptr_t>(src.e) + i * 4;
+    for (size_t line = 0; line < 32 * 4; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(e + line), _MM_HINT_T1);
+  }
+}
+
+template <int kBits, bool kLive, DType kDType, bool kEf, bool kStream>
+void encodeBlock(const ZSource<kDType, kEf>& src, size_t start, size_t end, size_t ahead, float s,
+                 float* eOut, uint8_t* data) {
+  const __m256 sv = _mm256_set1_ps(s);
+  size_t i = start;
+  for (; i + 32 <= end; i += 32) {
+    if constexpr (kStream)
+      if (ahead != 0) prefetchNextBlock(src, i + ahead);
+    encodeRun32<kBits, kLive, kEf, kStream>(src, i, sv, eOut, data + i * kBits / 8);
+  }
+  if (i < end) encodePartialRun<kBits, kLive>(src, i, end - i, sv, eOut, data + i * kBits / 8);
+}
+
+template <CodecId kCodec, DType kDType, bool kEf, bool kStream = false>
+bool intEncode(const EncodeJob& job) {
+  constexpr int kBits = intBits(kCodec);
+  constexpr float kLevels = static_cast<float>(intLevels(kCodec));
+  const ZSource<kDType, kEf> src{static_cast<const uint8_t*>(job.input), job.residualIn};
+  uint8_t* scales = job.payload;
+  uint8_t* data = job.payload + job.layout.dataOffset;
+  const size_t block = job.spec.block;
+  bool finite = true;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, job.count - start);
+    const uint32_t maxBits = blockMaxBits(src, start, end - start);
+    const size_t ahead = b + 1 < job.layout.blocks ? block : 0;  // to the next block, if any
+    const bool blockFinite = maxBits < kInfBits;
+    const float s = blockFinite ? bitsFloat(maxBits) / kLevels : bitsFloat(kNanBits);
+    std::memcpy(scales + 4 * b, &s, 4);
+    finite = finite && blockFinite;
+    if (blockFinite && s != 0.0f) {
+      encodeBlock<kBits, true, kDType, kEf, kStream>(src, start, end, ahead, s, job.residualOut,
+                                                     data);
+    } else {
+      encodeBlock<kBits, false, kDType, kEf, kStream>(src, start, end, ahead, s, job.residualOut,
+                                                      data);
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+  return finite;
+}
+
+template <CodecId kCodec, DType kDType>
+bool intEncodeFor(const EncodeJob& job) {
+  if (job.residualIn == nullptr) return intEncode<kCodec, kDType, false>(job);
+  if (streamStores(job.stream, job.residualOut)) return intEncode<kCodec, kDType, true, true>(job);
+  return intEncode<kCodec, kDType, true>(job);
+}
+
+template <CodecId kCodec>
+bool intEncodeAny(const EncodeJob& job) {
+  switch (job.dtype) {
+    case DType::kF32: return intEncodeFor<kCodec, DType::kF32>(job);
+    case DType::kF16: return intEncodeFor<kCodec, DType::kF16>(job);
+    case DType::kBf16: return intEncodeFor<kCodec, DType::kBf16>(job);
+  }
+  return false;
+}
+
+// Eight codes from element `i` (a multiple of 8 from a block start, so a
+// whole number of bytes in), sign-extended to int32: each field is shifted
+// to the top of its lane, then arithmetically back down.
+template <int kBits>
+__m256i loadCodes8(const uint8_t* data, size_t i) {
+  if constexpr (kBits == 8) {
+    return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + i)));
+  } else if constexpr (kBits == 4) {
+    uint32_t w;
+    std::memcpy(&w, data + i / 2, 4);
+    const __m256i top = _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0));
+    return _mm256_srai_epi32(top, 28);
+  } else {
+    static_assert(kBits == 2);
+    uint16_t w;
+    std::memcpy(&w, data + i / 4, 2);
+    const __m256i top = _mm256_sllv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(30, 28, 26, 24, 22, 20, 18, 16));
+    return _mm256_srai_epi32(top, 30);
+  }
+}
+
+// Element i's code, for the tails (as the reference's IntCode::read).
+template <int kBits>
+int readCode(const uint8_t* data, size_t i) {
+  constexpr size_t kPerByte = 8 / kBits;
+  constexpr unsigned kMask = (1u << kBits) - 1u;
+  const unsigned field = (data[i / kPerByte] >> (kBits * (i % kPerByte))) & kMask;
+  return static_cast<int>(field) - (field >= (kMask + 1) / 2 ? static_cast<int>(kMask) + 1 : 0);
+}
+
+template <bool kAccumulate, bool kStream>
+void storeDecoded(float* o, __m256 d) {
+  if constexpr (kAccumulate) d = _mm256_add_ps(_mm256_loadu_ps(o), d);
+  if constexpr (kStream) {
+    _mm256_stream_ps(o, d);
+  } else {
+    _mm256_storeu_ps(o, d);
+  }
+}
+
+// value = q * s; a block whose scale is not finite decodes to the canonical
+// NaN, one whose scale is zero to +0.0, whatever its codes.
+template <CodecId kCodec, bool kAccumulate, bool kStream>
+void intDecodeWith(const DecodeJob& job) {
+  constexpr int kBits = intBits(kCodec);
+  const uint8_t* scales = job.payload;
+  const uint8_t* data = job.payload + job.layout.dataOffset;
+  float* out = job.output;
+  const size_t block = job.spec.block;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, job.count - start);
+    const float s = loadFloat(scales, b);
+    const bool live = isFinite(s) && s != 0.0f;
+    const float fill = isFinite(s) ? 0.0f : bitsFloat(kNanBits);
+    const __m256 sv = _mm256_set1_ps(s);
+    const __m256 fillv = _mm256_set1_ps(fill);
+    size_t i = start;
+    if (live) {
+      for (; i + 32 <= end; i += 32) {
+        for (int k = 0; k < 4; ++k) {
+          const size_t at = i + 8 * static_cast<size_t>(k);
+          const __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(loadCodes8<kBits>(data, at)), sv);
+          storeDecoded<kAccumulate, kStream>(out + at, d);
+        }
+      }
+      for (; i + 8 <= end; i += 8)
+        storeDecoded<kAccumulate, kStream>(
+            out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(loadCodes8<kBits>(data, i)), sv));
+      for (; i < end; ++i) {
+        const float d = static_cast<float>(readCode<kBits>(data, i)) * s;
+        out[i] = kAccumulate ? out[i] + d : d;
+      }
+    } else {
+      for (; i + 8 <= end; i += 8) storeDecoded<kAccumulate, kStream>(out + i, fillv);
+      for (; i < end; ++i) out[i] = kAccumulate ? out[i] + fill : fill;
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+template <CodecId kCodec, bool kAccumulate>
+void intDecode(const DecodeJob& job) {
+  if (!kAccumulate && streamStores(job.stream, job.output)) {
+    intDecodeWith<kCodec, false, true>(job);
+  } else {
+    intDecodeWith<kCodec, kAccumulate, false>(job);
+  }
+}
+
+template <CodecId kCodec>
+CodecKernels intKernels() {
+  return {intEncodeAny<kCodec>, intDecode<kCodec, false>, intDecode<kCodec, true>, nullptr};
+}
+
 // ---- the table -----------------------------------------------------------
 
 KernelTable buildTable() {
@@ -436,6 +745,9 @@ KernelTable buildTable() {
   t.name = "avx2";
   t.codecs[static_cast<int>(CodecId::kOnebit)] = {onebitEncodeAny, onebitDecode<false>,
                                                   onebitDecode<true>, onebitSum};
+  t.codecs[static_cast<int>(CodecId::kInt8)] = intKernels<CodecId::kInt8>();
+  t.codecs[static_cast<int>(CodecId::kInt4)] = intKernels<CodecId::kInt4>();
+  t.codecs[static_cast<int>(CodecId::kInt2)] = intKernels<CodecId::kInt2>();
   return t;
 }
 

@@ -16,6 +16,13 @@
 //     is 64-byte aligned, whole words of residualOut (encode) or of the
 //     output (plain decode) are written with streaming stores, and the kernel
 //     ends with a store fence; the values are the same;
+//   * int2, int4 and int8 find the block's max|z| in a first walk and write
+//     codes and residuals in the second, 64 elements (four vectors) at a
+//     time: z / s is a true division, rounded to nearest even, clamped, then
+//     packed to bytes (packs + permute) and to nibbles or 2-bit fields
+//     (maddubs, then a truncating narrow); a tail's codes are stored through
+//     a byte mask; decode repeats each byte once per field, shifts the field
+//     to the top of a lane and back, arithmetically;
 //   * the other codecs use the scalar kernels.
 // Everything here has internal linkage (see kernels_avx2.cc for why).
 // GCC 12's AVX-512 headers trip -Wmaybe-uninitialized (and, once inlined
@@ -381,6 +388,281 @@ void onebitSum(const DecodeJob* jobs, size_t n, int divisor) {
   }
 }
 
+// ---- int2, int4, int8: block-scaled integers -------------------------------
+
+// s = max|z| / L per block, q = clamp(roundEven(z / s), -L, L), with the
+// reference's IEEE operations (a true division, round-to-nearest-even, min
+// and max), sixteen lanes at a time. max|z| is an integer max of the
+// magnitudes' bits: it orders finite magnitudes as floats do and puts an
+// infinity or a NaN above all of them, so one reduction gives the scale and
+// the finite test; masked-out lanes load 0.0, which changes neither.
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr uint32_t kInfBits = 0x7f800000u;
+
+template <typename Source>
+uint32_t blockMaxBits(const Source& src, size_t start, size_t n) {
+  const __m512i absMask = _mm512_set1_epi32(static_cast<int>(kAbsMask));
+  __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    for (int k = 0; k < 4; ++k) {
+      const __m512 z = src.load16(start + i + 16 * static_cast<size_t>(k), 0xffff);
+      acc[k] = _mm512_max_epu32(acc[k], _mm512_and_si512(_mm512_castps_si512(z), absMask));
+    }
+  }
+  if (i < n) {  // the buffer's last block may end mid-run
+    const size_t rest = n - i;
+    for (int k = 0; k < 4; ++k) {
+      const __m512 z = src.load16(start + i + 16 * static_cast<size_t>(k), chunkMask(rest, k));
+      acc[k] = _mm512_max_epu32(acc[k], _mm512_and_si512(_mm512_castps_si512(z), absMask));
+    }
+  }
+  const __m512i m =
+      _mm512_max_epu32(_mm512_max_epu32(acc[0], acc[1]), _mm512_max_epu32(acc[2], acc[3]));
+  return _mm512_reduce_max_epu32(m);
+}
+
+// The mask of the first `bytes` bytes of a vector.
+template <typename Mask>
+Mask byteMask(size_t bytes) {
+  constexpr size_t kWidth = sizeof(Mask) * 8;
+  return bytes >= kWidth ? static_cast<Mask>(~Mask{0}) : static_cast<Mask>((Mask{1} << bytes) - 1u);
+}
+
+// Packs 64 codes q (int32, |q| <= 127, four vectors of sixteen in element
+// order) into 64 * kBits / 8 bytes at `out`, the wire's two's complement
+// fields (element i of the run at bit kBits * i); only the first `bytes`
+// are written.
+template <int kBits>
+void storeCodes(const __m512i q[4], uint8_t* out, size_t bytes) {
+  const __m512i p01 = _mm512_packs_epi32(q[0], q[1]);  // per lane: q0 q1 quads
+  const __m512i p23 = _mm512_packs_epi32(q[2], q[3]);
+  const __m512i lanes = _mm512_packs_epi16(p01, p23);  // dword 4L + m: q[m] quad L
+  const __m512i codes = _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), lanes);
+  if constexpr (kBits == 8) {
+    _mm512_mask_storeu_epi8(out, byteMask<__mmask64>(bytes), codes);
+  } else if constexpr (kBits == 4) {
+    // Each byte pair (even element low) becomes lo + 16 * hi in a word.
+    const __m512i fields = _mm512_and_si512(codes, _mm512_set1_epi8(0x0f));
+    const __m512i words = _mm512_maddubs_epi16(fields, _mm512_set1_epi16(0x1001));
+    _mm256_mask_storeu_epi8(out, byteMask<__mmask32>(bytes), _mm512_cvtepi16_epi8(words));
+  } else {
+    static_assert(kBits == 2);
+    const __m512i fields = _mm512_and_si512(codes, _mm512_set1_epi8(0x03));
+    const __m512i pairs = _mm512_maddubs_epi16(fields, _mm512_set1_epi16(0x0401));  // a + 4b
+    const __m512i quads = _mm512_madd_epi16(pairs, _mm512_set1_epi32(0x00100001));  // + 16 (c + 4d)
+    _mm_mask_storeu_epi8(out, byteMask<__mmask16>(bytes), _mm512_cvtepi32_epi8(quads));
+  }
+}
+
+// `count` (at most 64) elements from `first`: their codes into out and, with
+// error feedback, residualOut = z - r * s (a product then a difference, as
+// the reference), streamed when kStream (whole runs only, eOut + first
+// 64-byte aligned). kLive is false for a block whose scale is zero or not
+// finite: r = 0 there, and the residual is still z - 0 * s.
+template <int kBits, bool kLive, bool kEf, bool kStream, typename Source>
+void encodeRun64(const Source& src, size_t first, size_t count, __m512 s, float* eOut,
+                 uint8_t* out) {
+  constexpr float kLevels = static_cast<float>((1 << (kBits - 1)) - 1);
+  __m512i q[4];
+  for (int k = 0; k < 4; ++k) {
+    const size_t i = first + 16 * static_cast<size_t>(k);
+    const __mmask16 m = chunkMask(count, k);
+    const __m512 z = src.load16(i, m);
+    __m512 r = _mm512_setzero_ps();
+    if constexpr (kLive) {
+      r = _mm512_roundscale_ps(_mm512_div_ps(z, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-kLevels)), _mm512_set1_ps(kLevels));
+    }
+    q[k] = _mm512_cvttps_epi32(r);
+    if constexpr (kEf) {
+      const __m512 e = _mm512_sub_ps(z, _mm512_mul_ps(r, s));
+      if constexpr (kStream) {
+        _mm512_stream_ps(eOut + i, e);
+      } else {
+        _mm512_mask_storeu_ps(eOut + i, m, e);
+      }
+    }
+  }
+  storeCodes<kBits>(q, out, (count * kBits + 7) / 8);
+}
+
+// With streaming residual stores, the second walk of a block reads only
+// the caches; asking for the next block's x and e one run at a time then
+// keeps memory busy meanwhile (into L2: the current block stays in L1).
+// With cached stores the residual's read-for-ownership competes for the
+// same line fills (measured slower on AVX2, kernels_avx2.cc).
+template <DType kDType, bool kEf>
+void prefetchNextBlock(const ZSource<kDType, kEf>& src, size_t i) {
+  constexpr size_t kBytes = (kDType == DType::kF32 ? 4 : 2);
+  // Integer addresses: the last run's lines may lie past the buffer, which a
+  // prefetch may touch but pointer arithmetic may not name.
+  const uintptr_t x = reinterpret_cast<uintptr_t>(src.x) + i * kBytes;
+  for (size_t line = 0; line < 64 * kBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(x + line), _MM_HINT_T1);
+  if constexpr (kEf) {
+    const uintptr_t e = reinterpret_cast<uintptr_t>(src.e) + i * 4;
+    for (size_t line = 0; line < 64 * 4; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(e + line), _MM_HINT_T1);
+  }
+}
+
+template <int kBits, bool kLive, bool kEf, bool kStream, typename Source>
+void encodeBlock(const Source& src, size_t start, size_t end, size_t ahead, float s, float* eOut,
+                 uint8_t* data) {
+  const __m512 sv = _mm512_set1_ps(s);
+  size_t i = start;
+  // Whole runs get a constant count, so that their masks fold away.
+  for (; i + 64 <= end; i += 64) {
+    if constexpr (kStream)
+      if (ahead != 0) prefetchNextBlock(src, i + ahead);
+    encodeRun64<kBits, kLive, kEf, kStream>(src, i, 64, sv, eOut, data + i * kBits / 8);
+  }
+  if (i < end)
+    encodeRun64<kBits, kLive, kEf, false>(src, i, end - i, sv, eOut, data + i * kBits / 8);
+}
+
+template <CodecId kCodec, DType kDType, bool kEf, bool kStream = false>
+bool intEncode(const EncodeJob& job) {
+  constexpr int kBits = intBits(kCodec);
+  constexpr float kLevels = static_cast<float>(intLevels(kCodec));
+  const ZSource<kDType, kEf> src{static_cast<const uint8_t*>(job.input), job.residualIn};
+  uint8_t* scales = job.payload;
+  uint8_t* data = job.payload + job.layout.dataOffset;
+  const size_t block = job.spec.block;
+  bool finite = true;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, job.count - start);
+    const uint32_t maxBits = blockMaxBits(src, start, end - start);
+    const size_t ahead = b + 1 < job.layout.blocks ? block : 0;  // to the next block, if any
+    const bool blockFinite = maxBits < kInfBits;
+    const float s = blockFinite ? bitsFloat(maxBits) / kLevels : bitsFloat(kNanBits);
+    std::memcpy(scales + 4 * b, &s, 4);
+    finite = finite && blockFinite;
+    if (blockFinite && s != 0.0f) {
+      encodeBlock<kBits, true, kEf, kStream>(src, start, end, ahead, s, job.residualOut, data);
+    } else {
+      encodeBlock<kBits, false, kEf, kStream>(src, start, end, ahead, s, job.residualOut, data);
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+  return finite;
+}
+
+template <CodecId kCodec, DType kDType>
+bool intEncodeFor(const EncodeJob& job) {
+  if (job.residualIn == nullptr) return intEncode<kCodec, kDType, false>(job);
+  if (streamStores(job.stream, job.residualOut)) return intEncode<kCodec, kDType, true, true>(job);
+  return intEncode<kCodec, kDType, true>(job);
+}
+
+template <CodecId kCodec>
+bool intEncodeAny(const EncodeJob& job) {
+  switch (job.dtype) {
+    case DType::kF32: return intEncodeFor<kCodec, DType::kF32>(job);
+    case DType::kF16: return intEncodeFor<kCodec, DType::kF16>(job);
+    case DType::kBf16: return intEncodeFor<kCodec, DType::kBf16>(job);
+  }
+  return false;
+}
+
+// Sixteen codes from element `i` (a multiple of 16 from a block start, so a
+// whole number of bytes in), sign-extended to int32; `count` (at most 16)
+// says how many elements' bytes may be read. Each byte is repeated once per
+// field it holds, and each lane shifts its field to the top, then
+// arithmetically back down.
+template <int kBits>
+__m512i loadCodes16(const uint8_t* data, size_t i, size_t count) {
+  const uint8_t* p = data + i * kBits / 8;
+  const __mmask16 m = byteMask<__mmask16>((count * kBits + 7) / 8);
+  const __m128i bytes = _mm_maskz_loadu_epi8(m, p);
+  if constexpr (kBits == 8) {
+    return _mm512_cvtepi8_epi32(bytes);
+  } else if constexpr (kBits == 4) {
+    const __m128i spread =
+        _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+    const __m512i top = _mm512_sllv_epi32(
+        _mm512_cvtepu8_epi32(spread),
+        _mm512_setr_epi32(28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24, 28, 24));
+    return _mm512_srai_epi32(top, 28);
+  } else {
+    static_assert(kBits == 2);
+    const __m128i spread =
+        _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m512i top = _mm512_sllv_epi32(
+        _mm512_cvtepu8_epi32(spread),
+        _mm512_setr_epi32(30, 28, 26, 24, 30, 28, 26, 24, 30, 28, 26, 24, 30, 28, 26, 24));
+    return _mm512_srai_epi32(top, 30);
+  }
+}
+
+// Stores `count` (at most 16) decoded values d at o, adding them to what is
+// there when kAccumulate; kStream as in encodeRun64 (count is then 16).
+template <bool kAccumulate, bool kStream>
+void storeDecoded(float* o, size_t count, __m512 d) {
+  const __mmask16 m = chunkMask(count, 0);
+  if constexpr (kAccumulate) d = _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), d);
+  if constexpr (kStream) {
+    _mm512_stream_ps(o, d);
+  } else {
+    _mm512_mask_storeu_ps(o, m, d);
+  }
+}
+
+// value = q * s; a block whose scale is not finite decodes to the canonical
+// NaN, one whose scale is zero to +0.0, whatever its codes.
+template <CodecId kCodec, bool kAccumulate, bool kStream>
+void intDecodeWith(const DecodeJob& job) {
+  constexpr int kBits = intBits(kCodec);
+  const uint8_t* scales = job.payload;
+  const uint8_t* data = job.payload + job.layout.dataOffset;
+  float* out = job.output;
+  const size_t block = job.spec.block;
+  for (size_t b = 0; b < job.layout.blocks; ++b) {
+    const size_t start = b * block;
+    const size_t end = start + minSize(block, job.count - start);
+    const float s = loadFloat(scales, b);
+    const __m512 sv = _mm512_set1_ps(s);
+    size_t i = start;
+    if (isFinite(s) && s != 0.0f) {
+      for (; i + 64 <= end; i += 64) {
+        for (int k = 0; k < 4; ++k) {
+          const size_t at = i + 16 * static_cast<size_t>(k);
+          const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(loadCodes16<kBits>(data, at, 16)), sv);
+          storeDecoded<kAccumulate, kStream>(out + at, 16, d);
+        }
+      }
+      for (; i < end; i += 16) {
+        const size_t n = minSize(16, end - i);
+        const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(loadCodes16<kBits>(data, i, n)), sv);
+        storeDecoded<kAccumulate, false>(out + i, n, d);
+      }
+    } else {
+      const __m512 fill = _mm512_set1_ps(isFinite(s) ? 0.0f : bitsFloat(kNanBits));
+      for (; i + 16 <= end; i += 16) storeDecoded<kAccumulate, kStream>(out + i, 16, fill);
+      if (i < end) storeDecoded<kAccumulate, false>(out + i, end - i, fill);
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+template <CodecId kCodec, bool kAccumulate>
+void intDecode(const DecodeJob& job) {
+  if (!kAccumulate && streamStores(job.stream, job.output)) {
+    intDecodeWith<kCodec, false, true>(job);
+  } else {
+    intDecodeWith<kCodec, kAccumulate, false>(job);
+  }
+}
+
+template <CodecId kCodec>
+CodecKernels intKernels() {
+  return {intEncodeAny<kCodec>, intDecode<kCodec, false>, intDecode<kCodec, true>, nullptr};
+}
+
 // ---- the table -----------------------------------------------------------
 
 KernelTable buildTable() {
@@ -388,6 +670,9 @@ KernelTable buildTable() {
   t.name = "avx512";
   t.codecs[static_cast<int>(CodecId::kOnebit)] = {onebitEncodeAny, onebitDecode<false>,
                                                   onebitDecode<true>, onebitSum};
+  t.codecs[static_cast<int>(CodecId::kInt8)] = intKernels<CodecId::kInt8>();
+  t.codecs[static_cast<int>(CodecId::kInt4)] = intKernels<CodecId::kInt4>();
+  t.codecs[static_cast<int>(CodecId::kInt2)] = intKernels<CodecId::kInt2>();
   return t;
 }
 

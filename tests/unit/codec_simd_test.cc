@@ -160,6 +160,20 @@ Inputs makeInputs(const Case& c) {
       if (rng() % 32 == 0) a = rng() % 2 ? -0.0f : bitsFloat(0x7fc00000u);
       const size_t block64 = i / 64;
       if (block64 == 1 || block64 == 4) v = e = (i % 3 == 0) ? -0.0f : 0.0f;  // zero blocks
+      // Blocks of the smallest denormals (z = e with error feedback, x = e
+      // in fp32): max|z| / L rounds to a zero scale while z is not zero
+      // (block 6, at most 3 ulp: int4 and int8) or to a scale of a few ulp.
+      if (block64 == 6 || block64 == 8) {
+        const uint32_t ulps = static_cast<uint32_t>(i % (block64 == 6 ? 4 : 5));
+        e = bitsFloat(ulps) * (i % 2 ? -1.0f : 1.0f);
+        v = c.dtype == DType::kF32 ? e : 0.0f;
+      }
+      // Halves from -7 to 7 with no residual: z / s lands on ties (x.5) that
+      // round to even, for every L.
+      if (block64 == 7) {
+        v = static_cast<float>(static_cast<int>((i * 5) % 29) - 14) * 0.5f;
+        e = 0.0f;
+      }
       if (c.data == Data::kNonFinite) {
         if (block64 == 2 && i % 7 == 3) v = i % 2 ? INFINITY : -INFINITY;
         if (block64 == 3 && i % 11 == 5) v = NAN;
@@ -308,9 +322,12 @@ TEST_P(CodecSimdTest, MatchesScalar) {
 std::vector<Case> allCases() {
   const Isa isas[] = {Isa::kAvx2, Isa::kAvx512};
   const CodecId codecs[] = {CodecId::kNone, CodecId::kOnebit, CodecId::kFp16, CodecId::kBf16,
-                            CodecId::kInt8};
+                            CodecId::kInt8, CodecId::kInt2,   CodecId::kInt4};
   const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBf16};
-  const size_t counts[] = {1, 63, 64, 65, 2047, 2048, 2049, kHuge};
+  // 1, 63, 65, 66, 2047, 2049: the integer codecs' last byte is cut short
+  // (int2 packs four elements a byte, int4 two); 66 and 2047 also end mid-run
+  // of the SIMD kernels' 32 and 64 elements.
+  const size_t counts[] = {1, 63, 64, 65, 66, 2047, 2048, 2049, kHuge};
   const Data datas[] = {Data::kPlain, Data::kEdge, Data::kNonFinite};
   std::vector<Case> cases;
   for (Isa isa : isas)
@@ -323,8 +340,10 @@ std::vector<Case> allCases() {
               for (Data data : datas) {
                 // The huge size is about long runs of blocks, not special
                 // values or element-wise codecs; it also dominates the run time.
+                const bool intCodec =
+                    codec == CodecId::kInt8 || codec == CodecId::kInt2 || codec == CodecId::kInt4;
                 const bool blockCodec =
-                    codec == CodecId::kOnebit || (codec == CodecId::kInt8 && dtype == DType::kF32);
+                    codec == CodecId::kOnebit || (intCodec && dtype == DType::kF32);
                 if (count == kHuge && (data != Data::kPlain || !blockCodec)) continue;
                 cases.push_back({isa, codec, dtype, ef, scale, count, data});
               }
@@ -395,9 +414,9 @@ TEST_P(CodecSimdDecodeTest, RandomPayloadMatchesScalar) {
 std::vector<DecodeCase> decodeCases() {
   std::vector<DecodeCase> cases;
   for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
-    for (CodecId codec :
-         {CodecId::kNone, CodecId::kOnebit, CodecId::kFp16, CodecId::kBf16, CodecId::kInt8})
-      for (size_t count : {size_t{1}, size_t{100}, size_t{4097}})
+    for (CodecId codec : {CodecId::kNone, CodecId::kOnebit, CodecId::kFp16, CodecId::kBf16,
+                          CodecId::kInt8, CodecId::kInt2, CodecId::kInt4})
+      for (size_t count : {size_t{1}, size_t{100}, size_t{103}, size_t{4097}})
         for (uint32_t block : {64u, 128u, 8192u}) {
           if (!usesBlocks(codec) && block != 64u) continue;
           cases.push_back({isa, codec, count, block});
