@@ -148,6 +148,7 @@ def cmd_codec(args):
     opts = ["--sizes=" + ",".join(C.human(x) for x in elems), f"--iters={args.iters or 7}", "--json"]
     opts += [f"--impl={','.join(args.impl)}"] if args.impl else []
     opts += [f"--threads={','.join(map(str, args.threads))}"] if args.threads else []
+    opts += [f"--codecs={','.join(args.codecs)}"] if args.codecs else []
     files = []
     for rep in range(1, (args.repeats or 1) + 1):
         path = os.path.join(out, f"codec_{rep}.json")
@@ -158,21 +159,22 @@ def cmd_codec(args):
 
 
 def codec_rows(rec, files, series="codec"):
-    """One row per (impl, threads, kernel, elements): elements/s per file."""
+    """One row per (codec, impl, threads, kernel, elements): elements/s per
+    file (files from before codec_bench measured several codecs are onebit's)."""
     cells = {}
     for path in files:
         with open(path) as f:
             for r in json.load(f):
-                key = (r["impl"], r.get("threads", 1), r["kernel"], r["elements"])
+                key = (r.get("codec", "onebit"), r["impl"], r.get("threads", 1), r["kernel"], r["elements"])
                 cells.setdefault(key, []).append(r["elements_per_s"])
-    for (impl, threads, kernel, elements), v in sorted(cells.items()):
-        rec.add(series, {"impl": impl, "threads": threads, "kernel": kernel, "elements": elements},
-                "rate", "elements/s", v)
-    lines = [f"| {c['impl']} | {c['threads']} | {c['kernel']} | {C.human(c['elements'])} | "
+    for (codec, impl, threads, kernel, elements), v in sorted(cells.items()):
+        rec.add(series, {"codec": codec, "impl": impl, "threads": threads, "kernel": kernel,
+                         "elements": elements}, "rate", "elements/s", v)
+    lines = [f"| {c['codec']} | {c['impl']} | {c['threads']} | {c['kernel']} | {C.human(c['elements'])} | "
              f"{C.fmt_range(r, 3, 1e-9)} |" for r in rec.data["rows"] if r["series"] == series
              for c in [r["cell"]]]
-    print("| impl | threads | kernel | elements | Gelem/s median [range over repeats] |\n"
-          "|---|---:|---|---:|---|\n" + "\n".join(lines))
+    print("| codec | impl | threads | kernel | elements | Gelem/s median [range over repeats] |\n"
+          "|---|---|---:|---|---:|---|\n" + "\n".join(lines))
 
 
 def codec_suite(args, out, bench, perf, rec):
@@ -271,7 +273,7 @@ def cmd_links(args):
                 # The codec's rates in the conditions of the repeat that follows,
                 # alone and with one instance per core at once (the ranks share
                 # memory bandwidth too).
-                copts = ["--sizes=64M", "--impl=avx2,avx512", "--iters=5", "--json"]
+                copts = ["--sizes=64M", "--impl=avx2,avx512", "--codecs=onebit", "--iters=5", "--json"]
                 C.run([bench] + copts, out=os.path.join(out, f"codec_{rep}.json"), nice=args.nice)
                 with contextlib.ExitStack() as files:
                     procs = [subprocess.Popen([bench] + copts, stdout=files.enter_context(open(
@@ -371,7 +373,7 @@ def cmd_load(args):
                     busy = [subprocess.Popen(["nice", "-n", "0", "bash", "-c", "while :; do :; done"])
                             for _ in range(args.busy)]
                 try:
-                    C.run([codec, "--sizes=16M", "--impl=avx2,avx512", "--iters=5", "--json"],
+                    C.run([codec, "--sizes=16M", "--impl=avx2,avx512", "--codecs=onebit", "--iters=5", "--json"],
                           out=os.path.join(out, f"codec_{load}_{rep}.json"),
                           nice=-15 if load == "quiet" else 0)
                     for rate in rates:
@@ -962,6 +964,7 @@ def parser():
     p = add("codec", cmd_codec, "codec_bench: kernel rates (elements/s) per implementation and threads")
     p.add_argument("--impl", nargs="+", help="implementations (scalar avx2 avx512; default all the CPU has)")
     p.add_argument("--threads", nargs="+", help="codec thread counts")
+    p.add_argument("--codecs", nargs="+", help="codecs (onebit int2 int4 int8; default all four)")
     p.add_argument("--summary", action="store_true", help="also print codec_bench's compact table")
     p.add_argument("--suite", action="store_true",
                    help="the whole codec section: calibration, paired implementations, threads, "
