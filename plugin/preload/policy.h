@@ -50,8 +50,11 @@ struct CallFacts {
 
 struct Policy {
   bool enabled = true;
-  std::string codecText = "onebit";
-  codec::Spec codec;  // onebit, block 2048
+  // The default code, int4:block=256 (as params.def's SQUALL_PRELOAD_CODEC):
+  // the fewest bits that kept the momentum-SGD and Adam jobs of
+  // tests/plugin/preload/horovod_quality.py within 3% (docs/preload.md).
+  std::string codecText = "int4:block=256";
+  codec::Spec codec{codec::CodecId::kInt4, codec::Scale::kMeanAbs, 256};
   size_t minBytes = 65536;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;
@@ -63,7 +66,7 @@ struct Policy {
   std::string ncclLibrary = "libnccl.so.2";
 
   // From the SQUALL_PRELOAD_* variables; a value that does not parse is
-  // reported and its default kept (the codec: onebit).
+  // reported and its default kept (the codec: int4:block=256).
   static Policy fromEnvironment();
 
   // The decision from the call's own facts (before warmup, step and memory).

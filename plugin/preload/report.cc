@@ -19,6 +19,7 @@ void Report::compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytes
   ++callsCompressed_;
   ++callsByCodec_[static_cast<int>(codec)];
   bytesByCodec_[static_cast<int>(codec)] += bytesSent;
+  fullByCodec_[static_cast<int>(codec)] += bytesFull;
   ++reasons_[static_cast<int>(Verdict::kCompress)];
   bytesSent_ += bytesSent;
   bytesFull_ += bytesFull;
@@ -64,7 +65,8 @@ std::string Report::json(const std::string& codec) const {
     out += buffer;
   }
   out += "}";
-  // Which code the compressed calls used: calls and bytes sent, per codec.
+  // Which code the compressed calls used: calls, bytes sent and bytes they
+  // would have sent at full precision, per codec.
   auto perCodec = [&](const char* name, const std::atomic<uint64_t>* counts) {
     out += std::string(",\n  \"") + name + "\": {";
     for (int i = 1; i < codec::kNumCodecs; ++i) {  // none is never a compressed call's code
@@ -76,6 +78,7 @@ std::string Report::json(const std::string& codec) const {
   };
   perCodec("calls_by_codec", callsByCodec_);
   perCodec("bytes_by_codec", bytesByCodec_);
+  perCodec("bytes_full_precision_by_codec", fullByCodec_);
   out += "\n}\n";
   return out;
 }

@@ -43,9 +43,11 @@ class Report {
   std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
   std::atomic<uint64_t> evictions_{0}, relearns_{0}, recuts_{0}, keptFull_{0};
   std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
-  // Per codec: the compressed calls that used it and the bytes they sent.
-  std::atomic<uint64_t> callsByCodec_[codec::kNumCodecs] = {},
-                        bytesByCodec_[codec::kNumCodecs] = {};
+  // Per codec: the compressed calls that used it, the bytes they sent, and
+  // what a full-precision allreduce of them would have sent.
+  std::atomic<uint64_t> callsByCodec_[codec::kNumCodecs] = {};
+  std::atomic<uint64_t> bytesByCodec_[codec::kNumCodecs] = {};
+  std::atomic<uint64_t> fullByCodec_[codec::kNumCodecs] = {};
   std::atomic<int> rank_{-1}, fallback_{-1};
   std::atomic<bool> finished_{false};
 };

@@ -39,6 +39,17 @@ def data(seed=1234):
     return draw(12000), draw(20000)
 
 
+def agreement(model, losses):
+    """Whether every rank holds the same parameters, bit for bit, and the
+    ranks' mean loss per step."""
+    with torch.no_grad():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        everyone = hvd.allgather(flat.unsqueeze(0))
+        identical = all(torch.equal(everyone[0], everyone[r]) for r in range(hvd.size()))
+        mean = hvd.allgather(torch.tensor([losses], dtype=torch.float64)).mean(0).tolist()
+    return identical, mean
+
+
 def main():
     out, epochs = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
     hidden = int(sys.argv[3]) if len(sys.argv) > 3 else 256
@@ -75,10 +86,7 @@ def main():
             steps += 1
     with torch.no_grad():
         accuracy = (model(xv).argmax(1) == yv).float().mean().item() * 100
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        everyone = hvd.allgather(flat.unsqueeze(0))
-        identical = all(torch.equal(everyone[0], everyone[r]) for r in range(hvd.size()))
-        mean = hvd.allgather(torch.tensor([losses], dtype=torch.float64)).mean(0).tolist()
+        identical, mean = agreement(model, losses)
     if hvd.rank() == 0:
         with open(out, "w") as f:
             json.dump({"accuracy": accuracy, "identical": identical, "steps": steps,

@@ -9,6 +9,7 @@ addresses on every rank and every step; ineligible calls must equal numpy's
 exact result; communicators made with Dup and Split must work and agree.
 """
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -48,7 +49,9 @@ world = MPI.COMM_WORLD.Dup()
 handle = ctypes.c_void_p(MPI._addressof(world))
 sq(lib.squallCommInitFromMpi(ctypes.byref(ref), handle, None), "squallCommInitFromMpi")
 spec = Spec()
-sq(lib.squallCodecSpecParse(b"onebit", ctypes.byref(spec)), "squallCodecSpecParse")
+# The interposer's code: SQUALL_PRELOAD_CODEC, or its default.
+code = os.environ.get("SQUALL_PRELOAD_CODEC", "int4:block=256").encode()
+sq(lib.squallCodecSpecParse(code, ctypes.byref(spec)), "squallCodecSpecParse")
 compressors = []
 lib.squallCompressorCreateAt.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
                                          ctypes.c_void_p, ctypes.c_void_p]

@@ -58,7 +58,7 @@ static void gradients(int mode) {
   SQ(squallCommInitFromMpi(&ref, &world, NULL));
   squallCodecSpec_t spec;
   SQ(squallCodecSpecParse(
-      getenv("SQUALL_PRELOAD_CODEC") ? getenv("SQUALL_PRELOAD_CODEC") : "onebit", &spec));
+      getenv("SQUALL_PRELOAD_CODEC") ? getenv("SQUALL_PRELOAD_CODEC") : "int4:block=256", &spec));
   squallCompressor_t comp[kTensors] = {NULL, NULL, NULL};
   long call = 0;
   for (int step = 0; step < kSteps; ++step) {
@@ -82,9 +82,9 @@ static void gradients(int mode) {
           /* The interposer puts each call's codec blocks on the step's. */
           size_t offset = 0;
           for (int u = 0; u < t; ++u) offset += counts[u];
-          const size_t phase = spec.codec == squallCodecOnebit || spec.codec == squallCodecInt8
-                                   ? offset % spec.blockSize
-                                   : 0;
+          const int blocks = spec.codec == squallCodecOnebit || spec.codec == squallCodecInt8 ||
+                             spec.codec == squallCodecInt4 || spec.codec == squallCodecInt2;
+          const size_t phase = blocks ? offset % spec.blockSize : 0;
           SQ(squallCompressorCreateAt(ref, n, phase, &spec, &comp[t]));
         }
         SQ(squallCompressedAllReduce(in, expect, squallFloat32, squallSum, comp[t], ref));

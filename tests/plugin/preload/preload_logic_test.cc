@@ -59,11 +59,25 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
   setenv("SQUALL_PRELOAD_CODEC", "none", 1);  // not a compression: the default stays
   setenv("SQUALL_PRELOAD_DTYPES", "fp32,int4", 1);
   p = Policy::fromEnvironment();
-  EXPECT_EQ(p.codec.codec, codec::CodecId::kOnebit);
+  EXPECT_EQ(p.codec.codec, codec::CodecId::kInt4);
+  EXPECT_EQ(p.codec.block, 256u);
   EXPECT_TRUE(p.dtypes[0] && p.dtypes[1] && p.dtypes[2]);
   for (const char* v : {"SQUALL_PRELOAD_CODEC", "SQUALL_PRELOAD_DTYPES", "SQUALL_PRELOAD_OPS",
                         "SQUALL_PRELOAD_RESIDUAL_MB"})
     unsetenv(v);
+}
+
+TEST(PreloadPolicy, TheDefaultCodeIsParamsDefsAndParsesToPolicys) {
+  // params.def's default text and Policy's default Spec are one choice
+  // written twice; they must say the same.
+  unsetenv("SQUALL_PRELOAD_CODEC");
+  const Policy fromNothing = Policy::fromEnvironment();
+  const Policy built;
+  EXPECT_EQ(fromNothing.codecText, built.codecText);
+  EXPECT_EQ(fromNothing.codec.codec, built.codec.codec);
+  EXPECT_EQ(fromNothing.codec.block, built.codec.block);
+  EXPECT_EQ(fromNothing.codec.scale, built.codec.scale);
+  EXPECT_EQ(built.codecText, "int4:block=256");
 }
 
 TEST(PreloadSteps, AGivenStepPlacesCallsByOffset) {
@@ -313,7 +327,9 @@ TEST(PreloadReport, JsonHasTheFields) {
         "\"calls_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 1, "
         "\"int4\": 1}",
         "\"bytes_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 10, "
-        "\"int4\": 20}"})
+        "\"int4\": 20}",
+        "\"bytes_full_precision_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, "
+        "\"int2\": 320, \"int4\": 320}"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " in " << j;
 }
 
