@@ -7,7 +7,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: squall advise [...] | squall run [...] -- command\n"
-              "  advise: measure the link and codecs, predict fp32/fp16/bf16/int8/onebit step "
+              "  advise: measure the link and codecs, predict each codec's step "
               "times\n  run:    squallrun, the zero-code launcher")
         return 0
     command, rest = argv[0], argv[1:]

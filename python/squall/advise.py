@@ -5,8 +5,10 @@ and bandwidth between them (a short probe of allreduces over the
 communicator) and this machine's codec throughput. Then, for a model of
 `params` fp32 gradients and a step of `compute_s` seconds of computation,
 predicts the time per step of the full-precision allreduce and of the
-compressed allreduce with fp16, bf16, int8 and onebit, and names the winner
-with the settings to use.
+compressed allreduce with every codec of the ladder (fp16, bf16, int8, int4,
+int2, onebit), and names the winner with the settings to use. The fastest
+code is not always good enough: each row also says what the code is measured
+to keep for each use (docs/codecs.md, "The ladder").
 
 The model (Squall's hooks and optimizers do not overlap communication with
 computation, so a step is compute + communication):
@@ -34,7 +36,22 @@ import time
 from . import _lib
 from .codec import encoded_size, parse_codec
 
-METHODS = ("fp32", "fp16", "bf16", "int8", "onebit")
+METHODS = ("fp32", "fp16", "bf16", "int8", "int4", "int2", "onebit")
+# What each code was measured to keep (docs/codecs.md, "The ladder"): the
+# uses for which it trains within 3% of the uncompressed loss at equal steps.
+QUALITY = {
+    "fp32": "exact",
+    "fp16": "any use",
+    "bf16": "any use",
+    "int8": "any use measured",
+    "int4": "raw SGD and Adam gradients at block 256 (the interposer's default)",
+    "int2": "raw gradients of small SGD jobs only (an LM and Adam: +11-37%)",
+    "onebit": "momentum (APMSqueeze, the DDP hook), not raw gradients (+5-36%)",
+}
+# The codes that kept raw gradients (an unmodified job under the interposer)
+# within 3%, and the spec the interposer takes for each.
+GRADIENT_CODES = ("fp32", "fp16", "bf16", "int8", "int4")
+INTERPOSER_SPEC = {"int4": "int4:block=256"}
 _PROBE_BIG = 4 << 20  # fp32 elements of the bandwidth probe (16 MiB)
 
 
@@ -156,6 +173,9 @@ def advise(comm=None, params=25_000_000, compute_s=0.1, apply=True, latency=None
     n = nranks if nranks is not None else (comm.size if comm is not None else 1)
     preds = predict(int(params), float(compute_s), n, latency, bandwidth, rates)
     winner = min(METHODS, key=lambda m: preds[m][0])
+    # An unmodified job under the interposer sends its raw gradients: the
+    # fastest code that keeps them.
+    interposed = min(GRADIENT_CODES, key=lambda m: preds[m][0])
     mbps = max(1, int(round(bandwidth * 8 / 1e6))) if bandwidth < math.inf else 100000
     settings = {"SQUALL_NET_MBPS": str(mbps),
                 "SQUALL_NET_LATENCY_US": str(max(1, int(round(latency * 1e6))))}
@@ -164,7 +184,8 @@ def advise(comm=None, params=25_000_000, compute_s=0.1, apply=True, latency=None
     if apply:
         os.environ.update({k: v for k, v in settings.items() if k.startswith("SQUALL_NET")})
     return {"latency_s": latency, "bandwidth_Bps": bandwidth, "codec_rates": rates,
-            "predictions": preds, "winner": winner, "settings": settings, "nranks": n,
+            "predictions": preds, "winner": winner, "interposed": interposed,
+            "settings": settings, "nranks": n,
             "params": int(params), "compute_s": float(compute_s)}
 
 
@@ -209,13 +230,13 @@ def format_report(result, measured=None):
     header = f"{'method':<8} {'step ms':>9} {'comm ms':>9} {'algorithm':>10}"
     if measured:
         header += f" {'measured ms':>12}"
-    lines.append(header)
+    lines.append(header + "  keeps quality for")
     for m in METHODS:
         step, comm_s, algo = result["predictions"][m]
         row = f"{m:<8} {step * 1e3:>9.1f} {comm_s * 1e3:>9.1f} {algo:>10}"
         if measured:
             row += f" {measured[m] * 1e3:>12.1f}"
-        lines.append(row)
+        lines.append(row + "  " + QUALITY[m])
     w = result["winner"]
     base = result["predictions"]["fp32"][0]
     speedup = base / result["predictions"][w][0]
@@ -227,6 +248,14 @@ def format_report(result, measured=None):
         lines.append(f"winner: {w} ({speedup:.2f}x the fp32 step): codec \"{w}\" (block "
                      f"{block}), e.g. squallrun --hook onebit / --optimizer apmsqueeze "
                      f"--codec {w}; set {settings} on every rank")
+    i = result["interposed"]
+    if i == "fp32" and w != "fp32":
+        lines.append("an unmodified job under the interposer sends raw gradients: no code that "
+                     "keeps them pays on this link; do not preload the interposer")
+    elif i != w:
+        lines.append(f"an unmodified job under the interposer sends raw gradients: {i} "
+                     f"({base / result['predictions'][i][0]:.2f}x the fp32 step; "
+                     f"SQUALL_PRELOAD_CODEC={INTERPOSER_SPEC.get(i, i)})")
     return "\n".join(lines)
 
 
