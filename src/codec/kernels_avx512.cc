@@ -498,14 +498,18 @@ template <DType kDType, bool kEf>
 void prefetchNextBlock(const ZSource<kDType, kEf>& src, size_t i) {
   constexpr size_t kBytes = (kDType == DType::kF32 ? 4 : 2);
   // Integer addresses: the last run's lines may lie past the buffer, which a
-  // prefetch may touch but pointer arithmetic may not name.
+  // prefetch may touch but pointer arithmetic may not name (hence the casts
+  // from integers, which a prefetch's address does not need optimised).
+  constexpr size_t kElements = 64;  // one block of the vector loop
   const uintptr_t x = reinterpret_cast<uintptr_t>(src.x) + i * kBytes;
-  for (size_t line = 0; line < 64 * kBytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(x + line), _MM_HINT_T1);
+  for (size_t line = 0; line < kElements * kBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(x + line),  // NOLINT(performance-no-int-to-ptr)
+                 _MM_HINT_T1);
   if constexpr (kEf) {
     const uintptr_t e = reinterpret_cast<uintptr_t>(src.e) + i * 4;
-    for (size_t line = 0; line < 64 * 4; line += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(e + line), _MM_HINT_T1);
+    for (size_t line = 0; line < kElements * 4; line += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(e + line),  // NOLINT(performance-no-int-to-ptr)
+                   _MM_HINT_T1);
   }
 }
 
