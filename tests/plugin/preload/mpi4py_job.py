@@ -58,7 +58,7 @@ lib.squallCompressorCreateAt.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctype
 for t, n in enumerate(counts):
     c = ctypes.c_void_p()
     # The interposer puts each call's codec blocks on the step's.
-    phase = sum(counts[:t]) % spec.blockSize
+    phase = sum(counts[:t]) % spec.blockSize if spec.blockSize else 0  # 0: a code without blocks
     sq(lib.squallCompressorCreateAt(ref, ctypes.c_size_t(n), ctypes.c_size_t(phase),
                                     ctypes.byref(spec), ctypes.byref(c)),
        "squallCompressorCreateAt")

@@ -82,9 +82,8 @@ static void gradients(int mode) {
           /* The interposer puts each call's codec blocks on the step's. */
           size_t offset = 0;
           for (int u = 0; u < t; ++u) offset += counts[u];
-          const int blocks = spec.codec == squallCodecOnebit || spec.codec == squallCodecInt8 ||
-                             spec.codec == squallCodecInt4 || spec.codec == squallCodecInt2;
-          const size_t phase = blocks ? offset % spec.blockSize : 0;
+          /* blockSize is 0 for the codes without blocks. */
+          const size_t phase = spec.blockSize ? offset % spec.blockSize : 0;
           SQ(squallCompressorCreateAt(ref, n, phase, &spec, &comp[t]));
         }
         SQ(squallCompressedAllReduce(in, expect, squallFloat32, squallSum, comp[t], ref));
