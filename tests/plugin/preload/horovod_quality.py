@@ -60,7 +60,7 @@ def run_job(job, np, lib, codec, steps, extra):
 def summary(result, reports, base):
     """What a run's line and checks need."""
     row = {"loss": result["loss_last50"], "identical": result["identical"],
-           "steps": result["steps"], "wall_s": result["wall_s"]}
+           "wall_s": result["wall_s"]}
     if base is not None:
         row["rel"] = 100 * (result["loss_last50"] - base) / base
     if reports:
@@ -69,8 +69,7 @@ def summary(result, reports, base):
         full = sum(rep["bytes_full_precision_by_codec"].values())
         row.update(calls_compressed=min(r["calls_compressed"] for r in reports),
                    ratio=full / sent if sent else 0.0,
-                   codes={k: v for k, v in rep["calls_by_codec"].items() if v},
-                   codec_reported=rep["codec"])
+                   codes={k: v for k, v in rep["calls_by_codec"].items() if v})
     return row
 
 
