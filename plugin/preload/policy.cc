@@ -52,16 +52,33 @@ bool parseList(const std::string& text, const char* const (&names)[N], bool (&fl
   return true;
 }
 
+// A compressing code as squallCodecSpecParse reads it (none is not one).
+bool parseCodec(const char* text, codec::Spec* out) {
+  squallCodecSpec_t parsed;
+  return squallCodecSpecParse(text, &parsed) == squallSuccess && parsed.codec != squallCodecNone &&
+         core::toCodecSpec(&parsed, out) == Status::kOk;
+}
+
 }  // namespace
+
+const char* defaultCodecText() { return paramInfo(Param::kPreloadCodec).defaultValue; }
+
+const codec::Spec& defaultCodec() {
+  // params.def's default always parses (preload_logic_test checks it).
+  static const codec::Spec spec = [] {
+    codec::Spec s;
+    parseCodec(defaultCodecText(), &s);
+    return s;
+  }();
+  return spec;
+}
 
 Policy Policy::fromEnvironment() {
   Policy p;
   p.enabled = paramBool(Param::kPreloadEnable);
   const std::string codec = paramString(Param::kPreloadCodec);
-  squallCodecSpec_t parsed;
   codec::Spec spec;
-  if (squallCodecSpecParse(codec.c_str(), &parsed) == squallSuccess &&
-      parsed.codec != squallCodecNone && core::toCodecSpec(&parsed, &spec) == Status::kOk) {
+  if (parseCodec(codec.c_str(), &spec)) {
     p.codec = spec;
     p.codecText = codec;
   } else {

@@ -48,13 +48,17 @@ struct CallFacts {
   ReduceOp op = ReduceOp::kSum;
 };
 
+// The default code: SQUALL_PRELOAD_CODEC's default in params.def
+// (int4:block=256, the fewest bits that kept the momentum-SGD and Adam jobs
+// of tests/plugin/preload/horovod_quality.py within 3%; docs/preload.md),
+// as text and parsed.
+const char* defaultCodecText();
+const codec::Spec& defaultCodec();
+
 struct Policy {
   bool enabled = true;
-  // The default code, int4:block=256 (as params.def's SQUALL_PRELOAD_CODEC):
-  // the fewest bits that kept the momentum-SGD and Adam jobs of
-  // tests/plugin/preload/horovod_quality.py within 3% (docs/preload.md).
-  std::string codecText = "int4:block=256";
-  codec::Spec codec{codec::CodecId::kInt4, codec::Scale::kMeanAbs, 256};
+  std::string codecText = defaultCodecText();
+  codec::Spec codec = defaultCodec();
   size_t minBytes = 65536;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;
@@ -66,7 +70,7 @@ struct Policy {
   std::string ncclLibrary = "libnccl.so.2";
 
   // From the SQUALL_PRELOAD_* variables; a value that does not parse is
-  // reported and its default kept (the codec: int4:block=256).
+  // reported and its default kept.
   static Policy fromEnvironment();
 
   // The decision from the call's own facts (before warmup, step and memory).

@@ -68,8 +68,8 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
 }
 
 TEST(PreloadPolicy, TheDefaultCodeIsParamsDefsAndParsesToPolicys) {
-  // params.def's default text and Policy's default Spec are one choice
-  // written twice; they must say the same.
+  // params.def's default text parses, and a Policy built without the
+  // environment holds what reading it unset gives.
   unsetenv("SQUALL_PRELOAD_CODEC");
   const Policy fromNothing = Policy::fromEnvironment();
   const Policy built;
@@ -78,6 +78,8 @@ TEST(PreloadPolicy, TheDefaultCodeIsParamsDefsAndParsesToPolicys) {
   EXPECT_EQ(fromNothing.codec.block, built.codec.block);
   EXPECT_EQ(fromNothing.codec.scale, built.codec.scale);
   EXPECT_EQ(built.codecText, "int4:block=256");
+  EXPECT_EQ(built.codec.codec, codec::CodecId::kInt4);
+  EXPECT_EQ(built.codec.block, 256u);
 }
 
 TEST(PreloadSteps, AGivenStepPlacesCallsByOffset) {
