@@ -1,12 +1,14 @@
-// The NCCL front end: ncclAllReduce of fp32/fp16/bf16 sums and averages on a
+// The NCCL front end: ncclAllReduce (and ncclAllReduceConfig with no config,
+// or one left at NCCL's defaults) of fp32/fp16/bf16 sums and averages on a
 // communicator this process created through the interposed ncclCommInit* /
 // ncclCommSplit / ncclCommShrink / ncclCommGrow runs as Squall's compressed
 // allreduce on the caller's stream; everything else goes to the real NCCL
 // unchanged: calls inside ncclGroupStart/ncclGroupEnd (NCCL fuses a group
 // into one launch and the caller expects it so), other reductions (prod, min,
 // max, ncclRedOpCreate* ops), other types, small buffers, communicators
-// created elsewhere, non-blocking, revoked or suspended communicators, and
-// calls on a stream being captured into a CUDA graph.
+// created elsewhere, non-blocking, revoked or suspended communicators, calls
+// on a stream being captured into a CUDA graph, and calls whose
+// ncclCollConfig_t asks for what Squall cannot honour (coll_config.h).
 #include <dlfcn.h>
 
 #include <atomic>
@@ -15,7 +17,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
+#include "plugin/preload/coll_config.h"
 #include "plugin/preload/compressors.h"
 #include "plugin/preload/interposer.h"
 #include "plugin/preload/nccl_abi.h"
@@ -92,13 +96,23 @@ thread_local int tGroupDepth = 0;
 // `name` is absent from the real NCCL: none was found, or it is older than
 // the entry point (ncclCommInitRankScalable needs 2.23, ncclCommShrink 2.27,
 // ncclCommRevoke 2.28, ncclCommGrow, ncclCommSuspend and ncclCommResume
-// 2.29).
-ncclResult_t missing(const char* name) {
+// 2.29; `since`, where given, names the version, as for ncclAllReduceConfig,
+// 2.31).
+ncclResult_t missing(const char* name, const char* since = nullptr) {
+  const RealNccl& real = realNccl();
+  std::string why = real.found ? "it is older than this call" : "no NCCL was found";
+  if (real.found && since != nullptr) {
+    const int v = real.version;
+    why = (v > 0 ? "it is NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) +
+                       "." + std::to_string(v % 100)
+                 : std::string("it does not say its version")) +
+          ", older than " + since + ", which " + name + " needs";
+  }
   SQUALL_WARN(Subsys::kApi,
               "the interposer finds no %s in the real NCCL (%s); set SQUALL_NCCL_LIBRARY to "
               "the real libnccl.so.2, one recent enough for %s",
-              name, realNccl().found ? "it is older than this call" : "no NCCL was found", name);
-  return realNccl().found ? nccl_abi::kInvalidUsage : nccl_abi::kSystemError;
+              name, why.c_str(), name);
+  return real.found ? nccl_abi::kInvalidUsage : nccl_abi::kSystemError;
 }
 
 // Drops a detached state: the last holder destroys it, and its compressors
@@ -314,6 +328,21 @@ uint64_t compressedBytes(size_t count, int nranks) {
   return 2ull * static_cast<uint64_t>(nranks - 1) * bytes;
 }
 
+// Says once per process, for each thing a config may ask that the
+// interposer cannot honour, that such calls pass through.
+void warnOnce(CollConfigIssue issue) {
+  static std::atomic<bool> said[static_cast<int>(CollConfigIssue::kCount)] = {};
+  if (said[static_cast<int>(issue)].exchange(true)) return;
+  const std::string what =
+      issue == CollConfigIssue::kMagic  ? "lacks NCCL's magic (not from NCCL's initializer)"
+      : issue == CollConfigIssue::kSize ? "is of a size the interposer does not know"
+                                        : std::string("sets ") + collConfigIssueName(issue);
+  SQUALL_WARN(Subsys::kApi,
+              "the interposer passes ncclAllReduceConfig calls whose ncclCollConfig_t %s to NCCL "
+              "unchanged, uncompressed (the report's coll_config_passed counts them)",
+              what.c_str());
+}
+
 }  // namespace
 }  // namespace squall::preload
 
@@ -492,15 +521,28 @@ SQUALL_EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
   return r;
 }
 
-SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                         cudaStream_t stream) {
+namespace {
+
+// An allreduce that came through ncclAllReduce (`viaConfig` false) or
+// ncclAllReduceConfig (with `config`, perhaps null): what passes through goes
+// to the entry point it came through, with its arguments unchanged. A config
+// the interposer cannot honour makes an otherwise compressed call pass
+// through; the call still takes its place in the step, as a warmup call does,
+// so a config set on some steps only (a profiler's tag) moves no offset.
+ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, bool viaConfig,
+                       const ncclCollConfig_t* config) {
   const RealNccl& real = realNccl();
-  if (real.allReduce == nullptr) return missing("ncclAllReduce");
+  const auto forward = [&] {
+    return viaConfig
+               ? real.allReduceConfig(sendbuff, recvbuff, count, datatype, op, comm, stream, config)
+               : real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  };
   if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
     Report::get().passed(Verdict::kReentry, 0);
-    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    return forward();
   }
+  const CollConfigIssue configIssue = collConfigIssue(config);
   CallFacts facts;
   factsOf(datatype, op, count, &facts);
   Verdict verdict = policy().judge(facts);
@@ -540,6 +582,8 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     offset = at.offset;
     if (verdict == Verdict::kSmall) {
       // placed, and passed through
+    } else if (configIssue != CollConfigIssue::kNone) {
+      verdict = Verdict::kCollConfig;
     } else if (s->eligible++ < policy().warmupCalls) {
       verdict = Verdict::kWarmup;
     } else if (!at.known) {
@@ -563,8 +607,13 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   }
   if (verdict != Verdict::kCompress) {
     if (lock.owns_lock()) lock.unlock();
-    Report::get().passed(verdict, fullBytes);
-    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    if (verdict == Verdict::kCollConfig) {
+      warnOnce(configIssue);
+      Report::get().passedForConfig(configIssue, fullBytes);
+    } else {
+      Report::get().passed(verdict, fullBytes);
+    }
+    return forward();
   }
 
   InsideSquall inside;
@@ -577,7 +626,7 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
     // The state alone exceeds the cap (decide() normally says so first); the
     // cap and the count are the same on every rank, so all pass it through.
     Report::get().passed(Verdict::kResidualCap, fullBytes);
-    return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    return forward();
   }
   const Status ran =
       s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream);
@@ -586,4 +635,25 @@ SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
   Report::get().compressed(policy().codec.codec, compressedBytes(count, nranks), fullBytes);
   return nccl_abi::kSuccess;
+}
+
+}  // namespace
+
+SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  if (realNccl().allReduce == nullptr) return missing("ncclAllReduce");
+  return allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream, false, nullptr);
+}
+
+// NCCL 2.31+: the allreduce with a per-call config. No config is the plain
+// call; a config left at NCCL's defaults is compressed like it; any other
+// goes to the real ncclAllReduceConfig unchanged (coll_config.h). Against an
+// older NCCL every call fails, as it would without the interposer.
+SQUALL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count,
+                                               ncclDataType_t datatype, ncclRedOp_t op,
+                                               ncclComm_t comm, cudaStream_t stream,
+                                               const ncclCollConfig_t* config) {
+  if (realNccl().allReduceConfig == nullptr) return missing("ncclAllReduceConfig", "2.31");
+  return allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream, true, config);
 }

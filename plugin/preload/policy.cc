@@ -26,6 +26,7 @@ const char* verdictName(Verdict verdict) {
     case Verdict::kCapture: return "capture";
     case Verdict::kRevoked: return "revoked";
     case Verdict::kSuspended: return "suspended";
+    case Verdict::kCollConfig: return "coll_config";
     case Verdict::kCount: break;
   }
   return "?";

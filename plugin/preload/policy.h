@@ -35,6 +35,7 @@ enum class Verdict : uint8_t {
   kCapture,       // the caller's stream is being captured into a CUDA graph
   kRevoked,       // ncclCommRevoke was called on the communicator
   kSuspended,     // between ncclCommSuspend and ncclCommResume
+  kCollConfig,    // ncclAllReduceConfig with a config the interposer cannot honour
   kCount
 };
 const char* verdictName(Verdict verdict);

@@ -69,6 +69,18 @@ RealNccl load() {
   resolve("ncclCommSuspend", &t.commSuspend);
   resolve("ncclCommResume", &t.commResume);
   resolve("ncclGetVersion", &t.getVersion);
+  // Entry points of a newer NCCL than the oldest the interposer forwards to:
+  // an older library lacks them by design, and only their own calls fail.
+  std::string absent;
+  auto resolveOptional = [&](const char* name, const char* since, auto* out) {
+    *out = reinterpret_cast<std::remove_pointer_t<decltype(out)>>(dlsym(handle, name));
+    if (*out != nullptr) {
+      ++entries;
+    } else {
+      absent += std::string(absent.empty() ? "" : ", ") + name + " (NCCL " + since + "+)";
+    }
+  };
+  resolveOptional("ncclAllReduceConfig", "2.31", &t.allReduceConfig);
   t.found = t.allReduce != nullptr;
 
   Dl_info where{};
@@ -79,19 +91,22 @@ RealNccl load() {
                          : policy().ncclLibrary.c_str();
   int version = 0;
   if (t.getVersion == nullptr || t.getVersion(&version) != nccl_abi::kSuccess) version = 0;
+  t.version = version;
   const std::string said = std::to_string(version / 10000) + "." +
                            std::to_string(version / 100 % 100) + "." +
                            std::to_string(version % 100);
+  const std::string older =
+      absent.empty() ? "" : "; it lacks the optional " + absent + ", whose calls fail saying so";
   if (missing.empty()) {
     SQUALL_INFO(Subsys::kApi,
                 "the interposer forwards to NCCL %s at %s (%s): every one of its %d entry "
-                "points resolved",
-                said.c_str(), file, how.c_str(), entries);
+                "points resolved%s",
+                said.c_str(), file, how.c_str(), entries, older.c_str());
   } else {
     SQUALL_INFO(Subsys::kApi,
                 "the interposer forwards to NCCL %s at %s (%s); it lacks %s, whose calls fail "
-                "saying so",
-                said.c_str(), file, how.c_str(), missing.c_str());
+                "saying so%s",
+                said.c_str(), file, how.c_str(), missing.c_str(), older.c_str());
   }
   return t;
 }

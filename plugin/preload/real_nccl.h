@@ -4,7 +4,9 @@
 // has already loaded (torch opens its own privately, from its nvidia-nccl
 // wheel), or a dlopen of SQUALL_NCCL_LIBRARY (libnccl.so.2 by default). The
 // version, the file and any entry point the library lacks are logged once at
-// INFO. Never this library's own symbols.
+// INFO; an optional entry point (one of an NCCL newer than those the
+// interposer supports) that is absent is named apart and does not count as
+// missing. Never this library's own symbols.
 #pragma once
 
 #include "plugin/preload/nccl_abi.h"
@@ -39,7 +41,11 @@ struct RealNccl {
   ncclResult_t (*commSuspend)(ncclComm_t, int) = nullptr;  // NCCL 2.29+; nccl_flags
   ncclResult_t (*commResume)(ncclComm_t) = nullptr;        // NCCL 2.29+
   ncclResult_t (*getVersion)(int*) = nullptr;
+  // Optional: NCCL 2.31+. The config is passed on unchanged.
+  ncclResult_t (*allReduceConfig)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                  ncclComm_t, cudaStream_t, const ncclCollConfig_t*) = nullptr;
   bool found = false;  // ncclAllReduce was resolved
+  int version = 0;     // ncclGetVersion's answer (major * 10000 + minor * 100 + patch), else 0
 };
 
 // Resolved once; a missing entry stays null (its wrapper then fails with

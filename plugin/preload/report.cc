@@ -32,6 +32,11 @@ void Report::passed(Verdict why, uint64_t bytesFull) {
   bytesFull_ += bytesFull;
 }
 
+void Report::passedForConfig(CollConfigIssue why, uint64_t bytesFull) {
+  ++configIssues_[static_cast<int>(why)];
+  passed(Verdict::kCollConfig, bytesFull);
+}
+
 void Report::setRank(int rank) {
   int unset = -1;
   rank_.compare_exchange_strong(unset, rank);
@@ -62,6 +67,14 @@ std::string Report::json(const std::string& codec) const {
   for (int i = 0; i < static_cast<int>(Verdict::kCount); ++i) {
     std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 0 ? "" : ", ",
                   verdictName(static_cast<Verdict>(i)), reasons_[i].load());
+    out += buffer;
+  }
+  out += "}";
+  // The calls passed for their ncclCollConfig_t, by what they set.
+  out += ",\n  \"coll_config_passed\": {";
+  for (int i = 1; i < static_cast<int>(CollConfigIssue::kCount); ++i) {
+    std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 1 ? "" : ", ",
+                  collConfigIssueName(static_cast<CollConfigIssue>(i)), configIssues_[i].load());
     out += buffer;
   }
   out += "}";

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "plugin/preload/coll_config.h"
 #include "plugin/preload/policy.h"
 
 namespace squall::preload {
@@ -20,6 +21,9 @@ class Report {
   void compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull);
   // A call passed through (sent at full precision).
   void passed(Verdict why, uint64_t bytesFull);
+  // A call passed through for its ncclCollConfig_t (Verdict::kCollConfig),
+  // counted by what in the config could not be honoured.
+  void passedForConfig(CollConfigIssue why, uint64_t bytesFull);
   void evicted(uint64_t entries) { evictions_ += entries; }
   void relearned() { ++relearns_; }
   // A call cut differently from before: it took over what other residuals owed.
@@ -43,6 +47,7 @@ class Report {
   std::atomic<uint64_t> callsCompressed_{0}, callsPassed_{0}, bytesSent_{0}, bytesFull_{0};
   std::atomic<uint64_t> evictions_{0}, relearns_{0}, recuts_{0}, keptFull_{0};
   std::atomic<uint64_t> reasons_[static_cast<int>(Verdict::kCount)] = {};
+  std::atomic<uint64_t> configIssues_[static_cast<int>(CollConfigIssue::kCount)] = {};
   // Per codec: the compressed calls that used it, the bytes they sent, and
   // what a full-precision allreduce of them would have sent.
   std::atomic<uint64_t> callsByCodec_[codec::kNumCodecs] = {};

@@ -10,7 +10,9 @@ SQUALL_NCCL_LIBRARY=LIBNCCL, and calls ncclGetVersion through the
 interposer's export: that makes the interposer resolve its table of the real
 NCCL's functions, which it reports at INFO (the version, the library, and
 any entry point the library lacks). The check fails when an entry point is
-missing or the version is not VERSION.
+missing or the version is not VERSION. An optional entry point (one of a
+newer NCCL, like ncclAllReduceConfig of 2.31) may be absent from an older
+library, but not from one of its version or later.
 """
 import os
 import re
@@ -41,6 +43,7 @@ def main():
     print(out.strip())
     failed = []
     m = re.search(r"ncclGetVersion -> (\d+), (\d+)", out)
+    code = None
     if r.returncode != 0 or m is None or m.group(1) != "0":
         failed.append(f"ncclGetVersion through the interposer failed (exit {r.returncode})")
     else:
@@ -48,6 +51,11 @@ def main():
         got = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
         if want and got != want:
             failed.append(f"the interposer reached NCCL {got}, not {want}")
+    optional = re.search(r"lacks the optional ([^;]+), whose calls fail", out)
+    for name, major, minor in re.findall(r"(\w+) \(NCCL (\d+)\.(\d+)\+\)",
+                                         optional.group(1) if optional else ""):
+        if code is not None and code >= int(major) * 10000 + int(minor) * 100:
+            failed.append(f"the interposer lacks {name}, which NCCL {major}.{minor} and later have")
     resolved = re.search(r"forwards to NCCL \S+ at (\S+) \([^)]*\): every one of its (\d+) entry "
                          r"points",
                          out)

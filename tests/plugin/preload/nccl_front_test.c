@@ -8,8 +8,11 @@
  * Child processes make the calls under LD_PRELOAD (each writes its report at
  * exit); the parent then checks the reports' reasons. One child per
  * environment: the main one, one with NCCL_COMM_BLOCKING=0, and one with a
- * warmup whose first calls are captured into a CUDA graph. */
+ * warmup whose first calls are captured into a CUDA graph. With the argument
+ * nccl-2.30 (and the NCCL 2.30.7 stand-in first on LD_LIBRARY_PATH), one
+ * child checks that ncclAllReduceConfig, which that NCCL lacks, fails. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +30,13 @@ typedef struct {
   int dtype, op;
   void* comm;
   void* stream;
+  int viaConfig;
+  const void* config;
 } Logged;
 
 int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
+int ncclAllReduceConfig(const void*, void*, size_t, int, int, void*, void*, const void*);
+int ncclGetVersion(int*);
 int ncclCommInitRank(void**, int, UniqueId, int);
 int ncclCommInitRankConfig(void**, int, UniqueId, int, void*);
 int ncclCommSplit(void*, int, int, void**, void*);
@@ -54,7 +61,7 @@ void standinReady(void*);
 
 enum { kFloat16 = 6, kFloat32 = 7, kFloat64 = 8, kBfloat16 = 9, kInt32 = 2 };
 enum { kSum = 0, kMax = 2, kAvg = 4, kPreMulSum = 5 };
-enum { kSuccess = 0, kInvalidUsage = 5, kInProgress = 7 };
+enum { kSuccess = 0, kInvalidArgument = 4, kInvalidUsage = 5, kInProgress = 7 };
 
 /* The head of ncclConfig_t as NCCL_CONFIG_INITIALIZER fills it (NCCL 2.30),
  * with `blocking` set; the rest of the struct is never read. */
@@ -71,6 +78,34 @@ static Config config(int blocking, unsigned version) {
   c.magic = 0xcafebeefu;
   c.version = version;
   c.blocking = blocking;
+  return c;
+}
+
+/* The per-call config of ncclAllReduceConfig as NCCL 2.32 lays it out:
+ * size, magic, version, vendor options, least and most CTAs, the NVLS CTA
+ * cap, the cluster size, an algorithm filter and whether it must be met, a
+ * CTA policy, a profiler tag and a launch event. */
+typedef struct {
+  size_t size;
+  unsigned magic, version;
+  void* vendorOptions;
+  int minCtas, maxCtas, nvlsCtas, clusterSize;
+  const char* algorithms;
+  int algorithmsRequired, ctaPolicy;
+  unsigned long long profilerTag;
+  void* launchedEvent;
+} CollConfig;
+_Static_assert(sizeof(CollConfig) == 72, "the 2.32 layout");
+/* Every member as NCCL's initializer leaves it: ints unset (INT_MIN),
+ * pointers null, the filter required, no profiler tag. */
+static CollConfig collConfig(void) {
+  CollConfig c;
+  memset(&c, 0, sizeof c);
+  c.size = sizeof c;
+  c.magic = 0xcafebeefu;
+  c.version = 23203;
+  c.minCtas = c.maxCtas = c.nvlsCtas = c.clusterSize = c.ctaPolicy = INT_MIN;
+  c.algorithmsRequired = 1;
   return c;
 }
 
@@ -95,16 +130,26 @@ static int made_;
   } while (0)
 
 /* A call on `stream` whose real NCCL answers `want`, which must come back
- * unchanged. */
-static void callOn(size_t count, int dtype, int op, void* comm, void* stream, int want) {
-  CHECK(ncclAllReduce(buf, out, count, dtype, op, comm, stream) == want,
-        "ncclAllReduce did not return %d", want);
+ * unchanged, made through ncclAllReduce or, `viaConfig`, through
+ * ncclAllReduceConfig with `config`: it must reach the same entry point. */
+static void callVia(int viaConfig, const CollConfig* config, size_t count, int dtype, int op,
+                    void* comm, void* stream, int want) {
+  const int r = viaConfig ? ncclAllReduceConfig(buf, out, count, dtype, op, comm, stream, config)
+                          : ncclAllReduce(buf, out, count, dtype, op, comm, stream);
+  CHECK(r == want, "call %d returned %d, not %d", made_, r, want);
   CHECK(standinLogged() == made_ + 1, "call %d did not reach NCCL", made_);
   const Logged* l = standinCall(made_);
   CHECK(l->send == buf && l->recv == out && l->count == count && l->dtype == dtype && l->op == op &&
-            l->comm == comm && l->stream == stream,
+            l->comm == comm && l->stream == stream && l->viaConfig == viaConfig &&
+            l->config == (const void*)config,
         "call %d reached NCCL with other arguments", made_);
   ++made_;
+}
+static void callOn(size_t count, int dtype, int op, void* comm, void* stream, int want) {
+  callVia(0, NULL, count, dtype, op, comm, stream, want);
+}
+static void callConfig(const CollConfig* config, size_t count, void* comm, int want) {
+  callVia(1, config, count, kFloat32, kSum, comm, (void*)(size_t)(0x1000 + made_), want);
 }
 static void call(size_t count, int dtype, int op, void* comm) {
   callOn(count, dtype, op, comm, (void*)(size_t)(0x1000 + made_), kSuccess);
@@ -145,6 +190,46 @@ static void nonBlocking(UniqueId id) {
             ncclCommDestroy(blocking) == 0 && ncclCommDestroy(inherit) == 0 &&
             ncclCommDestroy(cn) == 0,
         "destroy");
+}
+
+/* ncclAllReduceConfig: no config, and a config left at NCCL's defaults, go
+ * where the plain call goes (no_engine here, compressed on a GPU) with the
+ * plain call's result; a config that asks for anything else passes through
+ * as coll_config, counted by what it sets, and NCCL's answer comes back.
+ * Either way the call reaches NCCL's ncclAllReduceConfig, config and all. */
+static void collConfigs(void* comm, void* untracked) {
+  static float plain[4096];
+  for (int i = 0; i < 4096; ++i) buf[i] = (float)i * 0.25f - 100.0f;
+  call(4096, kFloat32, kSum, comm); /* eligible */
+  memcpy(plain, out, sizeof plain);
+  CollConfig unset = collConfig(), noFilter = collConfig(), unrequired = collConfig();
+  noFilter.algorithms = "";          /* an empty filter is none */
+  unrequired.algorithmsRequired = 0; /* says nothing without a filter */
+  const CollConfig* honoured[] = {NULL, &unset, &noFilter, &unrequired};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4096; ++j) out[j] = -1.0f;
+    callConfig(honoured[i], 4096, comm, kSuccess); /* eligible */
+    CHECK(memcmp(out, plain, sizeof plain) == 0, "config %d: not the plain call's result", i);
+  }
+  static int vendorOption;
+  CollConfig filter = collConfig(), ctas = collConfig(), tag = collConfig(), vendor = collConfig(),
+             magic = collConfig(), newer = collConfig();
+  filter.algorithms = "ring";
+  ctas.maxCtas = 4;
+  tag.profilerTag = 42;
+  vendor.vendorOptions = &vendorOption;
+  magic.magic = 0xbadu;
+  newer.size = sizeof newer + 8; /* a later NCCL's, with members appended */
+
+  callConfig(&filter, 4096, comm, kSuccess);        /* coll_config: algSelection */
+  callConfig(&ctas, 4096, comm, kSuccess);          /* coll_config: maxCTAs */
+  callConfig(&tag, 4096, comm, kSuccess);           /* coll_config: userProfilerTag */
+  callConfig(&vendor, 4096, comm, kSuccess);        /* coll_config: ext */
+  callConfig(&magic, 4096, comm, kInvalidArgument); /* coll_config: magic; NCCL refuses it */
+  callConfig(&newer, 4096, comm, kSuccess);         /* coll_config: size */
+  /* Calls that pass through anyway keep their own reason. */
+  callConfig(&filter, 100, comm, kSuccess);       /* small */
+  callConfig(&filter, 4096, untracked, kSuccess); /* communicator */
 }
 
 /* Both sides of a grow get the grown communicator, tracked. */
@@ -246,6 +331,7 @@ static int child(void) {
   /* A new communicator, perhaps at a freed one's address, starts afresh. */
   CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init again");
   call(4096, kFloat32, kSum, a); /* eligible */
+  collConfigs(a, untracked);
   CHECK(ncclCommDestroy(b) == 0, "destroy");
   nonBlocking(id);
   grow(a, id);
@@ -293,6 +379,26 @@ static int childCapture(void) {
   return 0;
 }
 
+/* Against NCCL 2.30.7, which has no ncclAllReduceConfig, the interposer's
+ * fails without reaching NCCL; the plain call is unaffected. */
+static int childNccl230(void) {
+  int version = 0;
+  CHECK(ncclGetVersion(&version) == kSuccess && version == 23007,
+        "not the NCCL 2.30.7 stand-in (version %d): is it first on LD_LIBRARY_PATH?", version);
+  UniqueId id;
+  memset(&id, 0, sizeof id);
+  void* a;
+  CHECK(ncclCommInitRank(&a, 2, id, 0) == 0, "init");
+  CollConfig unset = collConfig();
+  CHECK(ncclAllReduceConfig(buf, out, 4096, kFloat32, kSum, a, NULL, NULL) == kInvalidUsage &&
+            ncclAllReduceConfig(buf, out, 4096, kFloat32, kSum, a, NULL, &unset) == kInvalidUsage,
+        "ncclAllReduceConfig did not fail");
+  CHECK(standinLogged() == 0, "ncclAllReduceConfig reached NCCL");
+  call(4096, kFloat32, kSum, a); /* eligible */
+  CHECK(ncclCommDestroy(a) == 0, "destroy");
+  return 0;
+}
+
 /* Runs `body` in a child with the variable `name` (unless NULL) set to
  * `value`, under report rank `rank`, and checks that the report holds every
  * string of `expect`. */
@@ -328,19 +434,36 @@ static void runChild(int (*body)(void), const char* name, const char* value, int
     CHECK(strstr(text, expect[i]) != NULL, "the report of rank %d lacks %s", rank, expect[i]);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+  if (argc > 1 && strcmp(argv[1], "nccl-2.30") == 0) {
+    static const char* const kOld[] = {"\"calls_passed\": 1", "\"no_engine\": 1",
+                                       "\"coll_config\": 0", "\"rank\": 8"};
+    runChild(childNccl230, NULL, NULL, 8, kOld, sizeof kOld / sizeof kOld[0]);
+    printf("nccl_front (NCCL 2.30.7): ok\n");
+    return 0;
+  }
   static const char* const kMain[] = {"\"calls_compressed\": 0",
-                                      "\"calls_passed\": 34",
-                                      "\"no_engine\": 18",
+                                      "\"calls_passed\": 47",
+                                      "\"no_engine\": 23",
                                       "\"op\": 2",
                                       "\"dtype\": 2",
-                                      "\"small\": 1",
+                                      "\"small\": 2",
                                       "\"group\": 2",
-                                      "\"communicator\": 3",
+                                      "\"communicator\": 4",
                                       "\"nonblocking\": 4",
                                       "\"revoked\": 1",
                                       "\"suspended\": 1",
                                       "\"capture\": 0",
+                                      "\"coll_config\": 6",
+                                      "\"magic\": 1",
+                                      "\"size\": 1",
+                                      "\"ext\": 1",
+                                      "\"minCTAs\": 0",
+                                      "\"maxCTAs\": 1",
+                                      "\"algSelection\": 1",
+                                      "\"CTAPolicy\": 0",
+                                      "\"userProfilerTag\": 1",
+                                      "\"launchCompletionEvent\": 0",
                                       "\"rank\": 5"};
   runChild(child, NULL, NULL, 5, kMain, sizeof kMain / sizeof kMain[0]);
   static const char* const kEnv[] = {"\"calls_passed\": 2", "\"nonblocking\": 2",

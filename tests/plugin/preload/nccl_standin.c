@@ -1,7 +1,10 @@
 /* A stand-in libnccl.so.2 for testing the interposer's NCCL front end on a
  * machine without a GPU: communicators are plain records, ncclAllReduce copies
  * its input and logs its arguments, so the test can check that every call it
- * made arrived unchanged. Only the entry points the interposer resolves. */
+ * made arrived unchanged. Only the entry points the interposer resolves.
+ *
+ * Built as NCCL 2.32.3 (with ncclAllReduceConfig), or with
+ * -DSTANDIN_NCCL_VERSION=23007 as NCCL 2.30.7, which lacks it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -26,6 +29,8 @@ typedef struct {
   int blocking;
 } ConfigHead;
 
+/* A call as it arrived; `viaConfig`: through ncclAllReduceConfig, with
+ * `config`. */
 typedef struct {
   const void* send;
   void* recv;
@@ -33,7 +38,17 @@ typedef struct {
   int dtype, op;
   void* comm;
   void* stream;
+  int viaConfig;
+  const void* config;
 } Logged;
+
+#ifndef STANDIN_NCCL_VERSION
+#define STANDIN_NCCL_VERSION 23203
+#endif
+EXPORT int ncclGetVersion(int* version) {
+  *version = STANDIN_NCCL_VERSION;
+  return 0;
+}
 
 static Logged log_[256];
 static int logged_, groupStarts_, groupEnds_, groupDepth_, nonBlocking_, nInGroup_;
@@ -45,15 +60,30 @@ static size_t typeBytes(int t) {
 
 /* A non-blocking communicator's collective returns ncclInProgress (7): NCCL
  * finishes it in the background. */
-EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
-                         void* stream) {
+static int allReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                     void* stream, int viaConfig, const void* config) {
   const Comm* c = comm;
   if (!c->ready) return 5; /* ncclInvalidUsage */
-  if (logged_ < 256) log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream};
+  if (logged_ < 256)
+    log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream, viaConfig, config};
   if (c->revoked || c->suspended) return 5;
   if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
   return c->nonBlocking ? 7 : 0;
 }
+EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                         void* stream) {
+  return allReduce(send, recv, count, dtype, op, comm, stream, 0, NULL);
+}
+#if STANDIN_NCCL_VERSION >= 23100
+/* NCCL 2.31+: a config without NCCL's magic is refused, after the call is
+ * logged (ncclInvalidArgument); no config is the plain call. */
+EXPORT int ncclAllReduceConfig(const void* send, void* recv, size_t count, int dtype, int op,
+                               void* comm, void* stream, const void* config) {
+  const ConfigHead* h = config;
+  const int r = allReduce(send, recv, count, dtype, op, comm, stream, 1, config);
+  return h != NULL && h->magic != 0xcafebeefu ? 4 : r;
+}
+#endif
 /* NCCL's rule: NCCL_COMM_BLOCKING (0 or 1) first, then the config's
  * blocking (configs of NCCL 2.14 on), then, given no config, the parent's;
  * else blocking. */

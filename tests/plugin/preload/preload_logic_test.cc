@@ -1,11 +1,14 @@
 // The interposer's decisions without MPI or NCCL: policy, step placement,
-// the residual map and the report.
+// the residual map, the per-call configs it honours and the report.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <climits>
 #include <string>
 #include <vector>
 
+#include "plugin/preload/coll_config.h"
+#include "plugin/preload/nccl_abi.h"
 #include "plugin/preload/policy.h"
 #include "plugin/preload/report.h"
 #include "plugin/preload/residual_map.h"
@@ -313,6 +316,51 @@ TEST(PreloadSteps, TheLearningWindowRevealsItsEdges) {
   EXPECT_FALSE(runs[1].full);  // the 20
 }
 
+// An ncclCollConfig_t as NCCL's initializer leaves it (NCCL 2.32).
+coll_config::Fields unsetConfig() {
+  coll_config::Fields f{};
+  f.size = sizeof f;
+  f.magic = nccl_config::kMagic;
+  f.version = 23203;
+  f.minCtas = f.maxCtas = f.nvlsCtas = f.clusterSize = f.ctaPolicy = INT_MIN;
+  f.algorithmsRequired = 1;
+  return f;
+}
+
+TEST(PreloadCollConfig, OnlyNoConfigOrNcclsDefaultsAreHonoured) {
+  EXPECT_EQ(collConfigIssue(nullptr), CollConfigIssue::kNone);
+  coll_config::Fields f = unsetConfig();
+  EXPECT_EQ(collConfigIssue(&f), CollConfigIssue::kNone);
+  f.algorithms = "";         // an empty filter is none
+  f.algorithmsRequired = 0;  // and says nothing without a filter
+  EXPECT_EQ(collConfigIssue(&f), CollConfigIssue::kNone);
+  int option = 0;
+  const auto with = [&](auto set) {
+    coll_config::Fields g = unsetConfig();
+    set(g);
+    return collConfigIssue(&g);
+  };
+  EXPECT_EQ(with([](auto& g) { g.magic = 0; }), CollConfigIssue::kMagic);
+  EXPECT_EQ(with([](auto& g) { g.size = sizeof g + 8; }), CollConfigIssue::kSize);
+  EXPECT_EQ(with([](auto& g) { g.size = sizeof g - 8; }), CollConfigIssue::kSize);
+  EXPECT_EQ(with([&](auto& g) { g.vendorOptions = &option; }), CollConfigIssue::kVendorOptions);
+  EXPECT_EQ(with([](auto& g) { g.minCtas = 1; }), CollConfigIssue::kMinCtas);
+  EXPECT_EQ(with([](auto& g) { g.maxCtas = 0; }), CollConfigIssue::kMaxCtas);
+  EXPECT_EQ(with([](auto& g) { g.nvlsCtas = 2; }), CollConfigIssue::kNvlsCtas);
+  EXPECT_EQ(with([](auto& g) { g.clusterSize = 2; }), CollConfigIssue::kClusterSize);
+  EXPECT_EQ(with([](auto& g) { g.algorithms = "ring"; }), CollConfigIssue::kAlgorithms);
+  EXPECT_EQ(with([](auto& g) { g.ctaPolicy = 0; }), CollConfigIssue::kCtaPolicy);
+  EXPECT_EQ(with([](auto& g) { g.profilerTag = 1; }), CollConfigIssue::kProfilerTag);
+  EXPECT_EQ(with([&](auto& g) { g.launchedEvent = &option; }), CollConfigIssue::kLaunchedEvent);
+  EXPECT_STREQ(collConfigIssueName(CollConfigIssue::kAlgorithms), "algSelection");
+  // A head of another size is not read past.
+  struct {
+    size_t size;
+    unsigned magic, version;
+  } head{16, nccl_config::kMagic, 23203};
+  EXPECT_EQ(collConfigIssue(&head), CollConfigIssue::kSize);
+}
+
 TEST(PreloadReport, JsonHasTheFields) {
   Report& r = Report::get();
   r.setRank(3);
@@ -333,6 +381,16 @@ TEST(PreloadReport, JsonHasTheFields) {
         "\"bytes_full_precision_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, "
         "\"int2\": 320, \"int4\": 320}"})
     EXPECT_NE(j.find(field), std::string::npos) << field << " in " << j;
+  // A call passed for its ncclCollConfig_t counts under coll_config, and by
+  // what the config set.
+  r.passedForConfig(CollConfigIssue::kAlgorithms, 8);
+  const std::string k = r.json("onebit");
+  for (const char* field : {"\"calls_passed\": 2", "\"coll_config\": 1",
+                            "\"coll_config_passed\": {\"magic\": 0, \"size\": 0, \"ext\": 0, "
+                            "\"minCTAs\": 0, \"maxCTAs\": 0, \"nvlsCTAs\": 0, "
+                            "\"cgaClusterSize\": 0, \"algSelection\": 1, \"CTAPolicy\": 0, "
+                            "\"userProfilerTag\": 0, \"launchCompletionEvent\": 0}"})
+    EXPECT_NE(k.find(field), std::string::npos) << field << " in " << k;
 }
 
 }  // namespace
