@@ -52,6 +52,38 @@ if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
     "$nccl_lib" "$nccl_version"
 fi
 
+# The same tables against the newest NCCL, whose ncclAllReduceConfig (2.31+)
+# the interposer forwards to. Its wheel is not installed into the venv: it is
+# downloaded once into $build and only its libnccl.so.2 unpacked (kept while
+# it is there).
+newest_nccl_version="${SQUALL_NEWEST_NCCL_VERSION:-2.32.3}"
+newest_nccl_dir="$build/nccl-$newest_nccl_version"
+newest_nccl_lib="$newest_nccl_dir/nvidia/nccl/lib/libnccl.so.2"
+if [[ ! -f $newest_nccl_lib ]]; then
+  echo "pypi torch: fetching nvidia-nccl-cu13 $newest_nccl_version's libnccl.so.2 into $newest_nccl_dir"
+  rm -rf "$newest_nccl_dir" "$newest_nccl_dir.partial"
+  "$py" -m pip download -q --disable-pip-version-check --no-deps -d "$newest_nccl_dir.partial" \
+    "nvidia-nccl-cu13==$newest_nccl_version"
+  "$py" - "$newest_nccl_dir.partial" <<'PY'
+import glob, sys, zipfile
+folder = sys.argv[1]
+(wheel,) = glob.glob(f"{folder}/nvidia_nccl_cu13-*.whl")
+with zipfile.ZipFile(wheel) as z:
+    z.extract("nvidia/nccl/lib/libnccl.so.2", folder)
+PY
+  rm -f "$newest_nccl_dir.partial"/*.whl
+  mv "$newest_nccl_dir.partial" "$newest_nccl_dir"
+fi
+echo "-- NCCL tables against nvidia-nccl-cu13 $newest_nccl_version's $newest_nccl_lib"
+for filter in 'NcclTableTest.TheRealLibrary*' 'NcclTableResolution.*'; do
+  SQUALL_TEST_NCCL_LIBRARY="$newest_nccl_lib" SQUALL_TEST_NCCL_VERSION="$newest_nccl_version" \
+    timeout 60 "$build/tests/nccl_table_test" --gtest_filter="$filter" --gtest_brief=1
+done
+if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
+  "$py" tests/plugin/preload/check_real_nccl.py "$build/plugin/preload/libsquall-preload-nccl.so" \
+    "$newest_nccl_lib" "$newest_nccl_version"
+fi
+
 # The suite runs the checkout's package (the same files pip installed) against
 # this build's library, importing squall and torch in the order
 # SQUALL_TEST_IMPORT_FIRST names (python/tests/conftest.py); the README
