@@ -524,8 +524,11 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
     variables instead (Communicator.from_env: torchrun, srun, mpirun).
 
     torch.distributed must be initialised. The group's first member creates the
-    unique id; it reaches the others through broadcast_object_list on the group.
-    Collective over the group's members; a process outside the group gets None.
+    unique id; it reaches the others through the process group's store, where
+    every member also announces itself. Collective over the group's members; a
+    process outside the group gets None. A member that does not call it makes
+    the others raise SquallTimeout naming the missing ranks after the
+    communicator's timeout (`timeout`, else SQUALL_TIMEOUT_S, default 300 s).
 
     transport='nccl' creates an NCCL communicator on the current CUDA device
     (torch.cuda.set_device first) and wraps it (squallCommInitFromNccl); the
@@ -565,13 +568,87 @@ def init(process_group=None, transport=None, timeout=None, set_as_default=True):
         if set_as_default:
             set_default(comm)
         return comm
-    obj = [get_unique_id() if rank == 0 else None]
-    dist.broadcast_object_list(obj, src=_global_rank(dist, process_group, 0), group=group)
-    comm = Communicator.from_unique_id(obj[0], size, rank, transport, timeout,
+    _config(transport, timeout)  # refuse bad arguments before the others wait for this rank
+    uid = _rendezvous(dist, group, process_group, rank, size, timeout)
+    comm = Communicator.from_unique_id(uid, size, rank, transport, timeout,
                                        process_group=process_group)
     if set_as_default:
         set_default(comm)
     return comm
+
+
+# How many squall.init calls this process made per group: the n-th call of
+# every member meets the n-th call of the others under the same store keys.
+_init_calls = {}
+
+
+def _timeout_seconds(timeout):
+    """The communicator's timeout: `timeout`, else SQUALL_TIMEOUT_S, else the
+    library's default (300 s, params.def)."""
+    if timeout is not None:
+        return float(getattr(timeout, "total_seconds", lambda: timeout)())
+    try:
+        return float(os.environ.get("SQUALL_TIMEOUT_S", "") or 300)
+    except ValueError:
+        return 300.0
+
+
+def _store_has(store, key):
+    if hasattr(store, "check"):
+        return store.check([key])
+    import datetime  # torch 1.13's stores have no check(): a wait that ends at once
+
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=1))
+        return True
+    except Exception:  # noqa: BLE001 - its timeout error
+        return False
+
+
+def _rendezvous(dist, group, process_group, rank, size, timeout):
+    """Every member of `group` announces itself in the process group's store
+    and waits, at most the communicator's timeout, for the others; the
+    group's first member publishes the unique id. Returns the unique id.
+
+    The store, unlike a collective on the group, waits for a deadline of
+    Squall's own (gloo's and NCCL's default is 30 minutes or more) and says
+    which ranks never came, so a rank that skips squall.init makes every rank
+    that called it fail with their names instead of hanging."""
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get_store is None:  # a torch without it: the collective, on torch's timeout
+        obj = [get_unique_id() if rank == 0 else None]
+        dist.broadcast_object_list(obj, src=_global_rank(dist, process_group, 0), group=group)
+        return obj[0]
+    import datetime
+
+    store = get_store()
+    members = [_global_rank(dist, process_group, r) for r in range(size)]
+    name = "world" if process_group is None else "ranks-" + "-".join(map(str, members))
+    _init_calls[name] = _init_calls.get(name, 0) + 1
+    prefix = f"squall/init/{name}/{_init_calls[name]}"
+    if rank == 0:
+        store.set(prefix + "/uid", get_unique_id())
+    store.set(f"{prefix}/joined/{rank}", "1")
+    keys = [f"{prefix}/joined/{r}" for r in range(size)]
+    seconds = _timeout_seconds(timeout)
+    try:
+        store.wait(keys, datetime.timedelta(seconds=seconds))
+    except Exception as e:  # noqa: BLE001 - the store's timeout error differs between versions
+        missing = [members[r] for r, k in enumerate(keys) if not _store_has(store, k)]
+        if not missing:  # they came as the wait ended
+            return store.get(prefix + "/uid")
+        which = "rank " if len(missing) == 1 else "ranks "
+        raise _lib.SquallTimeout(
+            f"squall.init: {which}{', '.join(map(str, missing))} of the "
+            f"{'world' if process_group is None else 'group ' + str(members)} did not call "
+            f"squall.init within {seconds:g} s (call {_init_calls[name]} on this group; this is "
+            f"rank {members[rank]}). Every rank of the group must call it, as often as the "
+            "others. Usual causes: only some ranks run the code that calls it (a branch on the "
+            "rank, a constructor that only rank 0 runs), a rank crashed or is still busy (see "
+            "its log), or a launcher that starts ranks itself (Lightning, "
+            "torch.multiprocessing.spawn, Accelerate) without every rank being patched. Raise "
+            "timeout= or SQUALL_TIMEOUT_S if they are only slow.") from e
+    return store.get(prefix + "/uid")
 
 
 def _init_nccl(dist, group, process_group, rank, size):
