@@ -22,6 +22,7 @@ import hashlib
 import logging
 import math
 import warnings
+import weakref
 
 import torch
 
@@ -238,6 +239,12 @@ class APMSqueeze(torch.optim.Optimizer):
         self._hooked = False  # set by squall.ddp.APMSqueezeState
         self._compressed_logged = False
         self._opts = []
+        # Destroyed with this object, not with a copy of its __dict__: Lightning's
+        # LightningOptimizer copies the optimizer's attributes into a wrapper
+        # whose class derives from this one, and a __del__ of the wrapper would
+        # close the handles the optimizer still uses.
+        # (Not at interpreter exit: the communicator may be gone by then.)
+        weakref.finalize(self, _destroy_handles, self._opts).atexit = False
         self._created = []  # the hyperparameters each C optimizer was made with
         self._flat = []  # (params fp32, grads fp32) per group, on the group's device
         self._devices = []  # per group: its CUDA device, or None for the host path
@@ -543,16 +550,7 @@ class APMSqueeze(torch.optim.Optimizer):
         self._created = [self._hyper(g) for g in self.param_groups]
 
     def close(self):
-        for i, h in enumerate(self._opts):
-            if h is not None:
-                self._opts[i] = None
-                lib.squallOptimizerDestroy(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        _destroy_handles(self._opts)
 
 
 def _format_bytes(n):
@@ -561,6 +559,14 @@ def _format_bytes(n):
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000.0
     return f"{n} B"
+
+
+def _destroy_handles(handles):
+    """Destroys the C optimizers in `handles` and leaves None in their place."""
+    for i, h in enumerate(handles):
+        if h is not None:
+            handles[i] = None
+            lib.squallOptimizerDestroy(h)
 
 
 class SlowMo(torch.optim.Optimizer):

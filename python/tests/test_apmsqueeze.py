@@ -253,3 +253,35 @@ def test_ddp_apmsqueeze_hook_with_optimizer():
     (p0, a0, s0), (p1, a1, s1) = _dist.run(_ddp_apm_worker, world=WORLD, args=(3, 8))
     assert all(torch.equal(x, y) for x, y in zip(p0, p1))
     assert a0 > 0 and s0 > 0 and (a0, s0) == (a1, s1)
+
+
+def _wrapper_copy_worker(rank, world):
+    """A wrapper made as Lightning's LightningOptimizer makes one (a class
+    derived from the optimizer's, the optimizer's __dict__ copied in), then
+    dropped: the optimizer itself goes on stepping."""
+    import gc
+
+    from squall.optim import APMSqueeze
+
+    squall.init()
+    p = torch.nn.Parameter(torch.ones(64))
+    opt = APMSqueeze([p], lr=1e-2, warmup=1)
+
+    class Wrapper:
+        def __init__(self, optimizer):
+            self.__dict__ = {k: v for k, v in optimizer.__dict__.items() if k != "step"}
+            self.__class__ = type("Wrapped" + type(optimizer).__name__,
+                                  (Wrapper, type(optimizer)), {})
+
+    Wrapper(opt)
+    gc.collect()
+    for step in range(3):
+        p.grad = torch.full_like(p, 0.1 * (rank + 1))
+        opt.step()
+    return p.detach().clone()
+
+
+def test_a_copy_of_the_optimizer_does_not_close_it():
+    results = _dist.run(_wrapper_copy_worker, world=WORLD)
+    assert torch.equal(results[0], results[1])
+    assert not torch.equal(results[0], torch.ones(64))
