@@ -11,15 +11,23 @@
 #   - the Python suite twice: squall imported before torch, then after;
 #   - the README's Python example (2 ranks under torchrun), in both orders;
 #   - the NCCL tables of Squall and of the interposer against the wheel's
-#     real libnccl.so.2 (dlopen/dlsym and ncclGetVersion; no GPU needed).
+#     real libnccl.so.2 and against the newest NCCL's (2.32.3, downloaded,
+#     not installed) (dlopen/dlsym and ncclGetVersion; no GPU needed);
+#   - the frameworks' own launches (tests/frameworks: Lightning, Fabric,
+#     Accelerate, Hugging Face's Trainer, torch.multiprocessing.spawn, FSDP2),
+#     plain and under every squallrun mode, with Lightning, Accelerate and
+#     transformers from PyPI in the venv.
 # The venv is kept in $SQUALL_TORCH_VENV (default BUILD_DIR/venv-torch) and
-# reused while its torch is the wanted one.
+# reused while its torch and the frameworks are the wanted ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 venv="${SQUALL_TORCH_VENV:-$build/venv-torch}"
 torch_version="${SQUALL_TORCH_VERSION:-2.15.0}"
 nccl_version="${SQUALL_TORCH_NCCL_VERSION:-2.30.7}"
+lightning_version="${SQUALL_LIGHTNING_VERSION:-2.6.6}"
+accelerate_version="${SQUALL_ACCELERATE_VERSION:-1.16.0}"
+transformers_version="${SQUALL_TRANSFORMERS_VERSION:-5.25.0}"
 
 if ! "$venv/bin/python" -c "import torch, sys, pytest, wheel; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
   echo "pypi torch: making $venv with torch $torch_version (a few GB, a few minutes)"
@@ -27,6 +35,13 @@ if ! "$venv/bin/python" -c "import torch, sys, pytest, wheel; sys.exit(torch.__v
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" \
     "nvidia-nccl-cu13==$nccl_version" numpy pytest wheel
+fi
+if ! "$venv/bin/python" -c "import lightning, accelerate, transformers, sys; sys.exit((lightning.__version__, accelerate.__version__, transformers.__version__) != ('$lightning_version', '$accelerate_version', '$transformers_version'))" 2>/dev/null; then
+  echo "pypi torch: installing Lightning $lightning_version, Accelerate $accelerate_version," \
+    "transformers $transformers_version"
+  "$venv/bin/pip" install -q --disable-pip-version-check "lightning==$lightning_version" \
+    "accelerate==$accelerate_version" "transformers==$transformers_version" \
+    "torch==$torch_version"
 fi
 py="$venv/bin/python"
 # As a user who activated the venv: its torchrun and squallrun come first.
@@ -97,6 +112,11 @@ for first in squall torch; do
   (cd /tmp && env -u SQUALL_LIBRARY timeout 300 "$py" "$OLDPWD/python/tests/readme_example.py" \
     --import-first $first)
 done
+
+echo "-- the frameworks' launches, plain and under every squallrun mode (installed package)"
+(cd /tmp && env -u SQUALL_LIBRARY timeout 1800 "$py" -m pytest -q -p no:cacheprovider \
+  "$OLDPWD/tests/frameworks") ||
+  { rc=$?; echo "pypi torch: the framework launches failed (pytest exit code $rc)" >&2; exit 1; }
 
 echo "-- squallrun (installed) --hook onebit on an unmodified DDP script, 2 ranks"
 tmp=$(mktemp -d)

@@ -20,7 +20,7 @@ from ._lib import path as library_path
 # loaded library's) matches when both come from the same release.
 __version__ = "0.1.0"
 
-_LAZY = ("optim", "ddp", "advise", "run")
+_LAZY = ("optim", "ddp", "advise", "run", "lightning")
 
 
 def __getattr__(name):
@@ -37,4 +37,5 @@ __all__ = [
     "HAVE_GPU", "SquallError", "SquallInvalidArgument", "SquallInvalidUsage", "SquallUnsupported",
     "SquallOutOfMemory", "SquallCorruptData", "SquallSystemError", "SquallRemoteError",
     "SquallTimeout", "SquallInternalError", "SquallInProgress", "optim", "ddp", "advise",
+    "lightning",
 ]

@@ -6,6 +6,8 @@ import os
 import weakref
 
 _installed = False
+_rank = None  # this process's rank, once its default process group exists
+_uncompressed = []  # why some of the script's training was left as it is
 
 
 def _comm():
@@ -14,17 +16,62 @@ def _comm():
     try:
         return squall.get_default()
     except squall.SquallInvalidUsage:
-        return squall.init()  # collective: every rank builds its model and optimizer alike
+        # Normally made when the script created its process group (below);
+        # this is for a group made some other way. Collective: every rank
+        # builds its model and optimizer alike.
+        return squall.init()
 
 
-def _local_hook(state, bucket):
-    """A DDP comm hook that leaves the gradients local (SlowMo averages
-    parameters every tau steps instead)."""
-    import torch
+def _after_process_group():
+    """Runs where every rank runs: right after the script (or its framework:
+    Lightning, Accelerate, a spawned worker) created the default process
+    group. Makes the Squall communicator there, not inside a constructor that
+    only some ranks may reach."""
+    global _rank
+    import torch.distributed as dist
 
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor())
-    return fut
+    import squall
+
+    _rank = dist.get_rank()
+    if os.environ.get("SQUALL_RUN_REPORT"):
+        # A rank forked by multiprocessing (Accelerate's notebook_launcher)
+        # leaves through os._exit, past atexit; its finalizers still run.
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, _report, args=(os.environ["SQUALL_RUN_REPORT"],),
+                                      exitpriority=0)
+    squall.init()
+
+
+def _sharded(params):
+    """Why these parameters are shards of a model (FSDP2's DTensors, FSDP1's
+    flat parameters or the original ones it flattened), or None. Squall's
+    optimizers and hooks average whole replicas, which shards are not."""
+    for p in params:
+        if type(p).__name__ == "DTensor" or type(p).__name__ == "FlatParameter" or getattr(
+                p, "_fsdp_flattened", False):
+            return "FSDP shards them (each rank holds a different piece of each parameter)"
+    return None
+
+
+def _leave_uncompressed(what, reason):
+    """Says once per process, on the first rank, that `what` trains as the
+    script wrote it and why: nothing stays uncompressed silently."""
+    line = f"squallrun: {what} left as the script wrote it, uncompressed: {reason}"
+    if line not in _uncompressed:
+        _uncompressed.append(line)
+        if _rank in (None, 0):
+            import sys
+
+            print(line, file=sys.stderr, flush=True)
+
+
+def _param_list(params):
+    """(params as a list, whether tensors or groups; every tensor in them)."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return params, [p for g in params for p in g["params"]]
+    return params, params
 
 
 class _LazyApmState:
@@ -96,6 +143,7 @@ class _LazyOptimizer:
 _all_optimizers = []  # weak references to every torch optimizer (--hook onebit)
 _optimizers = []  # the APMSqueeze optimizers made by the patched Adam/AdamW
 _states = []  # the hook states registered on DDP models
+_slowmo_count = [0]  # optimizers wrapped in SlowMo
 
 
 def _momentum_or_reason(state):
@@ -108,9 +156,15 @@ def _momentum_or_reason(state):
 
 
 def _report(directory):
-    """At exit: what the patches did on this rank, as JSON (SQUALL_RUN_REPORT)."""
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    """At exit: what the patches did on this rank, as JSON (SQUALL_RUN_REPORT).
+    A process that is no rank (a launcher, the parent of spawned ranks)
+    writes nothing."""
+    rank = _rank if _rank is not None else os.environ.get("RANK",
+                                                           os.environ.get("SLURM_PROCID"))
+    if rank is None:
+        return
     report = {"ddp_hooks": len(_states), "optimizers": len(_optimizers),
+              "slowmo_optimizers": _slowmo_count[0], "uncompressed": _uncompressed,
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
                                 if hasattr(s, "traffic")),
@@ -136,12 +190,30 @@ def install():
         import atexit
 
         atexit.register(_report, os.environ["SQUALL_RUN_REPORT"])
+    if config.get("hook") or config.get("optimizer") or config.get("slowmo"):
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        original_init_pg = distributed_c10d.init_process_group
+
+        def init_process_group(*args, **kwargs):
+            result = original_init_pg(*args, **kwargs)
+            _after_process_group()
+            return result
+
+        init_process_group.__doc__ = original_init_pg.__doc__
+        init_process_group.__wrapped__ = original_init_pg
+        dist.init_process_group = distributed_c10d.init_process_group = init_process_group
+
     ddp_type = torch.nn.parallel.DistributedDataParallel
     original_ddp_init = ddp_type.__init__
 
     def ddp_init(self, *args, **kwargs):
         original_ddp_init(self, *args, **kwargs)
-        if config.get("hook") == "onebit":
+        sharded = _sharded(self.module.parameters())
+        if sharded:
+            _leave_uncompressed("a DistributedDataParallel model", sharded)
+        elif config.get("hook") == "onebit":
             state = squall.ddp.OnebitState(comm=_comm(), warmup_steps=config["warmup"],
                                            codec=config["codec"],
                                            optimizer=_LazyOptimizer(self.module))
@@ -151,8 +223,7 @@ def install():
             _comm()
             self.register_comm_hook(_LazyApmState(self.module), _apm_hook)
         elif config.get("slowmo"):
-            self._squall_local_hook = True  # SlowMo need not refuse this DDP
-            self.register_comm_hook(None, _local_hook)
+            squall.ddp.register(self, "local")  # SlowMo averages the parameters itself
 
     ddp_type.__init__ = ddp_init
 
@@ -163,14 +234,30 @@ def install():
             original_opt_init(self, *args, **kwargs)
             _all_optimizers[:] = [ref for ref in _all_optimizers if ref() is not None]
             _all_optimizers.append(weakref.ref(self))
+            sharded = _sharded(p for g in self.param_groups for p in g["params"])
+            if sharded:  # a sharded model has no DDP for the hook to go on
+                _leave_uncompressed(f"torch.optim.{type(self).__name__} and its model "
+                                    "(--hook onebit goes on DistributedDataParallel only)",
+                                    sharded)
 
         torch.optim.Optimizer.__init__ = opt_init
 
     if config.get("optimizer") == "apmsqueeze":
         def replacement(name, coupled_decay):
+            original = getattr(torch.optim, name)
+
             def make(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                      weight_decay=0.0 if coupled_decay else 1e-2, amsgrad=False,
                      decoupled_weight_decay=not coupled_decay, **kwargs):
+                params, flat = _param_list(params)
+                sharded = _sharded(flat)
+                if sharded:
+                    _leave_uncompressed(f"torch.optim.{name}", sharded)
+                    extra = {} if name == "AdamW" or not decoupled_weight_decay else {
+                        "decoupled_weight_decay": True}
+                    return original(params, lr=lr, betas=betas, eps=eps,
+                                    weight_decay=weight_decay, amsgrad=amsgrad, **extra,
+                                    **kwargs)
                 # torch 2.x's Adam(decoupled_weight_decay=True) is AdamW.
                 if not decoupled_weight_decay and weight_decay:
                     raise squall.SquallUnsupported(
@@ -201,7 +288,13 @@ def install():
                 continue
 
             def wrapped(*args, _base=base_type, **kwargs):
-                return squall.optim.SlowMo(_base(*args, **kwargs), tau=tau, comm=_comm())
+                base = _base(*args, **kwargs)
+                sharded = _sharded(p for g in base.param_groups for p in g["params"])
+                if sharded:
+                    _leave_uncompressed(f"torch.optim.{_base.__name__} (--slowmo)", sharded)
+                    return base
+                _slowmo_count[0] += 1
+                return squall.optim.SlowMo(base, tau=tau, comm=_comm())
 
             wrapped.__name__ = wrapped.__qualname__ = name
             setattr(torch.optim, name, wrapped)

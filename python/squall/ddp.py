@@ -613,3 +613,90 @@ def apmsqueeze_hook(state, bucket):
         comm.allreduce(buf, "avg")
         return _done(buf)
     return _full_average(state, comm, buf)
+
+
+def local_hook(state, bucket):
+    """DDP comm hook that leaves each rank's gradients as they are: for
+    squall.optim.SlowMo, which averages the parameters itself every tau
+    steps (state is unused)."""
+    return _done(_buffer(bucket))
+
+
+def _unwrap(optimizer):
+    """The torch optimizer inside a framework's wrapper (Accelerate's
+    AcceleratedOptimizer, Lightning's LightningOptimizer)."""
+    for attr in ("optimizer", "_optimizer"):
+        inner = getattr(optimizer, attr, None)
+        if isinstance(inner, torch.optim.Optimizer):
+            return _unwrap(inner)
+    return optimizer
+
+
+class _Deferred:
+    """An optimizer given as a function, called when the hook first needs it:
+    frameworks such as Lightning wrap the model in DDP (where the hook goes
+    on) before they build the optimizer."""
+
+    def __init__(self, get):
+        self._get, self._optimizer = get, None
+
+    def resolve(self):
+        if self._optimizer is None:
+            opt = self._get()
+            if opt is None:
+                raise ValueError("squall.ddp.register: the optimizer function returned None; "
+                                 "it must return the model's optimizer once it exists")
+            self._optimizer = _unwrap(opt)
+            if hasattr(self._optimizer, "_hooked"):
+                self._optimizer._hooked = True
+        return self._optimizer
+
+    param_groups = property(lambda self: self.resolve().param_groups)
+    in_warmup = property(lambda self: self.resolve().in_warmup)
+
+
+def register(model, hook="onebit", optimizer=None, warmup_steps=DEFAULT_WARMUP_STEPS,
+             codec=DEFAULT_CODEC, comm=None):
+    """Puts a Squall comm hook on a DistributedDataParallel `model` and
+    returns its state. For code that builds DDP itself or through a framework
+    (Accelerate's ``accelerator.prepare``, Lightning: see squall.lightning).
+
+    hook:
+      'onebit'     onebit_hook: `warmup_steps` full-precision steps, then
+                   `codec`; compressed momentum when the optimizer is momentum
+                   SGD, compressed gradients otherwise;
+      'apmsqueeze' apmsqueeze_hook: the optimizer is a squall.optim.APMSqueeze,
+                   which communicates itself after its warmup;
+      'local'      local_hook: no averaging, for squall.optim.SlowMo.
+    optimizer: the model's optimizer (a framework's wrapper of it is fine), or
+    a function returning it, called at the first bucket, when the framework
+    builds the optimizer after wrapping the model. Needs a Squall communicator
+    (`comm`, else squall.init()'s) by the first backward pass.
+    """
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"squall.ddp.register: needs a DistributedDataParallel model, not "
+                        f"{type(model).__name__} (accelerator.prepare and Lightning's DDP "
+                        "strategy make one)")
+    if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer) and not hasattr(
+            optimizer, "param_groups"):
+        optimizer = _Deferred(optimizer)
+    elif optimizer is not None:
+        optimizer = _unwrap(optimizer)
+    if hook == "onebit":
+        state = OnebitState(comm=comm, warmup_steps=warmup_steps, codec=codec,
+                            optimizer=optimizer)
+        model.register_comm_hook(state, onebit_hook)
+    elif hook == "apmsqueeze":
+        if optimizer is None:
+            raise ValueError("squall.ddp.register(hook='apmsqueeze') needs optimizer= (the "
+                             "squall.optim.APMSqueeze, or a function returning it)")
+        state = APMSqueezeState(optimizer, comm=comm)
+        model.register_comm_hook(state, apmsqueeze_hook)
+    elif hook == "local":
+        state = None
+        model._squall_local_hook = True  # squall.optim.SlowMo need not refuse this DDP
+        model.register_comm_hook(state, local_hook)
+    else:
+        raise ValueError(f"squall.ddp.register: hook is 'onebit', 'apmsqueeze' or 'local', not "
+                         f"{hook!r}")
+    return state

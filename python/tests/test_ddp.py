@@ -256,3 +256,44 @@ def test_exit_with_the_hooks_completion_in_flight_does_not_abort():
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["runs"] == 200 and result["aborts"] == 0 and result["failures"] == 0, result
+
+
+def _register_worker(rank, world, hook):
+    """squall.ddp.register on a DDP model whose optimizer is built after the
+    hook (given as a function, as squall.lightning does), or with no
+    averaging at all ('local')."""
+    import squall.ddp
+
+    squall.init()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8))
+    box = []
+    state = squall.ddp.register(model, hook, optimizer=lambda: box[0], warmup_steps=1)
+    box.append(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    grads = []
+    for step in range(4):
+        g = torch.Generator().manual_seed(10 * rank + step)
+        box[0].zero_grad()
+        model(torch.randn(16, 64, generator=g)).square().mean().backward()
+        grads.append(model.module.weight.grad.clone())
+        box[0].step()
+    momentum = state.momentum_of() if hook == "onebit" else None
+    return grads, [p.detach().clone() for p in model.parameters()], momentum
+
+
+@pytest.mark.parametrize("hook", ["onebit", "local"])
+def test_register(hook):
+    (g0, p0, m0), (g1, p1, _) = _dist.run(_register_worker, world=2, args=(hook,))
+    if hook == "onebit":  # the optimizer found at the first bucket: its momentum
+        assert m0 == 0.9
+        assert all(torch.equal(a, b) for a, b in zip(g0, g1))
+        assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    else:  # every rank keeps its own gradient
+        assert not any(torch.equal(a, b) for a, b in zip(g0, g1))
+
+
+def test_register_refuses_what_it_cannot_hook():
+    import squall.ddp
+
+    with pytest.raises(TypeError, match="DistributedDataParallel"):
+        squall.ddp.register(torch.nn.Linear(2, 2))

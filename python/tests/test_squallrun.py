@@ -90,3 +90,32 @@ def test_squallrun_preload():
     else:
         assert r.returncode == 0 and f"LD_PRELOAD={lib}" in r.stdout, r.stderr
         assert r.stdout.startswith("squallrun: LD_PRELOAD=libsquall-preload-nccl.so")
+
+
+@pytest.mark.parametrize("options,kind", [(["--hook", "onebit", "--warmup", "2"], "sgd"),
+                                          (["--slowmo", "4"], "adamw")])
+def test_squallrun_patches_ranks_a_script_spawns(options, kind):
+    """torch.multiprocessing.spawn makes the ranks: no process has a RANK when
+    it starts, and each is patched all the same (the communicator is made
+    when each creates its process group, a point they all reach)."""
+    tmp = tempfile.mkdtemp(prefix="squallrun-spawn-")
+    try:
+        train = os.path.join(os.path.dirname(PYTHON_DIR), "tests",
+                             "frameworks", "train.py")
+        env = dict(os.environ, PYTHONPATH=PYTHON_DIR, SQUALL_RUN_REPORT=tmp, **_dist.ENV)
+        env.pop("RANK", None)
+        r = subprocess.run([sys.executable, "-m", "squall.run", *options, "--", sys.executable,
+                            train, "spawn", kind, "8", tmp, str(_dist.free_port())],
+                           capture_output=True, text=True, env=env, timeout=150, cwd=tmp)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        reports = [json.load(open(os.path.join(tmp, f"squallrun-rank{k}.json"))) for k in (0, 1)]
+        ranks = [json.load(open(os.path.join(tmp, f"rank{k}.json"))) for k in (0, 1)]
+        assert ranks[0]["params"] == ranks[1]["params"]  # 8 steps: SlowMo's tau 4 ends synced
+        for rep in reports:
+            if kind == "sgd":
+                assert rep["ddp_hooks"] == 1 and rep["compressed_buckets"] >= 6, rep
+            else:
+                assert rep["slowmo_optimizers"] == 1, rep
+        assert sorted(os.listdir(tmp)).count("squallrun-rank0.json") == 1  # not the parent's
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

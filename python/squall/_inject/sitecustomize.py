@@ -1,5 +1,12 @@
-"""Installed by squallrun on PYTHONPATH: patches torch in worker processes
-(squall/_patch.py), then runs the sitecustomize this one hides, if any."""
+"""Installed by squallrun on PYTHONPATH: patches torch (squall/_patch.py) in
+every process of the job the moment it imports torch, then runs the
+sitecustomize this one hides, if any.
+
+Every process, not only those a launcher gave a rank: Lightning, Accelerate's
+notebook_launcher and torch.multiprocessing.spawn start the ranks themselves,
+and with Lightning the first rank is the process squallrun started, which
+has no RANK when it begins. A process that never imports torch (a launcher's
+shell, pip) pays nothing: the patches wait for torch's import."""
 
 import importlib.machinery
 import importlib.util
@@ -19,12 +26,39 @@ def _chain():
             return
 
 
+def _patch_torch():
+    from squall import _patch
+
+    _patch.install()
+
+
+class _AfterTorch:
+    """A finder that answers nothing itself: when `torch` is first looked for,
+    it asks the other finders, and makes the loader they return run the
+    patches once torch's own import has finished."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and no recursion below
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch_torch()
+
+        spec.loader.exec_module = exec_module  # this module's loader only
+        return spec
+
+
 try:
     _chain()
 finally:
-    if os.environ.get("SQUALL_RUN_CONFIG") and any(
-            v in os.environ for v in ("LOCAL_RANK", "RANK", "SLURM_PROCID",
-                                      "OMPI_COMM_WORLD_RANK")):
-        from squall import _patch
-
-        _patch.install()
+    if os.environ.get("SQUALL_RUN_CONFIG"):
+        if "torch" in sys.modules:  # imported by a chained sitecustomize
+            _patch_torch()
+        else:
+            sys.meta_path.insert(0, _AfterTorch())

@@ -1,0 +1,136 @@
+"""Every way people start training (Lightning's Trainer with ddp and
+ddp_spawn, Fabric, `accelerate launch`, Accelerate's notebook_launcher,
+Hugging Face's Trainer under torchrun, torch.multiprocessing.spawn, and
+FSDP2 under spawn), each run plain and
+under every squallrun mode, and Squall in code through squall.lightning and
+squall.ddp.register: each finishes, every rank's report shows what was
+compressed (or, for the sharded model, says it was left uncompressed), and
+the loss of the last 20 of 96 steps stays within the mode's bound of the
+plain run (docs/python.md, "Frameworks"). Runs under PyPI's torch with
+Lightning, Accelerate and transformers installed (scripts/pypi_torch.sh);
+skips without them.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lightning", reason="Lightning is not installed (scripts/pypi_torch.sh "
+                    "installs it in PyPI torch's venv)")
+pytest.importorskip("accelerate", reason="Accelerate is not installed")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "train.py")
+STEPS = 96  # a multiple of SlowMo's tau: its ranks end on a sync, identical
+ENV = {"GLOO_SOCKET_IFNAME": "lo", "SQUALL_SOCKET_IFNAME": "lo", "SQUALL_TRANSPORT": "tcp",
+       "OMP_NUM_THREADS": "1", "SQUALL_TIMEOUT_S": "60"}
+LAUNCHES = ["lightning-ddp", "lightning-ddp_spawn", "fabric-ddp", "accelerate", "notebook",
+            "hf-trainer", "spawn", "spawn-fsdp2"]
+# mode: (squallrun options, optimizer, bound on the loss against plain, in %)
+MODES = {
+    "hook": (["--hook", "onebit", "--warmup", "20"], "sgd", 4.0),
+    "apmsqueeze": (["--optimizer", "apmsqueeze", "--warmup", "20"], "adamw", 6.0),
+    "slowmo": (["--slowmo", "8"], "adamw", 12.0),
+}
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _command(launch, kind, out):
+    port = str(_port())
+    if launch.startswith("accelerate"):
+        # On a machine without GPUs, --multi_gpu is how Accelerate starts
+        # several CPU processes (through torchrun; they train on gloo).
+        return [shutil.which("accelerate") or "accelerate", "launch", "--multi_gpu",
+                "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "--main_process_port", port, TRAIN, launch, kind,
+                str(STEPS), out]
+    if launch == "hf-trainer":
+        return [shutil.which("torchrun") or "torchrun", "--nnodes", "1", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", port, TRAIN, launch, kind,
+                str(STEPS), out]
+    return [sys.executable, TRAIN, launch, kind, str(STEPS), out, port]
+
+
+def _run(launch, kind, options, tmp_path, name):
+    out = tmp_path / name
+    out.mkdir()
+    cmd = _command(launch, kind, str(out))
+    if options is not None:
+        cmd = [sys.executable, "-m", "squall.run", *options, "--", *cmd]
+    env = dict(os.environ, SQUALL_RUN_REPORT=str(out), **ENV)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=out)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
+    reports = [json.loads((out / f"squallrun-rank{k}.json").read_text())
+               for k in (0, 1)] if options is not None else None
+    return ranks, reports, r.stderr
+
+
+def _loss(ranks):
+    return sum(sum(r["losses"][-20:]) for r in ranks) / (20 * len(ranks))
+
+
+_plain = {}
+
+
+def _baseline(launch, kind, tmp_path):
+    if (launch, kind) not in _plain:
+        ranks, _, _ = _run(launch, kind, None, tmp_path, f"plain-{kind}")
+        assert ranks[0]["params"] == ranks[1]["params"], "the plain run's replicas differ"
+        _plain[(launch, kind)] = ranks
+    return _plain[(launch, kind)]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_launch_under_squallrun(launch, mode, tmp_path):
+    if launch == "hf-trainer":
+        pytest.importorskip("transformers", reason="transformers is not installed")
+    options, kind, bound = MODES[mode]
+    plain = _baseline(launch, kind, tmp_path)
+    ranks, reports, stderr = _run(launch, kind, options, tmp_path, mode)
+    assert ranks[0]["params"] == ranks[1]["params"], "the ranks' parameters differ at the end"
+    rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    if launch == "spawn-fsdp2":
+        # Sharded: squallrun compresses none of it, says so, changes nothing.
+        assert all(r["uncompressed"] for r in reports), reports
+        assert "left as the script wrote it, uncompressed: FSDP shards" in stderr, stderr[-2000:]
+        assert ranks[0]["losses"] == plain[0]["losses"]
+        return
+    assert abs(rel) <= bound, f"{mode}: loss {_loss(ranks):.4f} is {rel:+.2f}% from plain " \
+        f"{_loss(plain):.4f} (bound {bound}%)"
+    for rep in reports:
+        assert not rep["uncompressed"], rep
+        if mode == "hook":
+            assert rep["ddp_hooks"] == 1 and rep["compressed_buckets"] >= STEPS - 20, rep
+        elif mode == "apmsqueeze":
+            assert rep["optimizers"] == 1, rep
+        else:
+            assert rep["slowmo_optimizers"] == 1, rep
+
+
+@pytest.mark.parametrize("launch,kind", [("lightning-squall", "sgd"),
+                                         ("lightning-squall", "adamw"),
+                                         ("accelerate-squall", "sgd"),
+                                         ("accelerate-squall", "adamw")])
+def test_squall_in_the_framework(launch, kind, tmp_path):
+    """squall.lightning.DDPStrategy and squall.ddp.register after
+    accelerator.prepare: the same job with no launcher's help."""
+    base = "lightning-ddp" if launch.startswith("lightning") else "accelerate"
+    plain = _baseline(base, kind, tmp_path)
+    ranks, _, _ = _run(launch, kind, None, tmp_path, "squall")
+    assert ranks[0]["params"] == ranks[1]["params"]
+    bound = MODES["hook" if kind == "sgd" else "apmsqueeze"][2]
+    rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    assert abs(rel) <= bound, f"loss {rel:+.2f}% from plain (bound {bound}%)"
+    assert ranks[0]["losses"] != plain[0]["losses"], "nothing was compressed"

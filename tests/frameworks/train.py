@@ -1,0 +1,282 @@
+"""One small training job, started the way each framework's users start it,
+and knowing nothing of Squall: run plain, it is the baseline; run under
+squallrun, it is what squallrun must compress without hanging.
+
+    train.py LAUNCH OPTIMIZER STEPS OUT [PORT]
+
+LAUNCH is how the ranks come to be:
+  lightning-ddp, lightning-ddp_spawn   L.Trainer(strategy=...), devices=2; with ddp,
+                                       rank 1 is started by Lightning itself
+  lightning-squall     L.Trainer(strategy=squall.lightning.DDPStrategy(...)) (Squall in code)
+  fabric-ddp           L.Fabric(strategy="ddp", devices=2).launch()
+  accelerate           the script of `accelerate launch --cpu --num_processes 2`
+  accelerate-squall    the same with squall.ddp.register after accelerator.prepare
+  hf-trainer           transformers.Trainer, the script of `torchrun --nproc_per_node 2`
+  notebook             accelerate.notebook_launcher(fn, num_processes=2) (forked ranks)
+  spawn                torch.multiprocessing.spawn(fn, nprocs=2), DDP over gloo
+  spawn-fsdp2          the same with FSDP2 (fully_shard) instead of DDP
+OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
+its loss at every step and a digest of its final parameters.
+
+The task: a fixed random teacher MLP labels Gaussian inputs (10 classes);
+the student MLP learns it with cross-entropy, batch 32 per rank, each rank
+drawing its own batches, the same at every run.
+"""
+
+import hashlib
+import json
+import os
+import sys
+
+import torch
+
+IN, HIDDEN, CLASSES, BATCH = 32, 256, 10, 32
+WORLD = 2
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1_000_003 * (rank + 1) + step)
+    teacher = torch.Generator().manual_seed(7)
+    w1 = torch.randn(IN, 64, generator=teacher)
+    w2 = torch.randn(64, CLASSES, generator=teacher)
+    x = torch.randn(BATCH, IN, generator=g)
+    return x, (torch.tanh(x @ w1) @ w2).argmax(dim=1)
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, CLASSES))
+
+
+def optimizer(kind, params):
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return torch.optim.AdamW(params, lr=2e-3)
+
+
+def digest(module):
+    h = hashlib.sha256()
+    for p in module.state_dict().values():
+        h.update(p.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def write(out, rank, losses, module, extra=None):
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(rank=rank, losses=losses, params=digest(module), **(extra or {})), f)
+
+
+def plain_loop(rank, kind, steps, net, opt, backward=None):
+    losses = []
+    for step in range(steps):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        (backward or (lambda t: t.backward()))(loss)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+# -- Lightning -------------------------------------------------------------
+# Module level, so that ddp_spawn can pickle them into its workers.
+try:
+    import lightning as L
+except ImportError:  # the other launches need no Lightning
+    L = None
+
+
+class IndexData(torch.utils.data.Dataset):
+    """The step numbers: each rank draws its batch from its rank and the step."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def __len__(self):
+        return self.steps
+
+    def __getitem__(self, i):
+        return i
+
+
+if L is not None:
+    class Module(L.LightningModule):
+        def __init__(self, kind, out, squall_optimizer=False):
+            super().__init__()
+            self.net = model()
+            self.kind, self.out, self.squall_optimizer = kind, out, squall_optimizer
+            self.losses = []
+
+        def training_step(self, index, _):
+            x, y = batch(self.global_rank, int(index[0]))
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            if self.squall_optimizer:
+                import squall.optim
+
+                return squall.optim.APMSqueeze(self.parameters(), lr=2e-3, warmup=20)
+            return optimizer(self.kind, self.parameters())
+
+        def on_train_end(self):
+            write(self.out, self.global_rank, self.losses, self.net)
+
+
+def lightning(strategy, kind, steps, out):
+    squall_optimizer = False
+    if strategy == "squall":
+        import squall.lightning
+
+        strategy = squall.lightning.DDPStrategy(
+            hook="onebit" if kind == "sgd" else "apmsqueeze", warmup=20)
+        squall_optimizer = kind == "adamw"
+    loader = torch.utils.data.DataLoader(IndexData(steps), batch_size=1, shuffle=False)
+    trainer = L.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=steps,
+                        max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False, num_sanity_val_steps=0)
+    trainer.fit(Module(kind, out, squall_optimizer), loader)
+
+
+def fabric(kind, steps, out):
+    f = L.Fabric(accelerator="cpu", devices=WORLD, strategy="ddp")
+    f.launch()
+    net = model()
+    opt = optimizer(kind, net.parameters())
+    wrapped, opt = f.setup(net, opt)
+    losses = plain_loop(f.global_rank, kind, steps, wrapped, opt, backward=f.backward)
+    write(out, f.global_rank, losses, net)
+
+
+# -- Accelerate ------------------------------------------------------------
+def accelerate_job(kind, steps, out, squall_in_code=False):
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True)
+    net = model()
+    opt = optimizer(kind, net.parameters())
+    if squall_in_code:
+        import squall
+        import squall.ddp
+
+        squall.init()
+        if kind == "adamw":
+            opt = squall.optim.APMSqueeze(net.parameters(), lr=2e-3, warmup=20)
+    wrapped, opt = acc.prepare(net, opt)
+    if squall_in_code:
+        squall.ddp.register(wrapped, "onebit" if kind == "sgd" else "apmsqueeze",
+                            optimizer=opt, warmup_steps=20)
+    losses = plain_loop(acc.process_index, kind, steps, wrapped, opt, backward=acc.backward)
+    write(out, acc.process_index, losses, net)
+
+
+# -- Hugging Face Trainer (under torchrun) ----------------------------------
+def hf_trainer(kind, steps, out):
+    from transformers import Trainer, TrainingArguments
+
+    class Samples(torch.utils.data.Dataset):
+        """Sample i is the i-th row of the batches rank i % WORLD would draw."""
+
+        def __len__(self):
+            return steps * BATCH * WORLD
+
+        def __getitem__(self, i):
+            x, y = batch(i % WORLD, i // (BATCH * WORLD))
+            return {"x": x[i // WORLD % BATCH], "labels": y[i // WORLD % BATCH]}
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model()
+            self.losses = []
+
+        def forward(self, x, labels):
+            loss = torch.nn.functional.cross_entropy(self.net(x), labels)
+            self.losses.append(loss.item())
+            return {"loss": loss}
+
+    # The arguments first: they create the process group.
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=BATCH, max_steps=steps,
+                             use_cpu=True, ddp_backend="gloo", report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                             dataloader_num_workers=0, seed=0, data_seed=0)
+    net = Net()
+    opt = optimizer(kind, net.parameters())
+    trainer = Trainer(model=net, args=args, train_dataset=Samples(),
+                      optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)))
+    trainer.train()
+    write(out, args.process_index, net.losses, net.net)
+
+
+# -- torch.multiprocessing.spawn -----------------------------------------------
+def spawned(rank, kind, steps, out, port):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    net = model()
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    opt = optimizer(kind, ddp.parameters())
+    losses = plain_loop(rank, kind, steps, ddp, opt)
+    write(out, rank, losses, net)
+    dist.destroy_process_group()
+
+
+def spawned_fsdp2(rank, kind, steps, out, port):
+    """FSDP2 (fully_shard per Linear and at the root) over gloo: Lightning's
+    own fsdp strategy needs a GPU, so the CPU check of a sharded model is
+    this one."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    net = model()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    opt = optimizer(kind, net.parameters())
+    losses = plain_loop(rank, kind, steps, net, opt)
+    full = {k: v.full_tensor() for k, v in net.state_dict().items()}
+    h = hashlib.sha256()
+    for v in full.values():
+        h.update(v.detach().float().contiguous().numpy().tobytes())
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest()), f)
+    # Every rank's FSDP work done before any tears gloo down (a rank that
+    # destroyed its group while the other's last collectives ran aborted).
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    launch, kind, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    port = int(sys.argv[5]) if len(sys.argv) > 5 else 29500
+    torch.set_num_threads(1)
+    if launch.startswith("lightning-"):
+        lightning(launch.split("-", 1)[1], kind, steps, out)
+    elif launch == "fabric-ddp":
+        fabric(kind, steps, out)
+    elif launch in ("accelerate", "accelerate-squall"):
+        accelerate_job(kind, steps, out, squall_in_code=launch == "accelerate-squall")
+    elif launch == "hf-trainer":
+        hf_trainer(kind, steps, out)
+    elif launch == "notebook":
+        from accelerate import notebook_launcher
+
+        notebook_launcher(accelerate_job, (kind, steps, out), num_processes=WORLD,
+                          use_port=str(port))
+    elif launch in ("spawn", "spawn-fsdp2"):
+        torch.multiprocessing.spawn(spawned if launch == "spawn" else spawned_fsdp2,
+                                    args=(kind, steps, out, port), nprocs=WORLD)
+    else:
+        raise SystemExit(f"train.py: unknown launch {launch!r}")
+
+
+if __name__ == "__main__":
+    main()
