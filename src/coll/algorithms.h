@@ -81,4 +81,12 @@ CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec
 CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
                                      CompressedAlgo option, double latencyBytes);
 
+// The compressed reduce-scatter (compressed_reducescatter.cc) of
+// state->nranks() pieces of state->chunk() elements, on a state from
+// CompressedState::createReduceScatter: `out` receives this rank's piece,
+// summed (avg: divided by n). The worker residual is committed when every
+// rank's encodings were finite.
+Status directCompressedReduceScatter(const OpContext& ctx, const void* in, void* out,
+                                     DataType dtype, ReduceOp op, CompressedState* state);
+
 }  // namespace squall::coll

@@ -69,6 +69,26 @@ Status checkBuffers(const void* in, const void* out, size_t count, DataType dtyp
   return Status::kOk;
 }
 
+// The types and ops the compressed collectives take.
+Status checkCompressedTypes(DataType dtype, ReduceOp op, const char* what) {
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kColl,
+                 "%s takes float32, float16 or bfloat16, not %s", what,
+                 isValidDataType(dtype) ? dataTypeName(dtype) : "an unknown type");
+  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
+                 Subsys::kColl, "%s supports sum and avg, not %s", what,
+                 isValidReduceOp(op) ? reduceOpName(op) : "an unknown op");
+  return Status::kOk;
+}
+
+Descriptor compressedDescriptor(CollKind kind, DataType dtype, ReduceOp op, size_t count,
+                                const codec::Spec& spec) {
+  Descriptor d = descriptorOf(kind, dtype, op, count);
+  d.codec = static_cast<uint8_t>(spec.codec);
+  d.block = codec::usesBlocks(spec.codec) ? spec.block : 0;
+  return d;
+}
+
 Status checkAllToAll(const void* in, const void* out, size_t count, DataType dtype, int size) {
   const auto n = static_cast<size_t>(size);
   SQUALL_TRY(checkBuffers(in, out, count, dtype, "alltoall", n, n));
@@ -407,13 +427,12 @@ Status Communicator::checkCompressed(const void* in, void* out, DataType dtype, 
                  "compressed allreduce: the state was created for %d ranks but the "
                  "communicator has %d",
                  state->nranks(), size());
-  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
-                 Status::kInvalidArgument, Subsys::kColl,
-                 "compressed allreduce takes float32, float16 or bfloat16, not %s",
-                 isValidDataType(dtype) ? dataTypeName(dtype) : "an unknown type");
-  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
-                 Subsys::kColl, "compressed allreduce supports sum and avg, not %s",
-                 isValidReduceOp(op) ? reduceOpName(op) : "an unknown op");
+  SQUALL_REQUIRE(!state->reduceScatter(), Status::kInvalidUsage, Subsys::kColl,
+                 "compressed allreduce: the state was made for the compressed reduce-scatter "
+                 "(%d x %zu elements); make one for the allreduce with "
+                 "Communicator::createCompressedState",
+                 state->nranks(), state->chunk());
+  SQUALL_TRY(checkCompressedTypes(dtype, op, "compressed allreduce"));
   if (state->hierarchical()) {
     const Hierarchy* h = hierarchy_.get();
     SQUALL_REQUIRE(h != nullptr && h->layout.hosts == state->hosts() &&
@@ -426,9 +445,40 @@ Status Communicator::checkCompressed(const void* in, void* out, DataType dtype, 
                    state->hosts(), state->localRanks(), state->localIndex());
   }
   SQUALL_TRY(checkBuffers(in, out, state->count(), dtype, "compressed allreduce"));
-  *descriptor = descriptorOf(CollKind::kCompressedAllReduce, dtype, op, state->count());
-  descriptor->codec = static_cast<uint8_t>(state->spec().codec);
-  descriptor->block = codec::usesBlocks(state->spec().codec) ? state->spec().block : 0;
+  *descriptor = compressedDescriptor(CollKind::kCompressedAllReduce, dtype, op, state->count(),
+                                     state->spec());
+  return Status::kOk;
+}
+
+Status Communicator::checkReduceScatter(const void* in, const void* out, size_t recvcount,
+                                        DataType dtype, ReduceOp op, const CompressedState* state,
+                                        Descriptor* descriptor) {
+  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "compressed reduce-scatter: the state is NULL; create one per buffer with "
+                 "CompressedState::createReduceScatter and keep it across calls");
+  SQUALL_REQUIRE(state->reduceScatter(), Status::kInvalidUsage, Subsys::kColl,
+                 "compressed reduce-scatter: the state was made for the compressed allreduce "
+                 "of %zu elements; make one for the reduce-scatter with "
+                 "CompressedState::createReduceScatter",
+                 state->count());
+  SQUALL_REQUIRE(state->nranks() == size(), Status::kInvalidUsage, Subsys::kColl,
+                 "compressed reduce-scatter: the state was created for %d ranks but the "
+                 "communicator has %d",
+                 state->nranks(), size());
+  SQUALL_REQUIRE(recvcount == state->chunk(), Status::kInvalidArgument, Subsys::kColl,
+                 "compressed reduce-scatter: recvcount is %zu but the state was made for %zu "
+                 "elements per rank (an input of %d x %zu); make one state per buffer",
+                 recvcount, state->chunk(), state->nranks(), state->chunk());
+  SQUALL_TRY(checkCompressedTypes(dtype, op, "compressed reduce-scatter"));
+  // In place: the output is this rank's piece of the input.
+  const auto from = reinterpret_cast<uintptr_t>(in);
+  const auto to = reinterpret_cast<uintptr_t>(out);
+  const bool inPlace = in != nullptr && to >= from &&
+                       to - from == static_cast<size_t>(rank()) * recvcount * dataTypeSize(dtype);
+  SQUALL_TRY(checkBuffers(in, inPlace ? in : out, recvcount, dtype, "compressed reduce-scatter",
+                          static_cast<size_t>(size()), 1));
+  *descriptor =
+      compressedDescriptor(CollKind::kCompressedReduceScatter, dtype, op, recvcount, state->spec());
   return Status::kOk;
 }
 
@@ -450,6 +500,20 @@ Communicator::Body Communicator::compressedBody(const void* in, void* out, DataT
     return algo == CompressedAlgo::kAllGather
                ? allGatherCompressedAllReduce(ctx, in, out, dtype, op, state)
                : twoPhaseCompressedAllReduce(ctx, in, out, dtype, op, state);
+  };
+}
+
+Communicator::Body Communicator::reduceScatterBody(const void* in, void* out, DataType dtype,
+                                                   ReduceOp op, CompressedState* state) {
+  return [=](const OpContext& ctx) {
+    const size_t recvcount = state->chunk();
+    if (ctx.size() == 1 || recvcount == 0) {
+      // Nothing to exchange: the input is the result and the residual stays.
+      if (in != out && recvcount != 0) std::memcpy(out, in, recvcount * dataTypeSize(dtype));
+      state->recordStats(CompressedStats{});
+      return Status::kOk;
+    }
+    return directCompressedReduceScatter(ctx, in, out, dtype, op, state);
   };
 }
 
@@ -476,6 +540,21 @@ Status Communicator::startCompressedAllReduce(const void* in, void* out, DataTyp
   Descriptor descriptor;
   SQUALL_TRY(refuse(checkCompressed(in, out, dtype, op, state, &descriptor)));
   return enqueue(descriptor, compressedBody(in, out, dtype, op, state), operation);
+}
+
+Status Communicator::compressedReduceScatter(const void* in, void* out, size_t recvcount,
+                                             DataType dtype, ReduceOp op, CompressedState* state) {
+  Descriptor descriptor;
+  SQUALL_TRY(refuse(checkReduceScatter(in, out, recvcount, dtype, op, state, &descriptor)));
+  return runBlocking(descriptor, reduceScatterBody(in, out, dtype, op, state));
+}
+
+Status Communicator::startCompressedReduceScatter(const void* in, void* out, size_t recvcount,
+                                                  DataType dtype, ReduceOp op,
+                                                  CompressedState* state, OperationPtr* operation) {
+  Descriptor descriptor;
+  SQUALL_TRY(refuse(checkReduceScatter(in, out, recvcount, dtype, op, state, &descriptor)));
+  return enqueue(descriptor, reduceScatterBody(in, out, dtype, op, state), operation);
 }
 
 }  // namespace squall::coll

@@ -102,6 +102,15 @@ class Communicator {
   Status compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                              CompressedState* state);
 
+  // The compressed reduce-scatter with a state from
+  // CompressedState::createReduceScatter (compressed_reducescatter.cc): `in`
+  // holds nranks x recvcount elements, rank r's piece at r x recvcount; `out`
+  // receives this rank's piece summed (avg: divided by nranks). recvcount is
+  // the state's. `out` may be this rank's piece of `in` (in place). One rank
+  // copies its input; the residual stays.
+  Status compressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                 ReduceOp op, CompressedState* state);
+
   Status startAllReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                         OperationPtr* operation);
   Status startAllGather(const void* in, void* out, size_t count, DataType dtype,
@@ -113,6 +122,8 @@ class Communicator {
   Status startBarrier(OperationPtr* operation);
   Status startCompressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,
                                   CompressedState* state, OperationPtr* operation);
+  Status startCompressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                      ReduceOp op, CompressedState* state, OperationPtr* operation);
 
   // This rank's next collective is refused for a bad argument (`check`, not
   // kOk, with lastError() saying why). The refusal still takes the
@@ -161,9 +172,14 @@ class Communicator {
   Status checkAllReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
   Status checkCompressed(const void* in, void* out, DataType dtype, ReduceOp op,
                          const CompressedState* state, transport::Descriptor* descriptor);
+  Status checkReduceScatter(const void* in, const void* out, size_t recvcount, DataType dtype,
+                            ReduceOp op, const CompressedState* state,
+                            transport::Descriptor* descriptor);
   Body allReduceBody(const void* in, void* out, size_t count, DataType dtype, ReduceOp op);
   Body compressedBody(const void* in, void* out, DataType dtype, ReduceOp op,
                       CompressedState* state);
+  static Body reduceScatterBody(const void* in, void* out, DataType dtype, ReduceOp op,
+                                CompressedState* state);
 
   transport::Transport* transport_;
   Options options_;

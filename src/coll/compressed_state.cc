@@ -35,6 +35,30 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   return Status::kOk;
 }
 
+Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const codec::Spec& spec,
+                                            std::unique_ptr<CompressedState>* out,
+                                            Feedback feedback) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the compressed-state output pointer is NULL");
+  SQUALL_REQUIRE(nranks >= 1, Status::kInvalidArgument, Subsys::kColl,
+                 "a compressed reduce-scatter needs at least one rank, not %d", nranks);
+  SQUALL_TRY(codec::validateSpec(spec));
+  const auto n = static_cast<size_t>(nranks);
+  SQUALL_REQUIRE(recvcount <= (SIZE_MAX / 8) / n, Status::kInvalidArgument, Subsys::kColl,
+                 "a compressed reduce-scatter of %d x %zu elements is too large for this machine",
+                 nranks, recvcount);
+  std::unique_ptr<CompressedState> s(new CompressedState());
+  s->nranks_ = nranks;
+  s->count_ = recvcount * n;
+  s->chunk_ = recvcount;
+  s->spec_ = spec;
+  s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
+  s->reduceScatter_ = true;
+  if (feedback == Feedback::kKept) SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_));
+  *out = std::move(s);
+  return Status::kOk;
+}
+
 Status CompressedState::createHierarchical(int hosts, int local, int localIndex, size_t count,
                                            const codec::Spec& spec,
                                            std::unique_ptr<CompressedState>* out,
@@ -76,15 +100,14 @@ void CompressedState::reset() {
     cross_->reset();
     return;
   }
-  if (worker_ == nullptr) return;
-  worker_->reset();
-  server_->reset();
+  if (worker_ != nullptr) worker_->reset();
+  if (server_ != nullptr) server_->reset();
 }
 
 void CompressedState::commit(bool finite, bool serverUsed) {
   if (worker_ == nullptr) return;
   worker_->commit(finite);
-  if (serverUsed) server_->commit(finite);
+  if (serverUsed && server_ != nullptr) server_->commit(finite);
 }
 
 }  // namespace squall::coll

@@ -1,8 +1,9 @@
-// The state a caller keeps across calls of the compressed allreduce of one
-// buffer: its size, codec and group size, the error-feedback residuals (the
-// worker residual over the padded buffer and the server residual over this
-// rank's chunk, both double-buffered so a non-finite call is not committed),
-// scratch buffers, and what the last call sent.
+// The state a caller keeps across calls of the compressed allreduce (or
+// reduce-scatter, below) of one buffer: its size, codec and group size, the
+// error-feedback residuals (the worker residual over the padded buffer and
+// the server residual over this rank's chunk, both double-buffered so a
+// non-finite call is not committed), scratch buffers, and what the last call
+// sent.
 //
 // Layout: U = the codec block (1 for the element-wise codecs); the buffer is
 // padded to N_pad = a multiple of n * U and rank r serves chunk r, elements
@@ -15,6 +16,14 @@
 // layout above of slice j among the H ranks of local index j (cross()): the
 // worker residual over slice j padded for H ranks, and the server residual
 // over this rank's chunk of that slice.
+//
+// Reduce-scatter layout (createReduceScatter; compressed_reducescatter.cc):
+// the input is n pieces of R = recvcount elements, rank r serves piece r,
+// elements [r * R, (r + 1) * R), and each piece is encoded on its own (its
+// codec blocks begin at its first element), so R need not be a multiple of
+// the block. chunk() is R, count() and paddedCount() are n * R, and the
+// worker residual covers the n * R elements; there is no server residual
+// (the piece's sum is the call's output).
 //
 // Without error feedback (Feedback::kNone) a state keeps no residual at all:
 // every call encodes its input and the servers' sums as they are, so its
@@ -66,7 +75,14 @@ class CompressedState {
                                    const codec::Spec& spec, std::unique_ptr<CompressedState>* out,
                                    Feedback feedback = Feedback::kKept);
 
+  // The reduce-scatter layout for `nranks` ranks of `recvcount` elements
+  // each (above).
+  static Status createReduceScatter(int nranks, size_t recvcount, const codec::Spec& spec,
+                                    std::unique_ptr<CompressedState>* out,
+                                    Feedback feedback = Feedback::kKept);
+
   bool hierarchical() const { return cross_ != nullptr; }
+  bool reduceScatter() const { return reduceScatter_; }
   int hosts() const { return cross_ != nullptr ? cross_->nranks() : 0; }
   int localRanks() const { return local_; }
   int localIndex() const { return localIndex_; }
@@ -94,7 +110,8 @@ class CompressedState {
     if (cross_ != nullptr) return cross_->feedback();
     return worker_ != nullptr ? Feedback::kKept : Feedback::kNone;
   }
-  // The residuals; only for a state that keeps error feedback.
+  // The residuals; only for a state that keeps error feedback (server():
+  // not for the reduce-scatter layout).
   codec::Residual& worker() { return cross_ != nullptr ? cross_->worker() : *worker_; }
   codec::Residual& server() { return cross_ != nullptr ? cross_->server() : *server_; }
   // What the algorithms hand an encode at position `at` of the worker residual
@@ -132,7 +149,8 @@ class CompressedState {
   struct Scratch {
     std::vector<uint8_t> sendBuffer, recvBuffer, serverBuffer, gatherBuffer;
     std::vector<float> accumulator, decoded;
-    std::vector<float> slice;  // hierarchical: the host's fp32 sum of this rank's slice
+    std::vector<float> slice;       // hierarchical: the host's fp32 sum of this rank's slice
+    std::vector<uint8_t> verdicts;  // reduce-scatter: every rank's "all finite" byte
   };
   Scratch& scratch() { return scratch_; }
 
@@ -149,6 +167,7 @@ class CompressedState {
   size_t chunk_ = 0;
   size_t unit_ = 1;
   size_t phase_ = 0;
+  bool reduceScatter_ = false;
   codec::Spec spec_;
   CompressedAlgo algo_{};                             // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;  // null without feedback

@@ -5,7 +5,7 @@ namespace squall {
 size_t dataTypeSize(DataType type) {
   switch (type) {
     case DataType::kF32: return 4;
-    case DataType::kF16: return 2;
+    case DataType::kF16:
     case DataType::kBf16: return 2;
     case DataType::kF64: return 8;
     case DataType::kI32: return 4;
@@ -45,6 +45,7 @@ const char* collKindName(CollKind kind) {
     case CollKind::kAllToAll: return "alltoall";
     case CollKind::kBroadcast: return "broadcast";
     case CollKind::kBarrier: return "barrier";
+    case CollKind::kCompressedReduceScatter: return "compressed reduce-scatter";
   }
   return "unknown-collective";
 }

@@ -23,6 +23,7 @@ enum class CollKind : uint8_t {
   kAllToAll,
   kBroadcast,
   kBarrier,
+  kCompressedReduceScatter,
 };
 
 size_t dataTypeSize(DataType type);

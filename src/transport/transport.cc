@@ -20,11 +20,14 @@ std::string describe(const Tag& tag) {
     return text;
   }
   append(" %s", dataTypeName(d.dtype));
-  if (d.kind == CollKind::kAllReduce || d.kind == CollKind::kCompressedAllReduce)
-    append(" %s", reduceOpName(d.op));
-  if (d.kind == CollKind::kCompressedAllReduce) append(" codec %u block %u", d.codec, d.block);
+  const bool compressed =
+      d.kind == CollKind::kCompressedAllReduce || d.kind == CollKind::kCompressedReduceScatter;
+  if (d.kind == CollKind::kAllReduce || compressed) append(" %s", reduceOpName(d.op));
+  if (compressed) append(" codec %u block %u", d.codec, d.block);
   if (d.kind == CollKind::kBroadcast) append(" root %u", d.block);
-  append(", %llu elements", static_cast<unsigned long long>(d.count));
+  append(
+      d.kind == CollKind::kCompressedReduceScatter ? ", %llu elements per rank" : ", %llu elements",
+      static_cast<unsigned long long>(d.count));
   return text;
 }
 

@@ -19,6 +19,35 @@
 
 namespace squall::testing {
 
+// One encoding of `m` elements with the scalar kernels (the residual halves
+// may be null); folds the kernel's "all finite" into *finite.
+inline std::vector<uint8_t> referenceEncode(const codec::Spec& spec, const float* x, size_t m,
+                                            const float* residualIn, float* residualOut,
+                                            bool* finite) {
+  codec::Layout layout;
+  if (codec::layoutFor(spec, m, &layout) != Status::kOk) std::abort();
+  std::vector<uint8_t> bytes(layout.totalBytes, 0);
+  codec::writeHeader(spec, m, bytes.data());
+  if (m != 0) {
+    const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec.codec)];
+    *finite = k.encode(codec::EncodeJob{x, codec::DType::kF32, m, spec, layout, residualIn,
+                                        residualOut, bytes.data() + codec::kHeaderBytes}) &&
+              *finite;
+  }
+  return bytes;
+}
+
+// Decodes (or decode-accumulates) `m` elements with the scalar kernels.
+inline void referenceDecode(const codec::Spec& spec, const std::vector<uint8_t>& bytes, float* out,
+                            size_t m, bool accumulate) {
+  if (m == 0) return;
+  codec::Layout layout;
+  if (codec::layoutFor(spec, m, &layout) != Status::kOk) std::abort();
+  const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec.codec)];
+  codec::DecodeJob job{bytes.data() + codec::kHeaderBytes, m, spec, layout, out};
+  (accumulate ? k.accumulate : k.decode)(job);
+}
+
 class CompressedReference {
  public:
   // Residual state of one buffer for n virtual ranks.
@@ -154,26 +183,11 @@ class CompressedReference {
 
   std::vector<uint8_t> encode(const float* x, size_t m, const float* residualIn, float* residualOut,
                               bool* finite) const {
-    codec::Layout layout;
-    if (codec::layoutFor(spec_, m, &layout) != Status::kOk) std::abort();
-    std::vector<uint8_t> bytes(layout.totalBytes, 0);
-    codec::writeHeader(spec_, m, bytes.data());
-    if (m != 0) {
-      const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec_.codec)];
-      *finite = k.encode(codec::EncodeJob{x, codec::DType::kF32, m, spec_, layout, residualIn,
-                                          residualOut, bytes.data() + codec::kHeaderBytes}) &&
-                *finite;
-    }
-    return bytes;
+    return referenceEncode(spec_, x, m, residualIn, residualOut, finite);
   }
 
   void decode(const std::vector<uint8_t>& bytes, float* out, size_t m, bool accumulate) const {
-    if (m == 0) return;
-    codec::Layout layout;
-    if (codec::layoutFor(spec_, m, &layout) != Status::kOk) std::abort();
-    const codec::CodecKernels& k = codec::scalarKernels().codecs[static_cast<int>(spec_.codec)];
-    codec::DecodeJob job{bytes.data() + codec::kHeaderBytes, m, spec_, layout, out};
-    (accumulate ? k.accumulate : k.decode)(job);
+    referenceDecode(spec_, bytes, out, m, accumulate);
   }
 
   int n_;
@@ -183,6 +197,59 @@ class CompressedReference {
   size_t unit_ = 1;
   size_t chunk_ = 0;
   std::vector<Residual> worker_, server_;
+};
+
+// The compressed reduce-scatter (src/coll/compressed_reducescatter.cc) for
+// n virtual ranks, unsegmented: rank j encodes each piece c of its input,
+// elements [c R, (c + 1) R), on its own with its worker residual; rank r's
+// output is the decode of the n encodings of piece r in rank order, divided
+// by n for avg. Residuals advance only when every encoding of the call, on
+// every rank, was finite.
+class ReduceScatterReference {
+ public:
+  ReduceScatterReference(int n, size_t recvcount, const codec::Spec& spec)
+      : n_(static_cast<size_t>(n)), recvcount_(recvcount), spec_(spec) {
+    for (size_t r = 0; r < n_; ++r) {
+      current_.emplace_back(n_ * recvcount, 0.0f);
+      next_.emplace_back(n_ * recvcount, 0.0f);
+    }
+  }
+
+  // inputs[j] holds n R floats; returns every rank's output of R floats.
+  std::vector<std::vector<float>> run(const std::vector<std::vector<float>>& inputs, bool average) {
+    std::vector<std::vector<float>> out(n_, std::vector<float>(recvcount_));
+    if (n_ == 1 || recvcount_ == 0) {
+      for (size_t r = 0; r < n_; ++r) out[r].assign(inputs[r].begin(), inputs[r].end());
+      return out;
+    }
+    std::vector<std::vector<std::vector<uint8_t>>> encoded(n_);  // [rank][piece]
+    bool finite = true;
+    for (size_t j = 0; j < n_; ++j)
+      for (size_t c = 0; c < n_; ++c) {
+        const size_t at = c * recvcount_;
+        encoded[j].push_back(referenceEncode(spec_, inputs[j].data() + at, recvcount_,
+                                             current_[j].data() + at, next_[j].data() + at,
+                                             &finite));
+      }
+    for (size_t r = 0; r < n_; ++r) {
+      for (size_t j = 0; j < n_; ++j)
+        referenceDecode(spec_, encoded[j][r], out[r].data(), recvcount_, j != 0);
+      if (average)
+        for (float& v : out[r]) v = v / static_cast<float>(n_);
+    }
+    committed = finite;
+    if (finite) std::swap(current_, next_);
+    return out;
+  }
+
+  const std::vector<float>& residual(int r) const { return current_[static_cast<size_t>(r)]; }
+  bool committed = false;  // whether the last run advanced the residuals
+
+ private:
+  size_t n_;
+  size_t recvcount_;
+  codec::Spec spec_;
+  std::vector<std::vector<float>> current_, next_;
 };
 
 }  // namespace squall::testing

@@ -1,10 +1,12 @@
 // Regression tests for misuse and failures that used to crash, hang, succeed
 // silently or report the wrong cause: counts whose byte size overflows,
 // partly overlapping buffers, ranks that disagree on a broadcast's root, a
-// non-finite input that changed later results, and abort notices whose own
-// failure hid the real error. Ranks are threads over the local transport.
+// non-finite input that changed later results, abort notices whose own
+// failure hid the real error, and compressed collectives that fail late.
+// Ranks are threads over the local transport.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -448,6 +450,101 @@ TEST(Reliability, ACompressedAllReduceThatFailsLateWritesNoOutput) {
         }
         EXPECT_GE(failures, n == 2 ? 2 : 1);
       }
+    }
+  }
+}
+
+// The same for the compressed reduce-scatter: one call of n pieces of
+// `recvcount` on n ranks whose rank `victim` fails its send number `failAt`
+// (-1: none); each rank's status, output and whether its residual stayed
+// as it was (zero: a fresh state).
+struct ReduceScatterRun {
+  std::vector<Status> status;
+  std::vector<std::vector<float>> out;
+  std::vector<bool> residualKept;
+  int64_t victimSends = 0;
+};
+
+ReduceScatterRun runReduceScatter(int n, size_t recvcount, int victim, int64_t failAt) {
+  std::vector<std::unique_ptr<transport::Transport>> local;
+  EXPECT_EQ(transport::createLocalTransports(n, &local), Status::kOk);
+  std::vector<std::unique_ptr<SendFailingTransport>> wrapped;
+  wrapped.reserve(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    wrapped.push_back(std::make_unique<SendFailingTransport>(
+        std::move(local[static_cast<size_t>(r)]), r == victim ? failAt : -1));
+  coll::Options options = testing::testOptions();
+  options.timeout = std::chrono::seconds(5);
+  options.segmentBytes = 512;  // 128 elements a segment: many segments
+  codec::Spec spec;
+  spec.codec = codec::CodecId::kInt4;
+  spec.block = 64;
+  ReduceScatterRun run;
+  const auto nn = static_cast<size_t>(n);
+  run.status.resize(nn);
+  run.residualKept.resize(nn);
+  run.out.assign(nn, std::vector<float>(recvcount, kUntouched));
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::vector<std::unique_ptr<CompressedState>> states(nn);
+  for (size_t r = 0; r < nn; ++r) {
+    comms.push_back(std::make_unique<Communicator>(wrapped[r].get(), options));
+    EXPECT_EQ(CompressedState::createReduceScatter(n, recvcount, spec, &states[r]), Status::kOk);
+  }
+  const auto inputs = inputsOf(n, recvcount * nn, 7);
+  std::vector<std::thread> threads;
+  threads.reserve(nn);
+  for (size_t r = 0; r < nn; ++r) {
+    threads.emplace_back([&, r] {
+      run.status[r] =
+          comms[r]->compressedReduceScatter(inputs[r].data(), run.out[r].data(), recvcount,
+                                            DataType::kF32, ReduceOp::kAvg, states[r].get());
+      const float* residual = states[r]->worker().current();
+      run.residualKept[r] =
+          std::all_of(residual, residual + recvcount * nn, [](float v) { return v == 0.0f; });
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+  run.victimSends = wrapped[static_cast<size_t>(victim)]->sends();
+  return run;
+}
+
+// A compressed reduce-scatter that fails (one rank's sends fail, as when it
+// dies, early, late, or on its last verdict byte) leaves the output and the
+// residual of every rank that fails as they were; a rank that succeeds has
+// the whole, correct output.
+TEST(Reliability, ACompressedReduceScatterThatFailsWritesNoOutputAndKeepsTheResidual) {
+  constexpr size_t kRecv = 1000 + 77;
+  for (int n : {2, 3}) {
+    const int victim = n - 1;
+    const ReduceScatterRun clean = runReduceScatter(n, kRecv, victim, -1);
+    for (Status st : clean.status) ASSERT_EQ(st, Status::kOk);
+    for (bool kept : clean.residualKept) ASSERT_FALSE(kept);  // committed
+    ASSERT_GT(clean.victimSends, 4);
+    for (int64_t failAt : {int64_t{0}, clean.victimSends - 3, clean.victimSends - 1}) {
+      const ReduceScatterRun failed = runReduceScatter(n, kRecv, victim, failAt);
+      EXPECT_NE(failed.status[static_cast<size_t>(victim)], Status::kOk);
+      int failures = 0;
+      for (int r = 0; r < n; ++r) {
+        const auto u = static_cast<size_t>(r);
+        if (failed.status[u] == Status::kOk) {
+          size_t differing = 0;
+          for (size_t i = 0; i < kRecv; ++i)
+            differing += std::bit_cast<uint32_t>(failed.out[u][i]) !=
+                                 std::bit_cast<uint32_t>(clean.out[u][i])
+                             ? 1
+                             : 0;
+          EXPECT_EQ(differing, 0u)
+              << "n=" << n << " rank " << r << ": succeeded with a wrong output";
+          continue;
+        }
+        ++failures;
+        EXPECT_TRUE(allUntouched(failed.out[u])) << "n=" << n << " rank " << r << " send " << failAt
+                                                 << ": a failed call wrote its output";
+        EXPECT_TRUE(failed.residualKept[u])
+            << "n=" << n << " rank " << r << " send " << failAt << ": a failed call committed";
+      }
+      EXPECT_GE(failures, 1);
     }
   }
 }
