@@ -269,7 +269,7 @@ SQUALL_API squallResult_t squallBarrier(squallComm_t comm);
 typedef struct squallCompressor* squallCompressor_t;
 
 typedef struct {
-  uint64_t calls;         /* compressed allreduces run */
+  uint64_t calls;         /* compressed allreduces (or reduce-scatters) run */
   uint64_t skippedCalls;  /* calls whose residuals were kept: non-finite input */
   uint64_t bytesSent;     /* by this rank, last call, headers included */
   uint64_t bytesReceived; /* by this rank, last call */
@@ -287,6 +287,15 @@ SQUALL_API squallResult_t squallCompressorCreate(squallComm_t comm, size_t count
 SQUALL_API squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t count, size_t phase,
                                                    const squallCodecSpec_t* spec,
                                                    squallCompressor_t* compressor);
+/* A compressor for the compressed reduce-scatter of nranks x recvcount
+ * elements (squallCompressedReduceScatter), on every rank with the same
+ * recvcount and codec: its residual covers the whole input. It runs the
+ * reduce-scatter only, and one from squallCompressorCreate the allreduce
+ * only (squallInvalidUsage otherwise). Host communicators only for now: on
+ * one from NCCL, squallUnsupported. */
+SQUALL_API squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t recvcount,
+                                                              const squallCodecSpec_t* spec,
+                                                              squallCompressor_t* compressor);
 SQUALL_API squallResult_t squallCompressorDestroy(squallCompressor_t compressor);
 /* Zeroes the residuals (e.g. after loading parameters from elsewhere). */
 SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);
@@ -302,6 +311,25 @@ SQUALL_API squallResult_t squallCompressedAllReduce(const void* sendbuf, void* r
                                                     squallCompressor_t compressor,
                                                     squallComm_t comm);
 
+/* The error-compensated compressed reduce-scatter (sharded data parallel):
+ * sendbuf holds nranks x recvcount elements, rank r's piece at
+ * r x recvcount; rank r's recvbuf receives the sum of every rank's piece r
+ * (squallAvg: divided by nranks), each piece encoded on its own with the
+ * compressor's residual (so recvcount need not be a multiple of the codec's
+ * block) and the pieces summed in rank order: the same bytes run to run.
+ * recvcount must be the compressor's (squallCompressorCreateReduceScatter).
+ * dtype: fp32, fp16 or bf16 (for both buffers). recvbuf may be rank r's piece
+ * of sendbuf (in place). Each rank sends about (nranks - 1) / nranks of the
+ * encoded input. A non-finite input gives NaN in the outputs it reaches and
+ * leaves every rank's residual as it was; one rank copies its input. On
+ * failure recvbuf and the residual are untouched (also for the Async form).
+ * Host communicators only for now. */
+SQUALL_API squallResult_t squallCompressedReduceScatter(const void* sendbuf, void* recvbuf,
+                                                        size_t recvcount, squallDataType_t dtype,
+                                                        squallRedOp_t op,
+                                                        squallCompressor_t compressor,
+                                                        squallComm_t comm);
+
 /* Asynchronous forms: the operation runs in the background, in call order
  * with the other operations of the communicator; buffers must stay valid
  * until it has completed. squallTest polls; squallWait blocks, returns the
@@ -316,6 +344,9 @@ SQUALL_API squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, vo
                                                          squallCompressor_t compressor,
                                                          squallComm_t comm,
                                                          squallRequest_t* request);
+SQUALL_API squallResult_t squallCompressedReduceScatterAsync(
+    const void* sendbuf, void* recvbuf, size_t recvcount, squallDataType_t dtype, squallRedOp_t op,
+    squallCompressor_t compressor, squallComm_t comm, squallRequest_t* request);
 SQUALL_API squallResult_t squallTest(squallRequest_t request, int* done);
 SQUALL_API squallResult_t squallWait(squallRequest_t request);
 

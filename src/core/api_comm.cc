@@ -385,6 +385,22 @@ squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t count, size_t 
   });
 }
 
+squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t recvcount,
+                                                   const squallCodecSpec_t* spec,
+                                                   squallCompressor_t* compressor) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    SQUALL_TRY(core::commOf(comm, &c));
+    SQUALL_TRY(checkOut(compressor, "compressor"));
+    squall::codec::Spec s;
+    SQUALL_TRY(core::toCodecSpec(spec, &s));
+    auto handle = std::make_unique<squallCompressor>();
+    SQUALL_TRY(c->createReduceScatterCompressor(recvcount, s, &handle->impl));
+    *compressor = handle.release();
+    return Status::kOk;
+  });
+}
+
 squallResult_t squallCompressorDestroy(squallCompressor_t compressor) {
   return SQUALL_API_GUARD({
     delete compressor;
@@ -448,6 +464,24 @@ squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf, squ
   });
 }
 
+squallResult_t squallCompressedReduceScatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                                             squallDataType_t dtype, squallRedOp_t op,
+                                             squallCompressor_t compressor, squallComm_t comm) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    SQUALL_TRY(collectiveCommOf(comm, &c));
+    core::Compressor* k = nullptr;
+    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
+    DataType t = DataType::kF32;
+    ReduceOp o = ReduceOp::kSum;
+    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    // refuse() returns its argument, so k is set here.
+    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
+    return c->compressedReduceScatter(sendbuf, recvbuf, recvcount, t, o, *k);
+  });
+}
+
 squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recvbuf,
                                                  squallDataType_t dtype, squallRedOp_t op,
                                                  squallCompressor_t compressor, squallComm_t comm,
@@ -498,6 +532,27 @@ squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, void* recvbuf
     SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
     coll::OperationPtr operation;
     SQUALL_TRY(c->startCompressedAllReduce(sendbuf, recvbuf, t, o, *k, &operation));
+    return wrapOperation(std::move(operation), request);
+  });
+}
+
+squallResult_t squallCompressedReduceScatterAsync(const void* sendbuf, void* recvbuf,
+                                                  size_t recvcount, squallDataType_t dtype,
+                                                  squallRedOp_t op, squallCompressor_t compressor,
+                                                  squallComm_t comm, squallRequest_t* request) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    SQUALL_TRY(collectiveCommOf(comm, &c));
+    core::Compressor* k = nullptr;
+    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
+    SQUALL_TRY(c->refuse(checkOut(request, "request")));
+    DataType t = DataType::kF32;
+    ReduceOp o = ReduceOp::kSum;
+    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
+    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    coll::OperationPtr operation;
+    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
+    SQUALL_TRY(c->startCompressedReduceScatter(sendbuf, recvbuf, recvcount, t, o, *k, &operation));
     return wrapOperation(std::move(operation), request);
   });
 }

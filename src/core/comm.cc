@@ -146,11 +146,43 @@ Status Comm::stats(CommStats* out) {
   return Status::kOk;
 }
 
-Status Comm::checkCompressor(const Compressor& c) const {
+Status Comm::checkCompressor(const Compressor& c, CompressorLayout layout) const {
   SQUALL_REQUIRE(&c.comm() == this, Status::kInvalidUsage, Subsys::kApi,
                  "the compressor was created for another communicator; create one per "
                  "communicator and buffer");
+  if (layout == CompressorLayout::kAllReduce) {
+    SQUALL_REQUIRE(c.layout() == layout, Status::kInvalidUsage, Subsys::kApi,
+                   "the compressor was made for the compressed reduce-scatter "
+                   "(squallCompressorCreateReduceScatter); the compressed allreduce needs one "
+                   "from squallCompressorCreate");
+  } else {
+    SQUALL_REQUIRE(c.layout() == layout, Status::kInvalidUsage, Subsys::kApi,
+                   "the compressor was made for the compressed allreduce "
+                   "(squallCompressorCreate); the compressed reduce-scatter needs one from "
+                   "squallCompressorCreateReduceScatter");
+  }
   return Status::kOk;
+}
+
+namespace {
+
+Status reduceScatterOnHostOnly() {
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                     "the compressed reduce-scatter runs on host communicators only for now "
+                     "(tcp, ucx, mpi); this one comes from NCCL (squallCommInitFromNccl): use "
+                     "a host communicator for it, or NCCL's own reduce-scatter");
+}
+
+}  // namespace
+
+Status Engine::createReduceScatterCompressor(const Comm*, size_t, const codec::Spec&,
+                                             coll::Feedback, std::unique_ptr<Compressor>*) {
+  return reduceScatterOnHostOnly();
+}
+
+Status Engine::compressedReduceScatter(const void*, void*, size_t, DataType, ReduceOp, Compressor&,
+                                       coll::OperationPtr*) {
+  return reduceScatterOnHostOnly();
 }
 
 Status Comm::refuse(Status check) {
@@ -234,7 +266,7 @@ Status Comm::compressedAllReduce(const void* in, void* out, DataType dtype, Redu
                                  Compressor& c) {
   coll::Communicator* host = nullptr;
   SQUALL_TRY(hostEngine(&host));
-  SQUALL_TRY(host->refuse(checkCompressor(c)));
+  SQUALL_TRY(host->refuse(checkCompressor(c, CompressorLayout::kAllReduce)));
   return engine_->compressedAllReduce(in, out, dtype, op, c, nullptr);
 }
 
@@ -242,7 +274,7 @@ Status Comm::startCompressedAllReduce(const void* in, void* out, DataType dtype,
                                       Compressor& c, coll::OperationPtr* operation) {
   coll::Communicator* host = nullptr;
   SQUALL_TRY(hostEngine(&host));
-  SQUALL_TRY(host->refuse(checkCompressor(c)));
+  SQUALL_TRY(host->refuse(checkCompressor(c, CompressorLayout::kAllReduce)));
   SQUALL_REQUIRE(operation != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the request output pointer is NULL");
   return engine_->compressedAllReduce(in, out, dtype, op, c, operation);
@@ -250,7 +282,7 @@ Status Comm::startCompressedAllReduce(const void* in, void* out, DataType dtype,
 
 Status Comm::compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                          Compressor& c, void* cudaStream) {
-  SQUALL_TRY(checkCompressor(c));
+  SQUALL_TRY(checkCompressor(c, CompressorLayout::kAllReduce));
   SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
                  Status::kInvalidArgument, Subsys::kApi,
                  "the compressed allreduce takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
@@ -258,6 +290,37 @@ Status Comm::compressedAllReduceOnStream(const void* in, void* out, DataType dty
                  Subsys::kApi, "the compressed allreduce supports sum and avg, not %s",
                  reduceOpName(op));
   return engine_->compressedAllReduceOnStream(in, out, dtype, op, c, cudaStream);
+}
+
+Status Comm::createReduceScatterCompressor(size_t recvcount, const codec::Spec& spec,
+                                           std::unique_ptr<Compressor>* out,
+                                           coll::Feedback feedback) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the compressor output pointer is NULL");
+  return engine_->createReduceScatterCompressor(this, recvcount, spec, feedback, out);
+}
+
+Status Comm::compressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                     ReduceOp op, Compressor& c) {
+  coll::Communicator* host = engine_->host();
+  if (host == nullptr)
+    return engine_->compressedReduceScatter(in, out, recvcount, dtype, op, c,
+                                            nullptr);  // kUnsupported
+  SQUALL_TRY(host->refuse(checkCompressor(c, CompressorLayout::kReduceScatter)));
+  return engine_->compressedReduceScatter(in, out, recvcount, dtype, op, c, nullptr);
+}
+
+Status Comm::startCompressedReduceScatter(const void* in, void* out, size_t recvcount,
+                                          DataType dtype, ReduceOp op, Compressor& c,
+                                          coll::OperationPtr* operation) {
+  coll::Communicator* host = engine_->host();
+  if (host == nullptr)
+    return engine_->compressedReduceScatter(in, out, recvcount, dtype, op, c,
+                                            operation);  // kUnsupported
+  SQUALL_TRY(host->refuse(checkCompressor(c, CompressorLayout::kReduceScatter)));
+  SQUALL_REQUIRE(operation != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the request output pointer is NULL");
+  return engine_->compressedReduceScatter(in, out, recvcount, dtype, op, c, operation);
 }
 
 Status Comm::createOptimizer(size_t count, const optim::Config& config,

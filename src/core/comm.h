@@ -58,12 +58,12 @@ struct CommStats {
 };
 
 struct CompressorStats {
-  uint64_t calls = 0;         // compressed allreduces run with this compressor
+  uint64_t calls = 0;         // compressed allreduces (or reduce-scatters) run with this compressor
   uint64_t skippedCalls = 0;  // of which left the residuals alone (non-finite input)
   uint64_t bytesSent = 0;     // payload bytes of the last call
   uint64_t bytesReceived = 0;
-  // What the last call ran: "twophase", "allgather", "hierarchical" or
-  // "none" (coll::CompressedStats), and its bytes to other hosts
+  // What the last call ran: "twophase", "allgather", "hierarchical",
+  // "reducescatter" or "none" (coll::CompressedStats), and its bytes to other hosts
   // (hierarchical only).
   const char* algorithm = "none";
   uint64_t crossBytesSent = 0;
@@ -78,8 +78,15 @@ struct CompressorStats {
 
 class Comm;
 
+// Which collective a compressor was made for; it runs that one only.
+enum class CompressorLayout : uint8_t {
+  kAllReduce,      // Comm::createCompressor
+  kReduceScatter,  // Comm::createReduceScatterCompressor
+};
+
 // The residuals of one buffer (count elements, one codec) for the compressed
-// allreduce, on the host or on the device depending on the engine.
+// allreduce or reduce-scatter, on the host or on the device depending on the
+// engine.
 class Compressor {
  public:
   virtual ~Compressor() = default;
@@ -87,7 +94,9 @@ class Compressor {
   Compressor& operator=(const Compressor&) = delete;
 
   const Comm& comm() const { return *comm_; }
+  // The elements of a call's input: n x recvcount for the reduce-scatter.
   size_t count() const { return count_; }
+  CompressorLayout layout() const { return layout_; }
   const codec::Spec& spec() const { return spec_; }
   // Where the codec's blocks lie: element 0 is `phase` elements into a block
   // of the sequence the buffer belongs to (Comm::createCompressor).
@@ -116,14 +125,16 @@ class Compressor {
   virtual Status seed(const float* owed, void* cudaStream) = 0;
 
  protected:
-  Compressor(const Comm* comm, size_t count, const codec::Spec& spec, size_t phase)
-      : comm_(comm), count_(count), spec_(spec), phase_(phase) {}
+  Compressor(const Comm* comm, size_t count, const codec::Spec& spec, size_t phase,
+             CompressorLayout layout = CompressorLayout::kAllReduce)
+      : comm_(comm), count_(count), spec_(spec), phase_(phase), layout_(layout) {}
 
  private:
   const Comm* comm_;
   size_t count_;
   codec::Spec spec_;
   size_t phase_;
+  CompressorLayout layout_;
 };
 
 // APMSqueeze / sync / local Adam (+ SlowMo) over one flat fp32 buffer of
@@ -240,6 +251,22 @@ class Comm {
   Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                      Compressor& c, void* cudaStream);
 
+  // A compressor for the compressed reduce-scatter of n x recvcount elements
+  // (n = size()), every rank's piece of recvcount encoded on its own
+  // (coll::CompressedState::createReduceScatter); every rank makes one alike.
+  // Host engines only: kUnsupported on a communicator from NCCL.
+  Status createReduceScatterCompressor(size_t recvcount, const codec::Spec& spec,
+                                       std::unique_ptr<Compressor>* out,
+                                       coll::Feedback feedback = coll::Feedback::kKept);
+  // The compressed reduce-scatter of c.count() elements of fp32, fp16 or
+  // bf16 in `in` into recvcount (c's) in `out`, sum or avg, on host buffers
+  // (host engine; kUnsupported on one from NCCL). `out` may be this rank's
+  // piece of `in`.
+  Status compressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                 ReduceOp op, Compressor& c);
+  Status startCompressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                      ReduceOp op, Compressor& c, coll::OperationPtr* operation);
+
   // An optimizer of `count` parameters; every rank makes one alike.
   Status createOptimizer(size_t count, const optim::Config& config,
                          std::unique_ptr<Optimizer>* out);
@@ -249,7 +276,7 @@ class Comm {
   static Status fromBootstrap(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
                               const CommConfig& config, std::unique_ptr<Comm>* out);
   Status hostEngine(coll::Communicator** out);
-  Status checkCompressor(const Compressor& c) const;
+  Status checkCompressor(const Compressor& c, CompressorLayout layout) const;
 
   std::unique_ptr<Engine> engine_;
   CommConfig config_;

@@ -34,6 +34,15 @@ class Engine {
                                      Compressor& c, coll::OperationPtr* operation) = 0;
   virtual Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                              Compressor& c, void* stream) = 0;
+  // The compressed reduce-scatter: by default (the NCCL engine) refused
+  // with kUnsupported, host communicators only.
+  virtual Status createReduceScatterCompressor(const Comm* owner, size_t recvcount,
+                                               const codec::Spec& spec, coll::Feedback feedback,
+                                               std::unique_ptr<Compressor>* out);
+  // Host buffers; `operation` null: blocking. c belongs to this engine.
+  virtual Status compressedReduceScatter(const void* in, void* out, size_t recvcount,
+                                         DataType dtype, ReduceOp op, Compressor& c,
+                                         coll::OperationPtr* operation);
   // The schedule over this engine's backend (host or device memory).
   virtual Status createOptimizer(size_t count, const optim::Config& config,
                                  std::unique_ptr<optim::Optimizer>* out) = 0;

@@ -17,7 +17,10 @@ class HostCompressor final : public Compressor {
  public:
   HostCompressor(const Comm* comm, size_t count, const codec::Spec& spec,
                  std::unique_ptr<coll::CompressedState> state)
-      : Compressor(comm, count, spec, state->phase()), state_(std::move(state)) {}
+      : Compressor(comm, count, spec, state->phase(),
+                   state->reduceScatter() ? CompressorLayout::kReduceScatter
+                                          : CompressorLayout::kAllReduce),
+        state_(std::move(state)) {}
 
   Status reset() override {
     state_->reset();
@@ -45,6 +48,7 @@ class HostCompressor final : public Compressor {
     float* worker = s.worker().current();
     for (size_t i = 0; i < n; ++i) owed[i] += worker[phase + i];
     std::fill(worker, worker + s.paddedCount(), 0.0f);
+    if (s.reduceScatter()) return Status::kOk;  // no server residual
     // This rank's chunk of the virtual layout (compressed_state.h).
     const float scale = op == ReduceOp::kAvg ? static_cast<float>(s.nranks()) : 1.0f;
     const size_t first = static_cast<size_t>(comm().rank()) * s.chunk();
@@ -121,6 +125,31 @@ class HostEngine final : public Engine {
       SQUALL_TRY(coll_->startCompressedAllReduce(in, out, dtype, op, &h.state(), operation));
     } else {
       SQUALL_TRY(coll_->compressedAllReduce(in, out, dtype, op, &h.state()));
+    }
+    h.called();
+    return Status::kOk;
+  }
+
+  Status createReduceScatterCompressor(const Comm* owner, size_t recvcount, const codec::Spec& spec,
+                                       coll::Feedback feedback,
+                                       std::unique_ptr<Compressor>* out) override {
+    std::unique_ptr<coll::CompressedState> state;
+    SQUALL_TRY(
+        coll::CompressedState::createReduceScatter(size(), recvcount, spec, &state, feedback));
+    const size_t count = state->count();
+    *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
+    return Status::kOk;
+  }
+
+  Status compressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
+                                 ReduceOp op, Compressor& c,
+                                 coll::OperationPtr* operation) override {
+    auto& h = static_cast<HostCompressor&>(c);
+    if (operation != nullptr) {
+      SQUALL_TRY(coll_->startCompressedReduceScatter(in, out, recvcount, dtype, op, &h.state(),
+                                                     operation));
+    } else {
+      SQUALL_TRY(coll_->compressedReduceScatter(in, out, recvcount, dtype, op, &h.state()));
     }
     h.called();
     return Status::kOk;

@@ -6,7 +6,8 @@
 // compressed allreduce (the host pinned to the two-phase algorithm, see
 // tests/gpu/meson.build), the staged compressed allreduce, and a sync-mode
 // optimizer step. The host collectives and split are refused on the NCCL
-// engine with kInvalidUsage, and the host step of a device optimizer too.
+// engine with kInvalidUsage, and the host step of a device optimizer too;
+// the compressed reduce-scatter with kUnsupported (host communicators only).
 // Releasing an engine's state off the caller's thread never waits for the
 // device, and the capture query asks the runtime.
 #include <cuda_runtime_api.h>
@@ -108,6 +109,16 @@ TEST(CoreNcclEmu, EngineIdentityAndRefusals) {
     EXPECT_EQ(c.compressedAllReduceOnStream(v.data(), v.data(), DataType::kF32, ReduceOp::kSum,
                                             *hostComp, nullptr),
               Status::kInvalidUsage);
+    // The compressed reduce-scatter runs on host communicators only for now.
+    std::unique_ptr<Compressor> rs;
+    EXPECT_EQ(c.createReduceScatterCompressor(32, codec::Spec{}, &rs), Status::kUnsupported);
+    EXPECT_NE(lastError().find("host communicators only"), std::string::npos) << lastError();
+    EXPECT_EQ(rs, nullptr);
+    std::vector<float> shard(32);
+    EXPECT_EQ(c.compressedReduceScatter(v.data(), shard.data(), 32, DataType::kF32, ReduceOp::kSum,
+                                        *comp),
+              Status::kUnsupported);
+    EXPECT_NE(lastError().find("host communicators only"), std::string::npos) << lastError();
   });
 }
 

@@ -152,6 +152,67 @@ TEST_P(CommApi, AsyncOperationsCompleteInOrder) {
   });
 }
 
+// The compressed reduce-scatter through the C API: constant blocks are
+// exact in onebit, so rank r's piece is the closed form; recvcount need not
+// be a multiple of the block; the async form and stats; the other layout's
+// compressor and a wrong recvcount are refused, and the ranks stay in step.
+TEST_P(CommApi, CompressedReduceScatterGivesEachRankItsShard) {
+  const int n = 3;
+  const size_t recvcount = 1000;  // not a multiple of the 2048 block
+  std::vector<squallCompressorStats_t> stats(n);
+  runRanks(n, [&](squallComm_t comm, int rank) {
+    squallCodecSpec_t spec = SQUALL_CODEC_SPEC_ONEBIT;
+    squallCompressor_t rs = nullptr, ar = nullptr;
+    EXPECT_OK(squallCompressorCreateReduceScatter(comm, recvcount, &spec, &rs));
+    EXPECT_OK(squallCompressorCreate(comm, recvcount * n, &spec, &ar));
+    // Piece j of rank r holds r + 10 j: the sum of piece j is 3 + 30 j.
+    std::vector<float> x(recvcount * n), y(recvcount, -1.0f);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t piece = i / recvcount;
+      x[i] = static_cast<float>(rank) + 10.0f * static_cast<float>(piece);
+    }
+    EXPECT_OK(squallCompressedReduceScatter(x.data(), y.data(), recvcount, squallFloat32, squallSum,
+                                            rs, comm));
+    for (float v : y) ASSERT_EQ(v, 3.0f + 30.0f * static_cast<float>(rank));
+    squallRequest_t request = nullptr;
+    EXPECT_OK(squallCompressedReduceScatterAsync(x.data(), y.data(), recvcount, squallFloat32,
+                                                 squallAvg, rs, comm, &request));
+    EXPECT_OK(squallWait(request));
+    for (float v : y) ASSERT_EQ(v, 1.0f + 10.0f * static_cast<float>(rank));
+    // Each compressor runs its own collective only; a wrong recvcount is refused.
+    const std::vector<float> before = y;
+    EXPECT_EQ(squallCompressedAllReduce(x.data(), x.data(), squallFloat32, squallAvg, rs, comm),
+              squallInvalidUsage);
+    EXPECT_NE(std::string(squallGetLastError()).find("squallCompressorCreateReduceScatter"),
+              std::string::npos)
+        << squallGetLastError();
+    EXPECT_EQ(squallCompressedReduceScatter(x.data(), y.data(), recvcount, squallFloat32, squallAvg,
+                                            ar, comm),
+              squallInvalidUsage);
+    EXPECT_NE(std::string(squallGetLastError()).find("made for the compressed allreduce"),
+              std::string::npos)
+        << squallGetLastError();
+    EXPECT_EQ(squallCompressedReduceScatter(x.data(), y.data(), recvcount - 1, squallFloat32,
+                                            squallAvg, rs, comm),
+              squallInvalidArgument);
+    EXPECT_NE(std::string(squallGetLastError()).find("recvcount is 999"), std::string::npos)
+        << squallGetLastError();
+    EXPECT_EQ(y, before);
+    EXPECT_OK(squallCompressedReduceScatter(x.data(), y.data(), recvcount, squallFloat32, squallAvg,
+                                            rs, comm));
+    EXPECT_OK(squallCompressorGetStats(rs, &stats[rank]));
+    EXPECT_OK(squallCompressorDestroy(rs));
+    EXPECT_OK(squallCompressorDestroy(ar));
+  });
+  EXPECT_EQ(stats[0].calls, 3u);
+  EXPECT_EQ(stats[0].skippedCalls, 0u);
+  // (n - 1) pieces of 1000 elements in one block each (header, scale, 125
+  // bytes of signs) plus n - 1 verdict bytes.
+  EXPECT_GT(stats[0].bytesSent, 2u * 125);
+  EXPECT_LT(stats[0].bytesSent, 2u * 200);
+  EXPECT_EQ(stats[0].bytesSent, stats[0].bytesReceived);
+}
+
 TEST_P(CommApi, SplitFormsSubgroups) {
   runRanks(4, [&](squallComm_t comm, int rank) {
     squallComm_t sub = nullptr;
