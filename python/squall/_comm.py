@@ -326,12 +326,13 @@ class Communicator:
 
 
 class Request:
-    """An allreduce running in the background. The buffer must stay untouched
+    """An allreduce (or reduce-scatter) running in the background. The buffer must stay untouched
     until :meth:`wait` has returned."""
 
-    def __init__(self, handle, result, keep, on_done=None):
+    def __init__(self, handle, result, keep, on_done=None, what="allreduce"):
         self._h, self._result, self._keep = handle, result, keep
         self._on_done = on_done
+        self._what = what
 
     def test(self):
         """True when the operation has finished (call wait() to get its result)."""
@@ -345,7 +346,7 @@ class Request:
         """Blocks until done; raises the operation's error; returns the tensor."""
         if self._h is not None:
             h, self._h = self._h, None
-            check(lib.squallWait(h), "allreduce")
+            check(lib.squallWait(h), self._what)
             if self._on_done is not None:
                 self._on_done()
             for k in self._keep:
@@ -362,26 +363,52 @@ class Request:
                 pass
 
 
+_KINDS = ("allreduce", "reduce_scatter")
+
+
 class Compressor:
-    """The error-feedback state of one buffer for the compressed allreduce.
+    """The error-feedback state of one buffer for the compressed allreduce,
+    or with kind="reduce_scatter" for the compressed reduce-scatter.
 
     Create one per buffer you compress (per gradient bucket, per parameter
     group) on every rank, with the same `numel` and codec, and reuse it every
     step: the residuals carry what the compression lost into the next call.
+    A compressor runs the collective of its kind only. For the reduce-scatter
+    `numel` is the whole input's (a multiple of the group size; each rank's
+    output holds numel / size), and host communicators only for now.
     """
 
-    def __init__(self, comm=None, numel=None, codec="onebit"):
+    def __init__(self, comm=None, numel=None, codec="onebit", kind="allreduce"):
         comm = comm if comm is not None else get_default()
         if numel is None or int(numel) < 0:
             raise SquallInvalidArgument("squall: Compressor needs numel >= 0")
+        if kind not in _KINDS:
+            raise SquallInvalidArgument(
+                f"squall: Compressor kind is 'allreduce' or 'reduce_scatter', not {kind!r}")
         self.comm = comm
         self.numel = int(numel)
+        self.kind = kind
         self.spec = parse_codec(codec)
         self.codec = codec_string(self.spec)
         h = ctypes.c_void_p()
-        with _cuda.device_guard(comm.device):  # from NCCL: device state on its GPU
-            check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
-                                             ctypes.byref(h)), "squallCompressorCreate")
+        if kind == "reduce_scatter":
+            if not _lib.HAVE_REDUCE_SCATTER:
+                raise _lib.SquallUnsupported(
+                    f"squall: the loaded libsquall ({_lib.path}) has no compressed "
+                    "reduce-scatter; build a newer Squall")
+            if self.numel % comm.size != 0:
+                raise SquallInvalidArgument(
+                    f"squall: a reduce-scatter compressor's numel is the whole input, "
+                    f"{comm.size} equal shards; {self.numel} is not a multiple of {comm.size} "
+                    "(pad the flat buffer to a multiple of the group size)")
+            self.recvcount = self.numel // comm.size
+            check(lib.squallCompressorCreateReduceScatter(
+                comm.handle, self.recvcount, ctypes.byref(self.spec), ctypes.byref(h)),
+                "squallCompressorCreateReduceScatter")
+        else:
+            with _cuda.device_guard(comm.device):  # from NCCL: device state on its GPU
+                check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
+                                                 ctypes.byref(h)), "squallCompressorCreate")
         self._h = h
         self.traffic = Traffic()
         comm._children.add(self)
@@ -401,6 +428,7 @@ class Compressor:
         squallCompressedAllReduceOnStream on the current stream (no host
         staging; the call returns once the work is enqueued, and async_op=True
         returns a Request that is already done)."""
+        self._require_kind("allreduce", "allreduce")
         o = _op_code(op, ("sum", "avg", "mean"))
         comm = self.comm
         if comm._nccl is not None:
@@ -437,6 +465,50 @@ class Compressor:
                                                 self.comm.handle), "squallCompressedAllReduce")
         dst.finish()
         return result
+
+    def reduce_scatter(self, input, output, op="avg", async_op=False):
+        """Error-compensated compressed reduce-scatter (a compressor of
+        kind="reduce_scatter"): `input` holds numel elements, rank r's shard at
+        [r * numel / size, (r + 1) * numel / size); `output` (numel / size
+        elements, the input's dtype: fp32, fp16 or bf16) receives the sum over
+        the ranks of this rank's shard, divided by size for op 'avg'. Each
+        shard is compressed on its own with this compressor's residual and the
+        shards are summed in rank order, so the result is the same run to run.
+        CPU and CUDA tensors (staged through host memory) and numpy arrays.
+        Returns output (or a Request with async_op=True)."""
+        self._require_kind("reduce_scatter", "reduce_scatter")
+        o = _op_code(op, ("sum", "avg", "mean"))
+        comm = self.comm
+        src = host_buffer(input, "input", FLOATS, writable=False)
+        dst = host_buffer(output, "output", FLOATS, stage_in=False)
+        if dst.dtype != src.dtype:
+            raise SquallInvalidArgument("squall: output must have the input's dtype")
+        if src.numel != self.numel or dst.numel != self.recvcount:
+            raise SquallInvalidArgument(
+                f"squall: reduce_scatter takes an input of {self.numel} elements and an output of "
+                f"{self.recvcount} (the compressor's numel / {comm.size}); got {src.numel} and "
+                f"{dst.numel}")
+        if async_op:
+            req = ctypes.c_void_p()
+            before = comm._bytes()
+            check(lib.squallCompressedReduceScatterAsync(
+                src.ptr, dst.ptr, self.recvcount, src.dtype, o, self.handle, comm.handle,
+                ctypes.byref(req)), "squallCompressedReduceScatterAsync")
+            return Request(req, output, [src, dst, self],
+                           on_done=lambda: self.traffic.add(before, comm._bytes()),
+                           what="reduce_scatter")
+        with self.traffic.measure(comm):
+            check(lib.squallCompressedReduceScatter(src.ptr, dst.ptr, self.recvcount, src.dtype, o,
+                                                    self.handle, comm.handle),
+                  "squallCompressedReduceScatter")
+        dst.finish()
+        return output
+
+    def _require_kind(self, kind, what):
+        if self.kind != kind:
+            raise SquallInvalidUsage(
+                f"squall: {what} with a compressor made for the {self.kind.replace('_', '-')}; "
+                f"make one with squall.Compressor(comm, numel, codec, kind={kind!r})")
 
     def _check_buffers(self, src, dst):
         if dst.dtype != src.dtype:
@@ -479,7 +551,8 @@ class Compressor:
             pass
 
     def __repr__(self):
-        return f"<squall.Compressor {self.codec} numel={self.numel}>"
+        kind = "" if self.kind == "allreduce" else f" kind={self.kind}"
+        return f"<squall.Compressor {self.codec} numel={self.numel}{kind}>"
 
 
 # ---- the default communicator and torch.distributed ----------------------

@@ -298,6 +298,20 @@ if HAVE_COMM_STATS:
     lib.squallCommGetStats.restype = c_result
     lib.squallCommGetStats.argtypes = [P, ctypes.POINTER(CommStats)]
 
+# The compressed reduce-scatter (squall.h).
+_REDUCE_SCATTER = {
+    "squallCompressorCreateReduceScatter": (c_result, [P, SZ, ctypes.POINTER(CodecSpec),
+                                                       ctypes.POINTER(P)]),
+    "squallCompressedReduceScatter": (c_result, [P, P, SZ, c_enum, c_enum, P, P]),
+    "squallCompressedReduceScatterAsync": (c_result, [P, P, SZ, c_enum, c_enum, P, P,
+                                                      ctypes.POINTER(P)]),
+}
+HAVE_REDUCE_SCATTER = all(hasattr(lib, n) for n in _REDUCE_SCATTER)
+if HAVE_REDUCE_SCATTER:
+    for _name, (_res, _args) in _REDUCE_SCATTER.items():
+        _f = getattr(lib, _name)
+        _f.restype, _f.argtypes = _res, _args
+
 HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
 if HAVE_OPTIM:
     for _name, (_res, _args) in _OPTIM.items():
