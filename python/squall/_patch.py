@@ -1,6 +1,7 @@
 """The patches squallrun installs in a worker before the user's script runs
 (see squall/run.py). Each acts when the script builds the object it patches."""
 
+import functools
 import json
 import os
 import weakref
@@ -64,6 +65,40 @@ def _leave_uncompressed(what, reason):
             import sys
 
             print(line, file=sys.stderr, flush=True)
+
+
+_fsdp_compressed_params = set()  # ids of the parameters of FSDP2 modules compressed below
+_fsdp_reduce_scatters = []  # their squall.fsdp.ReduceScatter objects
+
+
+def _compress_fully_shard(config):
+    """Every module FSDP2's fully_shard makes gets squall.fsdp's compressed
+    reduce-scatter (one set of communicators for the process)."""
+    try:
+        import torch.distributed.fsdp as fsdp_pkg
+        from torch.distributed.fsdp._fully_shard import _fully_shard as impl
+    except Exception:  # noqa: BLE001 - no FSDP2 (torch 1.13's fsdp fails to import on 3.11)
+        return
+    import squall.fsdp
+
+    original = impl.fully_shard
+    comms = squall.fsdp._Comms(None)
+
+    def fully_shard(module, *args, **kwargs):
+        result = original(module, *args, **kwargs)
+        for m in result if isinstance(result, (list, tuple)) else [result]:
+            _fsdp_reduce_scatters.append(squall.fsdp.attach(
+                m, config.get("fsdp_codec") or squall.fsdp.DEFAULT_CODEC, config["warmup"],
+                comms))
+            _fsdp_compressed_params.update(id(p) for p in m.parameters())
+        return result
+
+    # Its name, doc and attributes (fully_shard.state, which torch's own code
+    # reads through the defining module's global, so that one is left as it is).
+    functools.update_wrapper(fully_shard, original)
+    for holder in (fsdp_pkg, getattr(fsdp_pkg, "_fully_shard", None)):
+        if holder is not None and getattr(holder, "fully_shard", None) is original:
+            holder.fully_shard = fully_shard
 
 
 def _param_list(params):
@@ -165,6 +200,9 @@ def _report(directory):
         return
     report = {"ddp_hooks": len(_states), "optimizers": len(_optimizers),
               "slowmo_optimizers": _slowmo_count[0], "uncompressed": _uncompressed,
+              "fsdp_modules": len(_fsdp_reduce_scatters),
+              "fsdp_compressed_calls": sum(r.compressed_calls for r in _fsdp_reduce_scatters),
+              "fsdp_bytes_sent": sum(r.stats["bytes_sent"] for r in _fsdp_reduce_scatters),
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
                                 if hasattr(s, "traffic")),
@@ -228,17 +266,19 @@ def install():
     ddp_type.__init__ = ddp_init
 
     if config.get("hook") == "onebit":
+        _compress_fully_shard(config)
         original_opt_init = torch.optim.Optimizer.__init__
 
         def opt_init(self, *args, **kwargs):
             original_opt_init(self, *args, **kwargs)
             _all_optimizers[:] = [ref for ref in _all_optimizers if ref() is not None]
             _all_optimizers.append(weakref.ref(self))
-            sharded = _sharded(p for g in self.param_groups for p in g["params"])
-            if sharded:  # a sharded model has no DDP for the hook to go on
+            params = [p for g in self.param_groups for p in g["params"]]
+            sharded = _sharded(p for p in params if id(p) not in _fsdp_compressed_params)
+            if sharded:  # FSDP1's flat parameters: no DDP, no fully_shard to compress
                 _leave_uncompressed(f"torch.optim.{type(self).__name__} and its model "
-                                    "(--hook onebit goes on DistributedDataParallel only)",
-                                    sharded)
+                                    "(--hook onebit compresses DistributedDataParallel and "
+                                    "FSDP2's fully_shard, not FSDP1)", sharded)
 
         torch.optim.Optimizer.__init__ = opt_init
 

@@ -9,7 +9,9 @@ mpirun set a rank), patches torch before the script starts:
 
 * ``--hook onebit``: every DistributedDataParallel the script builds gets
   ``squall.ddp.onebit_hook`` (full-precision warmup, then 1-bit momentum when
-  the model's optimizer has a momentum, else 1-bit gradients);
+  the model's optimizer has a momentum, else 1-bit gradients), and every
+  module FSDP2's ``fully_shard`` makes gets squall.fsdp's compressed
+  reduce-scatter (``--codec``, default int4:block=256);
 * ``--optimizer apmsqueeze``: ``torch.optim.Adam`` / ``AdamW`` build
   ``squall.optim.APMSqueeze`` with the same hyper-parameters, and every DDP
   model gets ``squall.ddp.apmsqueeze_hook`` (so gradients are not averaged
@@ -31,7 +33,8 @@ import sys
 
 from . import _lib
 
-ENV_CONFIG = "SQUALL_RUN_CONFIG"  # the choices, as JSON, for the injected sitecustomize
+ENV_CONFIG = "SQUALL_RUN_CONFIG"
+FSDP_CODEC = "int4:block=256"  # squall.fsdp.DEFAULT_CODEC (importing it here would need torch)  # the choices, as JSON, for the injected sitecustomize
 
 
 def _parser():
@@ -47,7 +50,8 @@ def _parser():
     p.add_argument("--warmup", type=int, default=100, metavar="STEPS",
                    help="full-precision warmup steps of APMSqueeze and the 1-bit hook "
                         "(default 100)")
-    p.add_argument("--codec", default="onebit", help="codec (default onebit)")
+    p.add_argument("--codec", help="codec (default onebit; for FSDP2's reduce-scatter "
+                   "int4:block=256, squall.fsdp.DEFAULT_CODEC)")
     p.add_argument("--preload", action="store_true",
                    help="set LD_PRELOAD to the NCCL interposer (libsquall-preload-nccl.so)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -79,14 +83,17 @@ def plan(args):
     if args.warmup < 1 and args.hook:
         raise SystemExit("squallrun: --warmup must be >= 1 with --hook onebit (DDP rebuilds "
                          "its buckets after the first iteration)")
+    codec = args.codec or "onebit"
+    fsdp_codec = args.codec or FSDP_CODEC
     config = {"optimizer": args.optimizer, "hook": args.hook, "slowmo": args.slowmo,
-              "warmup": args.warmup, "codec": args.codec}
+              "warmup": args.warmup, "codec": codec, "fsdp_codec": fsdp_codec}
     said = []
     if args.hook:
-        said.append(f"DDP comm hook squall.ddp.onebit_hook ({args.codec}, warmup "
-                    f"{args.warmup} steps)")
+        said.append(f"DDP comm hook squall.ddp.onebit_hook ({codec}, warmup "
+                    f"{args.warmup} steps); FSDP2 modules' reduce-scatter compressed "
+                    f"({fsdp_codec})")
     if args.optimizer:
-        said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({args.codec}, warmup "
+        said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({codec}, warmup "
                     f"{args.warmup} steps) with squall.ddp.apmsqueeze_hook on DDP models")
     if args.slowmo:
         said.append(f"every optimizer -> squall.optim.SlowMo(tau={args.slowmo}); DDP keeps "

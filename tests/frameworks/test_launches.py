@@ -38,6 +38,8 @@ MODES = {
     "slowmo": (["--slowmo", "8"], "adamw", 12.0),
 }
 
+FSDP_BOUND = 3.0  # squall.fsdp's compressed reduce-scatter against plain FSDP2, in %
+
 
 def _port():
     with socket.socket() as s:
@@ -101,8 +103,16 @@ def test_launch_under_squallrun(launch, mode, tmp_path):
     ranks, reports, stderr = _run(launch, kind, options, tmp_path, mode)
     assert ranks[0]["params"] == ranks[1]["params"], "the ranks' parameters differ at the end"
     rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    if launch == "spawn-fsdp2" and mode == "hook":
+        # FSDP2's reduce-scatter compressed (squall.fsdp, int4:block=256).
+        for rep in reports:
+            assert rep["fsdp_modules"] >= 3 and not rep["uncompressed"], rep
+            assert rep["fsdp_compressed_calls"] == 3 * (STEPS - 20), rep
+        assert abs(rel) <= FSDP_BOUND, f"loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"
+        return
     if launch == "spawn-fsdp2":
-        # Sharded: squallrun compresses none of it, says so, changes nothing.
+        # Sharded: the optimizers squallrun would swap in average whole
+        # replicas, so it leaves the job as written and says so.
         assert all(r["uncompressed"] for r in reports), reports
         assert "left as the script wrote it, uncompressed: FSDP shards" in stderr, stderr[-2000:]
         assert ranks[0]["losses"] == plain[0]["losses"]
@@ -117,6 +127,22 @@ def test_launch_under_squallrun(launch, mode, tmp_path):
             assert rep["optimizers"] == 1, rep
         else:
             assert rep["slowmo_optimizers"] == 1, rep
+
+
+@pytest.mark.parametrize("codec", ["none", "int4:block=256", "onebit:block=64:scale=rms"])
+def test_fsdp2_compressed_reduce_scatter(codec, tmp_path):
+    """squall.fsdp.compress on FSDP2 (fully_shard per Linear and the root),
+    AdamW: 'none' is torch's result exactly; the codes hold the loss."""
+    plain = _baseline("spawn-fsdp2", "adamw", tmp_path)
+    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "squall")
+    stats = ranks[0]["fsdp"]
+    assert stats["compressed_calls"] == 3 * (STEPS - 20), stats
+    if codec == "none":
+        assert ranks[0]["losses"] == plain[0]["losses"]
+        return
+    rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    assert abs(rel) <= FSDP_BOUND, f"{codec}: loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"
+    assert ranks[0]["losses"] != plain[0]["losses"]
 
 
 @pytest.mark.parametrize("launch,kind", [("lightning-squall", "sgd"),

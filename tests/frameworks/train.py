@@ -15,6 +15,7 @@ LAUNCH is how the ranks come to be:
   notebook             accelerate.notebook_launcher(fn, num_processes=2) (forked ranks)
   spawn                torch.multiprocessing.spawn(fn, nprocs=2), DDP over gloo
   spawn-fsdp2          the same with FSDP2 (fully_shard) instead of DDP
+  spawn-fsdp2-squall-CODEC   and squall.fsdp.compress(model, codec=CODEC, warmup=20)
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
 its loss at every step and a digest of its final parameters.
 
@@ -66,6 +67,18 @@ def digest(module):
 def write(out, rank, losses, module, extra=None):
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(rank=rank, losses=losses, params=digest(module), **(extra or {})), f)
+
+
+def finish():
+    """Every rank done before any tears its process group down, and the group
+    destroyed before exit: torch 2.15's gloo aborts a process now and then
+    ("terminate called without an active exception") when it exits with
+    the group still up."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def plain_loop(rank, kind, steps, net, opt, backward=None):
@@ -140,6 +153,7 @@ def lightning(strategy, kind, steps, out):
                         enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False, num_sanity_val_steps=0)
     trainer.fit(Module(kind, out, squall_optimizer), loader)
+    finish()
 
 
 def fabric(kind, steps, out):
@@ -150,6 +164,7 @@ def fabric(kind, steps, out):
     wrapped, opt = f.setup(net, opt)
     losses = plain_loop(f.global_rank, kind, steps, wrapped, opt, backward=f.backward)
     write(out, f.global_rank, losses, net)
+    finish()
 
 
 # -- Accelerate ------------------------------------------------------------
@@ -172,6 +187,7 @@ def accelerate_job(kind, steps, out, squall_in_code=False):
                             optimizer=opt, warmup_steps=20)
     losses = plain_loop(acc.process_index, kind, steps, wrapped, opt, backward=acc.backward)
     write(out, acc.process_index, losses, net)
+    finish()
 
 
 # -- Hugging Face Trainer (under torchrun) ----------------------------------
@@ -210,6 +226,7 @@ def hf_trainer(kind, steps, out):
                       optimizers=(opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)))
     trainer.train()
     write(out, args.process_index, net.losses, net.net)
+    finish()
 
 
 # -- torch.multiprocessing.spawn -----------------------------------------------
@@ -223,13 +240,13 @@ def spawned(rank, kind, steps, out, port):
     opt = optimizer(kind, ddp.parameters())
     losses = plain_loop(rank, kind, steps, ddp, opt)
     write(out, rank, losses, net)
-    dist.destroy_process_group()
+    finish()
 
 
-def spawned_fsdp2(rank, kind, steps, out, port):
+def spawned_fsdp2(rank, kind, steps, out, port, squall_codec=None):
     """FSDP2 (fully_shard per Linear and at the root) over gloo: Lightning's
     own fsdp strategy needs a GPU, so the CPU check of a sharded model is
-    this one."""
+    this one. With squall_codec: squall.fsdp.compress(codec=squall_codec)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -240,6 +257,11 @@ def spawned_fsdp2(rank, kind, steps, out, port):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(net)
+    compressed = None
+    if squall_codec:
+        import squall.fsdp
+
+        compressed = squall.fsdp.compress(net, codec=squall_codec, warmup=20)
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
     full = {k: v.full_tensor() for k, v in net.state_dict().items()}
@@ -247,11 +269,9 @@ def spawned_fsdp2(rank, kind, steps, out, port):
     for v in full.values():
         h.update(v.detach().float().contiguous().numpy().tobytes())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest()), f)
-    # Every rank's FSDP work done before any tears gloo down (a rank that
-    # destroyed its group while the other's last collectives ran aborted).
-    dist.barrier()
-    dist.destroy_process_group()
+        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest(),
+                       fsdp=compressed.stats if compressed else None), f)
+    finish()
 
 
 def main():
@@ -274,6 +294,9 @@ def main():
     elif launch in ("spawn", "spawn-fsdp2"):
         torch.multiprocessing.spawn(spawned if launch == "spawn" else spawned_fsdp2,
                                     args=(kind, steps, out, port), nprocs=WORLD)
+    elif launch.startswith("spawn-fsdp2-squall-"):  # the codec follows
+        torch.multiprocessing.spawn(spawned_fsdp2, nprocs=WORLD,
+                                    args=(kind, steps, out, port, launch.split("-", 3)[3]))
     else:
         raise SystemExit(f"train.py: unknown launch {launch!r}")
 

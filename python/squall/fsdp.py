@@ -1,0 +1,171 @@
+"""FSDP2 (``fully_shard``) with Squall's error-feedback compressed gradient
+reduce-scatter::
+
+    from torch.distributed.fsdp import fully_shard
+    import squall.fsdp
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    squall.fsdp.compress(model)            # int4 in blocks of 256, after 100 full steps
+
+Every FSDPModule of the model gets a ReduceScatter of its own
+(``FSDPModule.set_custom_reduce_scatter``, torch >= 2.9): FSDP hands it a
+fresh flat buffer each backward, rank r's shard contiguous, and it keeps the
+module's error-feedback residual across those buffers (a Squall compressor
+per module, made at its first compressed call). The first `warmup` calls of
+each module run torch's own reduce-scatter at full precision; later ones
+encode the whole local gradient once with the residual and receive only the
+pieces of this rank's shard (7.8x fewer bytes than fp32 at the default
+int4:block=256, 21x at onebit:block=64:scale=rms, 31x at onebit). The
+outputs differ per rank by design (each rank owns a different shard) and are
+the same run to run.
+
+Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
+FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
+``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
+Parameters are all-gathered by FSDP at full precision (compressing them is
+not built yet), and with HSDP only the reduce-scatter inside each shard group
+is compressed; the all-reduce across replicas stays FSDP's.
+"""
+
+import torch
+import torch.distributed as dist
+
+from ._comm import Compressor, init
+from ._lib import SquallInvalidArgument
+
+_SUM, _AVG = dist.ReduceOp.SUM, getattr(dist.ReduceOp, "AVG", None)
+
+#: The code of raw gradients under any optimizer (Adam included): what kept
+#: four unmodified jobs within 3% of full precision through the interposer
+#: (docs/preload.md, "The default code") and FSDP2 AdamW within 0.1% here
+#: (docs/python.md, "Sharded models").
+DEFAULT_CODEC = "int4:block=256"
+DEFAULT_WARMUP = 100
+
+
+def _fsdp_modules(model):
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError as e:  # torch < 2.6
+        raise SquallInvalidArgument(
+            "squall.fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.9 for "
+            f"custom reduce-scatters): {e}") from e
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+class _Comms:
+    """One Squall communicator per process group FSDP reduce-scatters over,
+    made at the group's first compressed call (every member makes it: FSDP
+    runs the same modules' backward in the same order on every rank)."""
+
+    def __init__(self, timeout):
+        self._by_group, self._timeout = {}, timeout
+
+    def get(self, group):
+        comm = self._by_group.get(group)
+        if comm is None:
+            world = group is None or group is dist.group.WORLD or (
+                group.size() == dist.get_world_size())
+            comm = init(process_group=None if world else group, timeout=self._timeout,
+                        set_as_default=False)
+            self._by_group[group] = comm
+        return comm
+
+
+class ReduceScatter:
+    """A module's compressed reduce-scatter (torch's FSDP2 ReduceScatter
+    interface: ``allocate`` and ``__call__``). Counters: `calls`,
+    `full_calls`, `compressed_calls`, `stats` (bytes of the compressed calls)."""
+
+    def __init__(self, codec, warmup, comms, name=""):
+        self.codec, self.warmup, self.name = codec, int(warmup), name
+        self._comms = comms
+        self._compressor = None
+        self.calls = self.full_calls = self.compressed_calls = 0
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        self.calls += 1
+        if self.calls <= self.warmup or op not in (_SUM, _AVG):
+            # Full precision: the warmup, and ops a compressed sum cannot
+            # give (PREMUL_SUM: the caller's scale folded into NCCL's sum).
+            self.full_calls += 1
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
+        comm = self._comms.get(group)
+        c = self._compressor
+        if c is None or c.numel != input_tensor.numel():
+            if c is not None:
+                c.close()  # the module's parameters changed size: start over
+            c = self._compressor = Compressor(comm, input_tensor.numel(), self.codec,
+                                              kind="reduce_scatter")
+        c.reduce_scatter(input_tensor, output_tensor, "avg" if op == _AVG else "sum")
+        self.compressed_calls += 1
+        return None
+
+    @property
+    def stats(self):
+        return self._compressor.stats if self._compressor is not None else {
+            "bytes_sent": 0, "bytes_received": 0}
+
+    def reset(self):
+        """Zeroes the residual (after loading parameters from elsewhere)."""
+        if self._compressor is not None:
+            self._compressor.reset()
+
+
+class Compressed:
+    """What :func:`compress` put on a model: ``reduce_scatters`` (one per
+    FSDPModule, in model.modules() order) and summed counters."""
+
+    def __init__(self, reduce_scatters):
+        self.reduce_scatters = reduce_scatters
+
+    @property
+    def stats(self):
+        out = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
+               "bytes_received": 0}
+        for rs in self.reduce_scatters:
+            out["calls"] += rs.calls
+            out["full_calls"] += rs.full_calls
+            out["compressed_calls"] += rs.compressed_calls
+            for k in ("bytes_sent", "bytes_received"):
+                out[k] += rs.stats.get(k, 0)
+        return out
+
+    def reset(self):
+        for rs in self.reduce_scatters:
+            rs.reset()
+
+
+def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=""):
+    """Puts a compressed reduce-scatter on one FSDPModule; returns it. `comms`
+    (from another attach, or None for a new set) shares the communicators."""
+    rs = ReduceScatter(codec, warmup, comms if comms is not None else _Comms(None), name)
+    module.set_custom_reduce_scatter(rs)
+    return rs
+
+
+def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None):
+    """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
+    (after ``fully_shard``; before the first backward). `warmup`: the
+    full-precision reduce-scatters of each module first. Returns a
+    :class:`Compressed` with the per-module objects and their counters."""
+    modules = _fsdp_modules(model)
+    if not modules:
+        raise SquallInvalidArgument(
+            "squall.fsdp.compress: the model has no FSDPModule; call "
+            "torch.distributed.fsdp.fully_shard on it (and its blocks) first")
+    if int(warmup) != warmup or warmup < 0:
+        raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
+    comms = _Comms(timeout)
+    made = []
+    ids = {id(m) for m in modules}
+    for name, m in model.named_modules():
+        if id(m) in ids:
+            made.append(attach(m, codec, warmup, comms, name))
+    return Compressed(made)
