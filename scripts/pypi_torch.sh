@@ -57,15 +57,21 @@ echo "pypi torch: $("$py" -c 'import torch; print("torch", torch.__version__, "C
 echo "-- the installed package's library"
 "$py" tests/link/check_needed.py "$site/squall/_libs/libsquall.so"
 
+# Squall's NCCL table and the interposer's against a real libnccl.so.2 ($1)
+# of version $2.
+check_nccl_tables() {
+  for filter in 'NcclTableTest.TheRealLibrary*' 'NcclTableResolution.*'; do
+    SQUALL_TEST_NCCL_LIBRARY="$1" SQUALL_TEST_NCCL_VERSION="$2" \
+      timeout 60 "$build/tests/nccl_table_test" --gtest_filter="$filter" --gtest_brief=1
+  done
+  if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
+    "$py" tests/plugin/preload/check_real_nccl.py "$build/plugin/preload/libsquall-preload-nccl.so" \
+      "$1" "$2"
+  fi
+}
+
 echo "-- NCCL tables against the wheel's $nccl_lib"
-for filter in 'NcclTableTest.TheRealLibrary*' 'NcclTableResolution.*'; do
-  SQUALL_TEST_NCCL_LIBRARY="$nccl_lib" SQUALL_TEST_NCCL_VERSION="$nccl_version" \
-    timeout 60 "$build/tests/nccl_table_test" --gtest_filter="$filter" --gtest_brief=1
-done
-if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
-  "$py" tests/plugin/preload/check_real_nccl.py "$build/plugin/preload/libsquall-preload-nccl.so" \
-    "$nccl_lib" "$nccl_version"
-fi
+check_nccl_tables "$nccl_lib" "$nccl_version"
 
 # The same tables against the newest NCCL, whose ncclAllReduceConfig (2.31+)
 # the interposer forwards to. Its wheel is not installed into the venv: it is
@@ -90,14 +96,7 @@ PY
   mv "$newest_nccl_dir.partial" "$newest_nccl_dir"
 fi
 echo "-- NCCL tables against nvidia-nccl-cu13 $newest_nccl_version's $newest_nccl_lib"
-for filter in 'NcclTableTest.TheRealLibrary*' 'NcclTableResolution.*'; do
-  SQUALL_TEST_NCCL_LIBRARY="$newest_nccl_lib" SQUALL_TEST_NCCL_VERSION="$newest_nccl_version" \
-    timeout 60 "$build/tests/nccl_table_test" --gtest_filter="$filter" --gtest_brief=1
-done
-if [[ -f $build/plugin/preload/libsquall-preload-nccl.so ]]; then
-  "$py" tests/plugin/preload/check_real_nccl.py "$build/plugin/preload/libsquall-preload-nccl.so" \
-    "$newest_nccl_lib" "$newest_nccl_version"
-fi
+check_nccl_tables "$newest_nccl_lib" "$newest_nccl_version"
 
 # The suite runs the checkout's package (the same files pip installed) against
 # this build's library, importing squall and torch in the order
