@@ -159,6 +159,25 @@ Status collectiveCommOf(squallComm_t comm, core::Comm** out) {
   return Status::kOk;
 }
 
+// What every compressed collective checks before it starts: its communicator
+// (after the charges above), compressor, data type and op. A refused compressor,
+// type or op is announced to the peers (Comm::refuse), so they fail the
+// operation at once instead of waiting for this rank.
+struct CompressedCall {
+  core::Comm* comm = nullptr;
+  core::Compressor* compressor = nullptr;
+  DataType type = DataType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+};
+
+Status compressedCallOf(squallComm_t comm, squallCompressor_t compressor, squallDataType_t dtype,
+                        squallRedOp_t op, CompressedCall* out) {
+  SQUALL_TRY(collectiveCommOf(comm, &out->comm));
+  SQUALL_TRY(out->comm->refuse(compressorOf(compressor, &out->compressor)));
+  SQUALL_TRY(out->comm->refuse(toDataType(dtype, &out->type)));
+  return out->comm->refuse(toReduceOp(op, &out->op));
+}
+
 }  // namespace
 
 squallComm::~squallComm() {
@@ -450,17 +469,9 @@ squallResult_t squallCompressedAllReduce(const void* sendbuf, void* recvbuf, squ
                                          squallRedOp_t op, squallCompressor_t compressor,
                                          squallComm_t comm) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
-    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
-    // refuse() returns its argument, so k is set here.
-    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
-    return c->compressedAllReduce(sendbuf, recvbuf, t, o, *k);
+    CompressedCall k;
+    SQUALL_TRY(compressedCallOf(comm, compressor, dtype, op, &k));
+    return k.comm->compressedAllReduce(sendbuf, recvbuf, k.type, k.op, *k.compressor);
   });
 }
 
@@ -468,17 +479,10 @@ squallResult_t squallCompressedReduceScatter(const void* sendbuf, void* recvbuf,
                                              squallDataType_t dtype, squallRedOp_t op,
                                              squallCompressor_t compressor, squallComm_t comm) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
-    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
-    // refuse() returns its argument, so k is set here.
-    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
-    return c->compressedReduceScatter(sendbuf, recvbuf, recvcount, t, o, *k);
+    CompressedCall k;
+    SQUALL_TRY(compressedCallOf(comm, compressor, dtype, op, &k));
+    return k.comm->compressedReduceScatter(sendbuf, recvbuf, recvcount, k.type, k.op,
+                                           *k.compressor);
   });
 }
 
@@ -521,17 +525,12 @@ squallResult_t squallCompressedAllReduceAsync(const void* sendbuf, void* recvbuf
                                               squallCompressor_t compressor, squallComm_t comm,
                                               squallRequest_t* request) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
-    SQUALL_TRY(c->refuse(checkOut(request, "request")));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
-    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    CompressedCall k;
+    SQUALL_TRY(compressedCallOf(comm, compressor, dtype, op, &k));
+    SQUALL_TRY(k.comm->refuse(checkOut(request, "request")));
     coll::OperationPtr operation;
-    SQUALL_TRY(c->startCompressedAllReduce(sendbuf, recvbuf, t, o, *k, &operation));
+    SQUALL_TRY(k.comm->startCompressedAllReduce(sendbuf, recvbuf, k.type, k.op, *k.compressor,
+                                                &operation));
     return wrapOperation(std::move(operation), request);
   });
 }
@@ -541,18 +540,12 @@ squallResult_t squallCompressedReduceScatterAsync(const void* sendbuf, void* rec
                                                   squallRedOp_t op, squallCompressor_t compressor,
                                                   squallComm_t comm, squallRequest_t* request) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(c->refuse(compressorOf(compressor, &k)));
-    SQUALL_TRY(c->refuse(checkOut(request, "request")));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(c->refuse(toDataType(dtype, &t)));
-    SQUALL_TRY(c->refuse(toReduceOp(op, &o)));
+    CompressedCall k;
+    SQUALL_TRY(compressedCallOf(comm, compressor, dtype, op, &k));
+    SQUALL_TRY(k.comm->refuse(checkOut(request, "request")));
     coll::OperationPtr operation;
-    // NOLINTNEXTLINE(clang-analyzer-core.NonNullParamChecker)
-    SQUALL_TRY(c->startCompressedReduceScatter(sendbuf, recvbuf, recvcount, t, o, *k, &operation));
+    SQUALL_TRY(k.comm->startCompressedReduceScatter(sendbuf, recvbuf, recvcount, k.type, k.op,
+                                                    *k.compressor, &operation));
     return wrapOperation(std::move(operation), request);
   });
 }
