@@ -67,13 +67,14 @@ def _leave_uncompressed(what, reason):
             print(line, file=sys.stderr, flush=True)
 
 
-_fsdp_compressed_params = set()  # ids of the parameters of FSDP2 modules compressed below
+_fsdp_compressed_params = set()  # ids of the parameters of FSDP modules compressed below
 _fsdp_reduce_scatters = []  # their squall.fsdp.ReduceScatter objects
 
 
-def _compress_fully_shard(config):
-    """Every module FSDP2's fully_shard makes gets squall.fsdp's compressed
-    reduce-scatter (one set of communicators for the process)."""
+def _compress_fsdp(config):
+    """Every module FSDP2's fully_shard makes, and every FSDP1 unit, gets
+    squall.fsdp's compressed reduce-scatter (one set of communicators for the
+    process)."""
     try:
         import torch.distributed.fsdp as fsdp_pkg
         from torch.distributed.fsdp._fully_shard import _fully_shard as impl
@@ -99,6 +100,23 @@ def _compress_fully_shard(config):
     for holder in (fsdp_pkg, getattr(fsdp_pkg, "_fully_shard", None)):
         if holder is not None and getattr(holder, "fully_shard", None) is original:
             holder.fully_shard = fully_shard
+
+    # FSDP1: each unit (the auto-wrapped ones are made through this same
+    # constructor) gets the compressed reduce-scatter as its communication hook.
+    fsdp1 = fsdp_pkg.FullyShardedDataParallel
+    original_init = fsdp1.__init__
+
+    def fsdp1_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        rs, why = squall.fsdp.attach_fsdp1(
+            self, config.get("fsdp_codec") or squall.fsdp.DEFAULT_CODEC, config["warmup"], comms)
+        if rs is None:
+            _leave_uncompressed("an FSDP1 unit", why)
+            return
+        _fsdp_reduce_scatters.append(rs)
+        _fsdp_compressed_params.update(id(p) for p in self.parameters())
+
+    fsdp1.__init__ = fsdp1_init
 
 
 def _param_list(params):
@@ -266,7 +284,7 @@ def install():
     ddp_type.__init__ = ddp_init
 
     if config.get("hook") == "onebit":
-        _compress_fully_shard(config)
+        _compress_fsdp(config)
         original_opt_init = torch.optim.Optimizer.__init__
 
         def opt_init(self, *args, **kwargs):
@@ -275,10 +293,10 @@ def install():
             _all_optimizers.append(weakref.ref(self))
             params = [p for g in self.param_groups for p in g["params"]]
             sharded = _sharded(p for p in params if id(p) not in _fsdp_compressed_params)
-            if sharded:  # FSDP1's flat parameters: no DDP, no fully_shard to compress
+            if sharded:  # shards of a model whose reduce-scatter is not compressed
                 _leave_uncompressed(f"torch.optim.{type(self).__name__} and its model "
                                     "(--hook onebit compresses DistributedDataParallel and "
-                                    "FSDP2's fully_shard, not FSDP1)", sharded)
+                                    "FSDP's sharded strategies only)", sharded)
 
         torch.optim.Optimizer.__init__ = opt_init
 

@@ -1,5 +1,5 @@
-"""FSDP2 (``fully_shard``) with Squall's error-feedback compressed gradient
-reduce-scatter::
+"""FSDP2 (``fully_shard``) and FSDP1 with Squall's error-feedback compressed
+gradient reduce-scatter::
 
     from torch.distributed.fsdp import fully_shard
     import squall.fsdp
@@ -20,6 +20,9 @@ pieces of this rank's shard (7.8x fewer bytes than fp32 at the default
 int4:block=256, 21x at onebit:block=64:scale=rms, 31x at onebit). The
 outputs differ per rank by design (each rank owns a different shard) and are
 the same run to run.
+
+FSDP1 (``FullyShardedDataParallel``, sharded strategies) gets the same as
+each unit's communication hook, with a state of its own per unit.
 
 Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
@@ -46,13 +49,15 @@ DEFAULT_WARMUP = 100
 
 
 def _fsdp_modules(model):
+    """(FSDP2 modules, FSDP1 units) of the model."""
     try:
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     except ImportError as e:  # torch < 2.6
         raise SquallInvalidArgument(
             "squall.fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, torch >= 2.9 for "
-            f"custom reduce-scatters): {e}") from e
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+            f"custom reduce-scatters) or FSDP1: {e}") from e
+    return ([m for m in model.modules() if isinstance(m, FSDPModule)],
+            [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)])
 
 
 class _Comms:
@@ -81,6 +86,7 @@ class ReduceScatter:
 
     def __init__(self, codec, warmup, comms, name=""):
         self.codec, self.warmup, self.name = codec, int(warmup), name
+        self.group = None  # FSDP1's process group (FSDP2 passes it to each call)
         self._comms = comms
         self._compressor = None
         self.calls = self.full_calls = self.compressed_calls = 0
@@ -142,6 +148,34 @@ class Compressed:
             rs.reset()
 
 
+def _fsdp1_hook(rs, padded_unsharded_grad, new_sharded_grad):
+    """FSDP1's communication hook for sharded strategies: FSDP leaves the
+    average to the hook, so it sums and divides by the group's size."""
+    rs(new_sharded_grad, padded_unsharded_grad, rs.group, _SUM)
+    new_sharded_grad.div_(rs.group.size() if rs.group is not None else dist.get_world_size())
+
+
+def attach_fsdp1(unit, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=""):
+    """Puts a compressed reduce-scatter on one FSDP1 unit (a
+    FullyShardedDataParallel instance, not its nested units) as its
+    communication hook; returns it, or None with the reason when the unit's
+    strategy takes no reduce-scatter hook. FSDP1's register_comm_hook gives
+    every unit of a root one shared state; each unit here gets its own, so
+    each keeps its own residual."""
+    strategy = getattr(unit, "sharding_strategy", None)
+    kind = getattr(strategy, "name", str(strategy))
+    if kind == "NO_SHARD":
+        return None, "NO_SHARD allreduces (use DDP and its hook)"
+    if "HYBRID" in kind:
+        return None, f"FSDP1 takes no communication hook with {kind}"
+    if getattr(unit, "_comm_hook", None) is not None:
+        return None, "it already has a communication hook"
+    rs = ReduceScatter(codec, warmup, comms if comms is not None else _Comms(None), name)
+    rs.group = unit.process_group
+    unit._comm_hook, unit._comm_hook_state = _fsdp1_hook, rs
+    return rs, None
+
+
 def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=""):
     """Puts a compressed reduce-scatter on one FSDPModule; returns it. `comms`
     (from another attach, or None for a new set) shares the communicators."""
@@ -155,17 +189,24 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None):
     (after ``fully_shard``; before the first backward). `warmup`: the
     full-precision reduce-scatters of each module first. Returns a
     :class:`Compressed` with the per-module objects and their counters."""
-    modules = _fsdp_modules(model)
-    if not modules:
+    modules, units = _fsdp_modules(model)
+    if not modules and not units:
         raise SquallInvalidArgument(
-            "squall.fsdp.compress: the model has no FSDPModule; call "
-            "torch.distributed.fsdp.fully_shard on it (and its blocks) first")
+            "squall.fsdp.compress: the model has no FSDP module; call "
+            "torch.distributed.fsdp.fully_shard on it (and its blocks), or wrap it in "
+            "FullyShardedDataParallel, first")
     if int(warmup) != warmup or warmup < 0:
         raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
     comms = _Comms(timeout)
     made = []
-    ids = {id(m) for m in modules}
+    ids2, ids1 = {id(m) for m in modules}, {id(m) for m in units}
     for name, m in model.named_modules():
-        if id(m) in ids:
+        if id(m) in ids2:
             made.append(attach(m, codec, warmup, comms, name))
+        elif id(m) in ids1:
+            rs, why = attach_fsdp1(m, codec, warmup, comms, name)
+            if rs is None:
+                raise SquallInvalidArgument(
+                    f"squall.fsdp.compress: FSDP1 unit {name or '(root)'}: {why}")
+            made.append(rs)
     return Compressed(made)

@@ -10,8 +10,8 @@ mpirun set a rank), patches torch before the script starts:
 * ``--hook onebit``: every DistributedDataParallel the script builds gets
   ``squall.ddp.onebit_hook`` (full-precision warmup, then 1-bit momentum when
   the model's optimizer has a momentum, else 1-bit gradients), and every
-  module FSDP2's ``fully_shard`` makes gets squall.fsdp's compressed
-  reduce-scatter (``--codec``, default int4:block=256);
+  module FSDP2's ``fully_shard`` makes and every FSDP1 unit gets squall.fsdp's
+  compressed reduce-scatter (``--codec``, default int4:block=256);
 * ``--optimizer apmsqueeze``: ``torch.optim.Adam`` / ``AdamW`` build
   ``squall.optim.APMSqueeze`` with the same hyper-parameters, and every DDP
   model gets ``squall.ddp.apmsqueeze_hook`` (so gradients are not averaged
@@ -33,8 +33,8 @@ import sys
 
 from . import _lib
 
-ENV_CONFIG = "SQUALL_RUN_CONFIG"
-FSDP_CODEC = "int4:block=256"  # squall.fsdp.DEFAULT_CODEC (importing it here would need torch)  # the choices, as JSON, for the injected sitecustomize
+ENV_CONFIG = "SQUALL_RUN_CONFIG"  # the choices, as JSON, for the injected sitecustomize
+FSDP_CODEC = "int4:block=256"  # squall.fsdp.DEFAULT_CODEC (importing it here would need torch)
 
 
 def _parser():
@@ -50,7 +50,7 @@ def _parser():
     p.add_argument("--warmup", type=int, default=100, metavar="STEPS",
                    help="full-precision warmup steps of APMSqueeze and the 1-bit hook "
                         "(default 100)")
-    p.add_argument("--codec", help="codec (default onebit; for FSDP2's reduce-scatter "
+    p.add_argument("--codec", help="codec (default onebit; for FSDP's reduce-scatters "
                    "int4:block=256, squall.fsdp.DEFAULT_CODEC)")
     p.add_argument("--preload", action="store_true",
                    help="set LD_PRELOAD to the NCCL interposer (libsquall-preload-nccl.so)")
@@ -90,7 +90,7 @@ def plan(args):
     said = []
     if args.hook:
         said.append(f"DDP comm hook squall.ddp.onebit_hook ({codec}, warmup "
-                    f"{args.warmup} steps); FSDP2 modules' reduce-scatter compressed "
+                    f"{args.warmup} steps); FSDP's reduce-scatters compressed "
                     f"({fsdp_codec})")
     if args.optimizer:
         said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({codec}, warmup "

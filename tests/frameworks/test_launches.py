@@ -30,7 +30,7 @@ STEPS = 96  # a multiple of SlowMo's tau: its ranks end on a sync, identical
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "SQUALL_SOCKET_IFNAME": "lo", "SQUALL_TRANSPORT": "tcp",
        "OMP_NUM_THREADS": "1", "SQUALL_TIMEOUT_S": "60"}
 LAUNCHES = ["lightning-ddp", "lightning-ddp_spawn", "fabric-ddp", "accelerate", "notebook",
-            "hf-trainer", "spawn", "spawn-fsdp2"]
+            "hf-trainer", "spawn", "spawn-fsdp2", "spawn-fsdp1"]
 # mode: (squallrun options, optimizer, bound on the loss against plain, in %)
 MODES = {
     "hook": (["--hook", "onebit", "--warmup", "20"], "sgd", 4.0),
@@ -71,6 +71,13 @@ def _run(launch, kind, options, tmp_path, name):
         cmd = [sys.executable, "-m", "squall.run", *options, "--", *cmd]
     env = dict(os.environ, SQUALL_RUN_REPORT=str(out), **ENV)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=out)
+    if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
+        # torch 2.15's gloo aborts a process at exit now and then, after the
+        # job has finished (plain runs too: 1 in 3 plain FSDP1 runs once):
+        # the job is run once more.
+        for f in out.iterdir():
+            f.unlink()
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=out)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
     reports = [json.loads((out / f"squallrun-rank{k}.json").read_text())
@@ -103,14 +110,14 @@ def test_launch_under_squallrun(launch, mode, tmp_path):
     ranks, reports, stderr = _run(launch, kind, options, tmp_path, mode)
     assert ranks[0]["params"] == ranks[1]["params"], "the ranks' parameters differ at the end"
     rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
-    if launch == "spawn-fsdp2" and mode == "hook":
-        # FSDP2's reduce-scatter compressed (squall.fsdp, int4:block=256).
+    if launch.startswith("spawn-fsdp") and mode == "hook":
+        # FSDP's reduce-scatter compressed (squall.fsdp, int4:block=256).
         for rep in reports:
             assert rep["fsdp_modules"] >= 3 and not rep["uncompressed"], rep
             assert rep["fsdp_compressed_calls"] == 3 * (STEPS - 20), rep
         assert abs(rel) <= FSDP_BOUND, f"loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"
         return
-    if launch == "spawn-fsdp2":
+    if launch.startswith("spawn-fsdp"):
         # Sharded: the optimizers squallrun would swap in average whole
         # replicas, so it leaves the job as written and says so.
         assert all(r["uncompressed"] for r in reports), reports
@@ -129,12 +136,15 @@ def test_launch_under_squallrun(launch, mode, tmp_path):
             assert rep["slowmo_optimizers"] == 1, rep
 
 
-@pytest.mark.parametrize("codec", ["none", "int4:block=256", "onebit:block=64:scale=rms"])
-def test_fsdp2_compressed_reduce_scatter(codec, tmp_path):
-    """squall.fsdp.compress on FSDP2 (fully_shard per Linear and the root),
-    AdamW: 'none' is torch's result exactly; the codes hold the loss."""
-    plain = _baseline("spawn-fsdp2", "adamw", tmp_path)
-    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "squall")
+@pytest.mark.parametrize("version,codec", [("fsdp2", "none"), ("fsdp2", "int4:block=256"),
+                                           ("fsdp2", "onebit:block=64:scale=rms"),
+                                           ("fsdp1", "none"), ("fsdp1", "int4:block=256")])
+def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
+    """squall.fsdp.compress on FSDP2 (fully_shard per Linear and the root)
+    and FSDP1 (a unit per Linear), AdamW: 'none' is torch's result exactly;
+    the codes hold the loss."""
+    plain = _baseline(f"spawn-{version}", "adamw", tmp_path)
+    ranks, _, _ = _run(f"spawn-{version}-squall-{codec}", "adamw", None, tmp_path, "squall")
     stats = ranks[0]["fsdp"]
     assert stats["compressed_calls"] == 3 * (STEPS - 20), stats
     if codec == "none":

@@ -14,8 +14,9 @@ LAUNCH is how the ranks come to be:
   hf-trainer           transformers.Trainer, the script of `torchrun --nproc_per_node 2`
   notebook             accelerate.notebook_launcher(fn, num_processes=2) (forked ranks)
   spawn                torch.multiprocessing.spawn(fn, nprocs=2), DDP over gloo
-  spawn-fsdp2          the same with FSDP2 (fully_shard) instead of DDP
-  spawn-fsdp2-squall-CODEC   and squall.fsdp.compress(model, codec=CODEC, warmup=20)
+  spawn-fsdp2, spawn-fsdp1    the same with FSDP2 (fully_shard) or FSDP1 instead of DDP
+  spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
+                       and squall.fsdp.compress(model, codec=CODEC, warmup=20)
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
 its loss at every step and a digest of its final parameters.
 
@@ -243,20 +244,29 @@ def spawned(rank, kind, steps, out, port):
     finish()
 
 
-def spawned_fsdp2(rank, kind, steps, out, port, squall_codec=None):
-    """FSDP2 (fully_shard per Linear and at the root) over gloo: Lightning's
-    own fsdp strategy needs a GPU, so the CPU check of a sharded model is
-    this one. With squall_codec: squall.fsdp.compress(codec=squall_codec)."""
+def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
+    """FSDP2 (fully_shard per Linear and at the root) or FSDP1 (a unit per
+    Linear, use_orig_params) over gloo: Lightning's own fsdp strategy needs a
+    GPU, so the CPU check of a sharded model is this one. With squall_codec:
+    squall.fsdp.compress(codec=squall_codec, warmup=20)."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     net = model()
-    for layer in net:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(net)
+    if version == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(net)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        net = FSDP(net, device_id=torch.device("cpu"), use_orig_params=True,
+                   auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
     compressed = None
     if squall_codec:
         import squall.fsdp
@@ -264,7 +274,14 @@ def spawned_fsdp2(rank, kind, steps, out, port, squall_codec=None):
         compressed = squall.fsdp.compress(net, codec=squall_codec, warmup=20)
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
-    full = {k: v.full_tensor() for k, v in net.state_dict().items()}
+    if version == "fsdp2":
+        full = {k: v.full_tensor() for k, v in net.state_dict().items()}
+    else:
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+
+        cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+        with FSDP.state_dict_type(net, StateDictType.FULL_STATE_DICT, cfg):
+            full = net.state_dict()
     h = hashlib.sha256()
     for v in full.values():
         h.update(v.detach().float().contiguous().numpy().tobytes())
@@ -291,12 +308,15 @@ def main():
 
         notebook_launcher(accelerate_job, (kind, steps, out), num_processes=WORLD,
                           use_port=str(port))
-    elif launch in ("spawn", "spawn-fsdp2"):
-        torch.multiprocessing.spawn(spawned if launch == "spawn" else spawned_fsdp2,
-                                    args=(kind, steps, out, port), nprocs=WORLD)
-    elif launch.startswith("spawn-fsdp2-squall-"):  # the codec follows
-        torch.multiprocessing.spawn(spawned_fsdp2, nprocs=WORLD,
-                                    args=(kind, steps, out, port, launch.split("-", 3)[3]))
+    elif launch == "spawn":
+        torch.multiprocessing.spawn(spawned, args=(kind, steps, out, port), nprocs=WORLD)
+    elif launch in ("spawn-fsdp2", "spawn-fsdp1"):
+        torch.multiprocessing.spawn(spawned_fsdp, nprocs=WORLD,
+                                    args=(kind, steps, out, port, launch.split("-")[1]))
+    elif launch.startswith(("spawn-fsdp2-squall-", "spawn-fsdp1-squall-")):  # the codec follows
+        _, version, _, codec = launch.split("-", 3)
+        torch.multiprocessing.spawn(spawned_fsdp, nprocs=WORLD,
+                                    args=(kind, steps, out, port, version, codec))
     else:
         raise SystemExit(f"train.py: unknown launch {launch!r}")
 
