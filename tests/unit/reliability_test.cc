@@ -461,7 +461,9 @@ TEST(Reliability, ACompressedAllReduceThatFailsLateWritesNoOutput) {
 struct ReduceScatterRun {
   std::vector<Status> status;
   std::vector<std::vector<float>> out;
-  std::vector<bool> residualKept;
+  // One byte per rank, not vector<bool>: the ranks' threads write their own
+  // entries at once, and vector<bool> packs them into shared words.
+  std::vector<char> residualKept;
   int64_t victimSends = 0;
 };
 
@@ -519,7 +521,7 @@ TEST(Reliability, ACompressedReduceScatterThatFailsWritesNoOutputAndKeepsTheResi
     const int victim = n - 1;
     const ReduceScatterRun clean = runReduceScatter(n, kRecv, victim, -1);
     for (Status st : clean.status) ASSERT_EQ(st, Status::kOk);
-    for (bool kept : clean.residualKept) ASSERT_FALSE(kept);  // committed
+    for (char kept : clean.residualKept) ASSERT_FALSE(kept);  // committed
     ASSERT_GT(clean.victimSends, 4);
     for (int64_t failAt : {int64_t{0}, clean.victimSends - 3, clean.victimSends - 1}) {
       const ReduceScatterRun failed = runReduceScatter(n, kRecv, victim, failAt);
