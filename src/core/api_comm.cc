@@ -178,6 +178,22 @@ Status compressedCallOf(squallComm_t comm, squallCompressor_t compressor, squall
   return out->comm->refuse(toReduceOp(op, &out->op));
 }
 
+// A new compressor handle on `comm` for `spec`, made by `make(comm, spec,
+// &impl)` (the allreduce's or the reduce-scatter's layout).
+template <typename Make>
+Status handOutCompressor(squallComm_t comm, const squallCodecSpec_t* spec,
+                         squallCompressor_t* compressor, Make make) {
+  core::Comm* c = nullptr;
+  SQUALL_TRY(core::commOf(comm, &c));
+  SQUALL_TRY(checkOut(compressor, "compressor"));
+  squall::codec::Spec s;
+  SQUALL_TRY(core::toCodecSpec(spec, &s));
+  auto handle = std::make_unique<squallCompressor>();
+  SQUALL_TRY(make(*c, s, &handle->impl));
+  *compressor = handle.release();
+  return Status::kOk;
+}
+
 }  // namespace
 
 squallComm::~squallComm() {
@@ -392,15 +408,10 @@ squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t count, size_t 
                                         const squallCodecSpec_t* spec,
                                         squallCompressor_t* compressor) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
-    SQUALL_TRY(checkOut(compressor, "compressor"));
-    squall::codec::Spec s;
-    SQUALL_TRY(core::toCodecSpec(spec, &s));
-    auto handle = std::make_unique<squallCompressor>();
-    SQUALL_TRY(c->createCompressor(count, s, &handle->impl, phase));
-    *compressor = handle.release();
-    return Status::kOk;
+    return handOutCompressor(comm, spec, compressor,
+                             [&](core::Comm& c, const squall::codec::Spec& s, auto* impl) {
+                               return c.createCompressor(count, s, impl, phase);
+                             });
   });
 }
 
@@ -408,15 +419,10 @@ squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t rec
                                                    const squallCodecSpec_t* spec,
                                                    squallCompressor_t* compressor) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(core::commOf(comm, &c));
-    SQUALL_TRY(checkOut(compressor, "compressor"));
-    squall::codec::Spec s;
-    SQUALL_TRY(core::toCodecSpec(spec, &s));
-    auto handle = std::make_unique<squallCompressor>();
-    SQUALL_TRY(c->createReduceScatterCompressor(recvcount, s, &handle->impl));
-    *compressor = handle.release();
-    return Status::kOk;
+    return handOutCompressor(comm, spec, compressor,
+                             [&](core::Comm& c, const squall::codec::Spec& s, auto* impl) {
+                               return c.createReduceScatterCompressor(recvcount, s, impl);
+                             });
   });
 }
 
