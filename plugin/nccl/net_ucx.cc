@@ -155,18 +155,33 @@ ucs_status_t onHello(void* /*arg*/, const void* header, size_t headerBytes, void
 
 void freeWhenDone(void* request, ucs_status_t, void*) { ucx().ucp_request_free(request); }
 
-// Sends `e->out` as active message `id`, asking for a reply endpoint.
-void sendHello(Endpoint* e, uint32_t id) {
+// Sends `e->out` as active message `id`, asking for a reply endpoint. UCX
+// may hold the message until the endpoint's wireup finishes, which takes
+// this side's worker: with `waitSentMs` > 0 the worker runs until the
+// message has left (or the endpoint failed, or the time is up). accept()
+// waits for its answer so: the connecting side waits for nothing else, and
+// the accepting process may not call the plugin again for a while (NCCL's
+// bootstrap between setup and the first collective).
+void sendHello(Endpoint* e, uint32_t id, int64_t waitSentMs = 0) {
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
-  param.cb.send = &freeWhenDone;
+  if (waitSentMs == 0) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_CALLBACK;
+    param.cb.send = &freeWhenDone;
+  }
   ucs_status_ptr_t sent =
       ucx().ucp_am_send_nbx(e->ep, id, &e->out, sizeof(Hello), nullptr, 0, &param);
   if (UCS_PTR_IS_ERR(sent) && !e->failed) {
     e->failed = true;
     e->why = ucx().ucs_status_string(UCS_PTR_STATUS(sent));
   }
+  if (waitSentMs == 0 || !UCS_PTR_IS_PTR(sent)) return;
+  auto deadline = Clock::now() + std::chrono::milliseconds(waitSentMs);
+  while (ucx().ucp_request_check_status(sent) == UCS_INPROGRESS && !e->failed &&
+         Clock::now() < deadline)
+    ucx().ucp_worker_progress(state().worker);
+  ucx().ucp_request_free(sent);  // a send still in flight goes on without us
 }
 
 Endpoint* track(ucp_ep_h ep, std::unique_ptr<Endpoint> e) {
@@ -652,7 +667,7 @@ Status ucxAccept(void* listenComm, void** recvComm) {
     }
     bool ours = e->in.magic == kHelloMagic && e->in.nonce == l->nonce;
     e->out = Hello{kHelloMagic, ours ? 1u : 0u, e->in.nonce};
-    sendHello(e, kAmAnswer);
+    sendHello(e, kAmAnswer, ours ? timeoutMs() : 0);
     if (!ours) {
       SQUALL_INFO(Subsys::kTransport,
                   "NET/Squall: refused a UCX connection that did not present this listener's "
