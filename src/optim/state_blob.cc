@@ -9,6 +9,8 @@
 
 #include <cstring>
 
+#include "src/common/byte_io.h"
+
 namespace squall::optim {
 namespace {
 
@@ -20,57 +22,8 @@ constexpr size_t kHeaderBytes = kHeaderBytesV1 + size_t{8} * 5;
 constexpr size_t kSectionHeadBytes = kSectionNameBytes + 8;
 constexpr size_t kChecksumBytes = 8;
 
-uint64_t fnv1a(const uint8_t* p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-class Writer {
- public:
-  explicit Writer(uint8_t* p) : p_(p) {}
-  template <typename T>
-  void put(const T& v) {
-    std::memcpy(p_ + at_, &v, sizeof(T));
-    at_ += sizeof(T);
-  }
-  void bytes(const void* src, size_t n) {
-    if (n != 0) std::memcpy(p_ + at_, src, n);
-    at_ += n;
-  }
-  size_t at() const { return at_; }
-
- private:
-  uint8_t* p_;
-  size_t at_ = 0;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  template <typename T>
-  bool get(T* v) {
-    if (n_ - at_ < sizeof(T)) return false;
-    std::memcpy(v, p_ + at_, sizeof(T));
-    at_ += sizeof(T);
-    return true;
-  }
-  bool bytes(void* dst, size_t n) {
-    if (n_ - at_ < n) return false;
-    if (n != 0) std::memcpy(dst, p_ + at_, n);
-    at_ += n;
-    return true;
-  }
-  size_t left() const { return n_ - at_; }
-
- private:
-  const uint8_t* p_;
-  size_t n_;
-  size_t at_ = 0;
-};
+using Writer = ByteWriter;
+using Reader = ByteReader;
 
 template <typename Visit>
 void fields(BlobHeader& h, Visit&& visit) {
@@ -150,7 +103,7 @@ Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& secti
     w.put(static_cast<uint64_t>(s.count));
     w.bytes(s.data, s.count * sizeof(float));
   }
-  w.put(fnv1a(static_cast<const uint8_t*>(out), w.at()));
+  w.put(fnv1a64(static_cast<const uint8_t*>(out), w.at()));
   *written = w.at();
   return Status::kOk;
 }
@@ -186,7 +139,7 @@ Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
         static_cast<unsigned long long>(total), bytes);
   uint64_t stored = 0;
   std::memcpy(&stored, p + bytes - kChecksumBytes, sizeof(stored));
-  if (stored != fnv1a(p, bytes - kChecksumBytes))
+  if (stored != fnv1a64(p, bytes - kChecksumBytes))
     return CORRUPT("the optimizer state's checksum does not match its contents; it is corrupt");
 
   Reader body(p + kPrefixBytes, bytes - kPrefixBytes - kChecksumBytes);
