@@ -302,6 +302,21 @@ SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);
 SQUALL_API squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
                                                    squallCompressorStats_t* stats);
 
+/* Checkpoints: the compressor's residuals on this rank (the error it still
+ * owes), as a self-describing byte string, so a resumed job sends what the
+ * stopped one would have. Call when no call on the compressor is in flight;
+ * each rank saves and loads its own. StateSize gives the bytes SaveState
+ * writes (`written`). LoadState takes only a state of this rank, group size,
+ * layout, count, phase and codec (squallInvalidArgument naming the
+ * difference otherwise) and checks its length and checksum
+ * (squallCorruptData); on any failure the residuals are untouched. Host
+ * communicators only for now: on one from NCCL, squallUnsupported. */
+SQUALL_API squallResult_t squallCompressorStateSize(squallCompressor_t compressor, size_t* bytes);
+SQUALL_API squallResult_t squallCompressorSaveState(squallCompressor_t compressor, void* buffer,
+                                                    size_t capacity, size_t* written);
+SQUALL_API squallResult_t squallCompressorLoadState(squallCompressor_t compressor,
+                                                    const void* buffer, size_t bytes);
+
 /* dtype: fp32, fp16 or bf16 (for both buffers); op: squallSum or squallAvg.
  * Every rank ends with bit-identical output. On failure recvbuf and the
  * compressor's residuals are untouched (also for the Async form and, on a

@@ -15,6 +15,7 @@
 #include "src/core/api.h"
 #include "src/core/api_objects.h"
 #include "src/core/comm.h"
+#include "src/core/compressor_state.h"
 #include "src/core/transports.h"
 
 using squall::DataType;
@@ -468,6 +469,34 @@ squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
     stats->bytesSent = s.bytesSent;
     stats->bytesReceived = s.bytesReceived;
     return Status::kOk;
+  });
+}
+
+squallResult_t squallCompressorStateSize(squallCompressor_t compressor, size_t* bytes) {
+  return SQUALL_API_GUARD({
+    core::Compressor* c = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &c));
+    SQUALL_TRY(checkOut(bytes, "bytes"));
+    return core::compressorStateSize(*c, bytes);
+  });
+}
+
+squallResult_t squallCompressorSaveState(squallCompressor_t compressor, void* buffer,
+                                         size_t capacity, size_t* written) {
+  return SQUALL_API_GUARD({
+    core::Compressor* c = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &c));
+    SQUALL_TRY(checkOut(written, "written"));
+    return core::saveCompressorState(*c, buffer, capacity, written);
+  });
+}
+
+squallResult_t squallCompressorLoadState(squallCompressor_t compressor, const void* buffer,
+                                         size_t bytes) {
+  return SQUALL_API_GUARD({
+    core::Compressor* c = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &c));
+    return core::loadCompressorState(*c, buffer, bytes);
   });
 }
 

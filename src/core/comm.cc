@@ -254,6 +254,22 @@ Status Comm::startBarrier(coll::OperationPtr* operation) {
   return c->startBarrier(operation);
 }
 
+// A device compressor keeps its residuals on the GPU (compressor_state.h).
+Status Compressor::residualCounts(size_t*, size_t*) {
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                     "this compressor's residuals live on the GPU (a communicator from NCCL), "
+                     "where saving and loading them is not built yet; make the compressor on a "
+                     "host communicator to checkpoint its residuals");
+}
+Status Compressor::readResiduals(void*, void*) {
+  size_t w = 0, s = 0;
+  return residualCounts(&w, &s);
+}
+Status Compressor::writeResiduals(const void*, const void*) {
+  size_t w = 0, s = 0;
+  return residualCounts(&w, &s);
+}
+
 Status Comm::createCompressor(size_t count, const codec::Spec& spec,
                               std::unique_ptr<Compressor>* out, size_t phase,
                               coll::Feedback feedback) {

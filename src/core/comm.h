@@ -124,6 +124,15 @@ class Compressor {
   virtual Status drain(float* owed, ReduceOp averagedOrSummed, void* cudaStream) = 0;
   virtual Status seed(const float* owed, void* cudaStream) = 0;
 
+  // Checkpoints (compressor_state.cc): this rank's residuals as they stand
+  // after the last completed call, the worker's then the server's (none
+  // without feedback; no server residual for the reduce-scatter), as raw
+  // fp32 bytes at any alignment. writeResiduals takes values of exactly
+  // residualCounts' sizes. The base refuses both (kUnsupported).
+  virtual Status residualCounts(size_t* worker, size_t* server);
+  virtual Status readResiduals(void* worker, void* server);
+  virtual Status writeResiduals(const void* worker, const void* server);
+
  protected:
   Compressor(const Comm* comm, size_t count, const codec::Spec& spec, size_t phase,
              CompressorLayout layout = CompressorLayout::kAllReduce)

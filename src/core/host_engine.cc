@@ -3,6 +3,7 @@
 // coll::CompressedState, optimizers are optim::Optimizer over host memory;
 // device buffers are staged through host memory (host_staging.cc).
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -67,6 +68,26 @@ class HostCompressor final : public Compressor {
                    "seed; make it with feedback kept to carry an owed error into its calls");
     float* worker = state_->worker().current() + state_->phase();
     for (size_t i = 0; i < count(); ++i) worker[i] += owed[i];
+    return Status::kOk;
+  }
+
+  Status residualCounts(size_t* worker, size_t* server) override {
+    *worker = keepsFeedback() ? state_->worker().count() : 0;
+    *server = keepsFeedback() && !state_->reduceScatter() ? state_->server().count() : 0;
+    return Status::kOk;
+  }
+  Status readResiduals(void* worker, void* server) override {
+    size_t w = 0, s = 0;
+    SQUALL_TRY(residualCounts(&w, &s));
+    if (w != 0) std::memcpy(worker, state_->worker().current(), w * sizeof(float));
+    if (s != 0) std::memcpy(server, state_->server().current(), s * sizeof(float));
+    return Status::kOk;
+  }
+  Status writeResiduals(const void* worker, const void* server) override {
+    size_t w = 0, s = 0;
+    SQUALL_TRY(residualCounts(&w, &s));
+    if (w != 0) std::memcpy(state_->worker().current(), worker, w * sizeof(float));
+    if (s != 0) std::memcpy(state_->server().current(), server, s * sizeof(float));
     return Status::kOk;
   }
 

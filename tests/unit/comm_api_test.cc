@@ -213,6 +213,75 @@ TEST_P(CommApi, CompressedReduceScatterGivesEachRankItsShard) {
   EXPECT_EQ(stats[0].bytesSent, stats[0].bytesReceived);
 }
 
+// A compressor's state resumes bit for bit: after three calls, rank r's
+// saved residuals loaded into a fresh compressor give the fourth call's
+// output exactly as the compressor that went on (and a fresh one without
+// them does not). Loads that do not fit are refused, naming why, and leave
+// the residuals as they were: another rank's state, another count,
+// a flipped byte, a truncated state. Both layouts.
+TEST_P(CommApi, CompressorStateResumesBitForBit) {
+  const int n = 3;
+  const size_t recvcount = 700;  // the allreduce's buffer is n x recvcount too
+  std::vector<std::vector<uint8_t>> saved(n);
+  for (bool scatter : {false, true}) {
+    runRanks(n, [&](squallComm_t comm, int rank) {
+      squallCodecSpec_t spec;
+      ASSERT_EQ(squallCodecSpecParse("int4:block=64", &spec), squallSuccess);
+      auto make = [&](size_t count) {
+        squallCompressor_t c = nullptr;
+        EXPECT_OK(scatter ? squallCompressorCreateReduceScatter(comm, count / n, &spec, &c)
+                          : squallCompressorCreate(comm, count, &spec, &c));
+        return c;
+      };
+      auto call = [&](squallCompressor_t c, int k) {
+        std::vector<float> x(recvcount * n), y(scatter ? recvcount : recvcount * n);
+        for (size_t i = 0; i < x.size(); ++i)
+          x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(rank + 7 * k));
+        EXPECT_OK(scatter ? squallCompressedReduceScatter(x.data(), y.data(), recvcount,
+                                                          squallFloat32, squallAvg, c, comm)
+                          : squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg,
+                                                      c, comm));
+        return y;
+      };
+      squallCompressor_t a = make(recvcount * n);
+      for (int k = 0; k < 3; ++k) call(a, k);
+      size_t bytes = 0, written = 0;
+      EXPECT_OK(squallCompressorStateSize(a, &bytes));
+      std::vector<uint8_t>& mine = saved[static_cast<size_t>(rank)];
+      mine.assign(bytes, 0);
+      EXPECT_OK(squallCompressorSaveState(a, mine.data(), mine.size(), &written));
+      EXPECT_EQ(written, bytes);
+      EXPECT_EQ(squallCompressorSaveState(a, mine.data(), bytes - 1, &written),
+                squallInvalidArgument);
+      const std::vector<float> wentOn = call(a, 3);
+
+      squallCompressor_t fresh = make(recvcount * n);
+      EXPECT_NE(call(fresh, 3), wentOn);  // the residuals matter to this call
+
+      squallCompressor_t b = make(recvcount * n);
+      EXPECT_OK(squallCompressorLoadState(b, mine.data(), mine.size()));
+      ASSERT_EQ(squallBarrier(comm), squallSuccess);  // every rank has saved
+      const std::vector<uint8_t>& other = saved[static_cast<size_t>((rank + 1) % n)];
+      EXPECT_EQ(squallCompressorLoadState(b, other.data(), other.size()), squallInvalidArgument);
+      EXPECT_NE(std::string(squallGetLastError()).find("load each rank's own state"),
+                std::string::npos)
+          << squallGetLastError();
+      std::vector<uint8_t> flipped = mine;
+      flipped[flipped.size() / 2] ^= 0x10;
+      EXPECT_EQ(squallCompressorLoadState(b, flipped.data(), flipped.size()), squallCorruptData);
+      EXPECT_EQ(squallCompressorLoadState(b, mine.data(), mine.size() - 4), squallCorruptData);
+      EXPECT_EQ(squallCompressorLoadState(b, nullptr, mine.size()), squallInvalidArgument);
+      squallCompressor_t wider = make((recvcount + 1) * n);
+      EXPECT_EQ(squallCompressorLoadState(wider, mine.data(), mine.size()), squallInvalidArgument);
+      EXPECT_NE(std::string(squallGetLastError()).find("the buffer changed shape"),
+                std::string::npos)
+          << squallGetLastError();
+      EXPECT_EQ(call(b, 3), wentOn);
+      for (squallCompressor_t c : {a, fresh, b, wider}) EXPECT_OK(squallCompressorDestroy(c));
+    });
+  }
+}
+
 TEST_P(CommApi, SplitFormsSubgroups) {
   runRanks(4, [&](squallComm_t comm, int rank) {
     squallComm_t sub = nullptr;

@@ -1,0 +1,200 @@
+// Saving and loading a compressor's residuals (format in compressor_state.h).
+#include "src/core/compressor_state.h"
+
+#include <cstring>
+#include <vector>
+
+#include "src/common/byte_io.h"
+
+namespace squall::core {
+
+namespace {
+
+constexpr char kMagic[8] = {'S', 'Q', 'C', 'M', 'P', 'S', 'T', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kByteOrder = 0x01020304u;
+constexpr size_t kChecksumBytes = 8;
+
+// What a state records about the compressor it came from, in file order.
+struct Identity {
+  uint32_t layout = 0, codec = 0, scale = 0, block = 0;
+  int32_t nranks = 0, rank = 0;
+  uint64_t count = 0, phase = 0;
+  int32_t hosts = 0, ranksPerHost = 1;
+  uint64_t workerCount = 0, serverCount = 0;
+};
+
+template <typename Visit>
+void fields(Identity& id, Visit&& visit) {
+  visit(id.layout);
+  visit(id.codec);
+  visit(id.scale);
+  visit(id.block);
+  visit(id.nranks);
+  visit(id.rank);
+  visit(id.count);
+  visit(id.phase);
+  visit(id.hosts);
+  visit(id.ranksPerHost);
+  visit(id.workerCount);
+  visit(id.serverCount);
+}
+
+constexpr size_t kIdentityBytes = 4 * 4 + 4 * 2 + 8 * 2 + 4 * 2 + 8 * 2;
+constexpr size_t kPrefixBytes = sizeof(kMagic) + 4 + 4 + 8;
+
+Status identityOf(Compressor& c, Identity* id) {
+  size_t worker = 0, server = 0;
+  SQUALL_TRY(c.residualCounts(&worker, &server));
+  CompressorStats stats;
+  SQUALL_TRY(c.stats(&stats));
+  id->layout = c.layout() == CompressorLayout::kReduceScatter ? 1 : 0;
+  id->codec = static_cast<uint32_t>(c.spec().codec);
+  id->scale = static_cast<uint32_t>(c.spec().scale);
+  id->block = codec::usesBlocks(c.spec().codec) ? c.spec().block : 0;
+  id->nranks = c.comm().size();
+  id->rank = c.comm().rank();
+  id->count = c.count();
+  id->phase = c.phase();
+  id->hosts = stats.hosts;
+  id->ranksPerHost = stats.ranksPerHost;
+  id->workerCount = worker;
+  id->serverCount = server;
+  return Status::kOk;
+}
+
+size_t totalBytes(const Identity& id) {
+  return kPrefixBytes + kIdentityBytes + (id.workerCount + id.serverCount) * sizeof(float) +
+         kChecksumBytes;
+}
+
+const char* layoutName(uint32_t layout) { return layout == 1 ? "reduce-scatter" : "allreduce"; }
+
+#define CORRUPT(...) SQUALL_FAIL(Status::kCorruptData, Subsys::kApi, __VA_ARGS__)
+#define MISMATCH(...) SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi, __VA_ARGS__)
+
+// Why a saved state does not fit this compressor, most telling first.
+Status checkFits(const Identity& saved, const Identity& here) {
+  if (saved.layout != here.layout)
+    return MISMATCH("the compressor state was saved from a %s compressor; this one is for the %s",
+                    layoutName(saved.layout), layoutName(here.layout));
+  if (saved.nranks != here.nranks || saved.rank != here.rank)
+    return MISMATCH(
+        "the compressor state is rank %d's of a group of %d; this compressor is rank %d's of %d. "
+        "Residuals belong to their rank: load each rank's own state, or reset the compressor "
+        "when the group changed",
+        saved.rank, saved.nranks, here.rank, here.nranks);
+  if (saved.count != here.count || saved.phase != here.phase)
+    return MISMATCH(
+        "the compressor state is of %llu elements (phase %llu); this compressor's are %llu "
+        "(phase %llu): the buffer changed shape; reset the compressor instead",
+        static_cast<unsigned long long>(saved.count), static_cast<unsigned long long>(saved.phase),
+        static_cast<unsigned long long>(here.count), static_cast<unsigned long long>(here.phase));
+  if (saved.codec != here.codec || saved.scale != here.scale || saved.block != here.block)
+    return MISMATCH(
+        "the compressor state was saved with %s (block %u, scale kind %u); this compressor "
+        "runs %s (block %u, scale kind %u): a residual is owed in its own code's blocks; "
+        "make the compressor with the saved code, or reset it",
+        codec::codecName(static_cast<codec::CodecId>(saved.codec)), saved.block, saved.scale,
+        codec::codecName(static_cast<codec::CodecId>(here.codec)), here.block, here.scale);
+  if (saved.hosts != here.hosts || saved.ranksPerHost != here.ranksPerHost)
+    return MISMATCH(
+        "the compressor state was saved on %d host(s) of %d rank(s) (0: flat); this compressor "
+        "runs on %d of %d: its residuals cover other slices; reset the compressor",
+        saved.hosts, saved.ranksPerHost, here.hosts, here.ranksPerHost);
+  if (saved.workerCount != here.workerCount || saved.serverCount != here.serverCount)
+    return MISMATCH(
+        "the compressor state holds %llu + %llu residual values; this compressor keeps %llu + "
+        "%llu (one of them was made without error feedback)",
+        static_cast<unsigned long long>(saved.workerCount),
+        static_cast<unsigned long long>(saved.serverCount),
+        static_cast<unsigned long long>(here.workerCount),
+        static_cast<unsigned long long>(here.serverCount));
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status compressorStateSize(Compressor& compressor, size_t* bytes) {
+  Identity id;
+  SQUALL_TRY(identityOf(compressor, &id));
+  *bytes = totalBytes(id);
+  return Status::kOk;
+}
+
+Status saveCompressorState(Compressor& compressor, void* buffer, size_t capacity, size_t* written) {
+  Identity id;
+  SQUALL_TRY(identityOf(compressor, &id));
+  const size_t total = totalBytes(id);
+  SQUALL_REQUIRE(buffer != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the state buffer is NULL; allocate squallCompressorStateSize bytes");
+  SQUALL_REQUIRE(capacity >= total, Status::kInvalidArgument, Subsys::kApi,
+                 "the state buffer holds %zu bytes but this compressor's state needs %zu; ask "
+                 "squallCompressorStateSize",
+                 capacity, total);
+  ByteWriter w(static_cast<uint8_t*>(buffer));
+  w.bytes(kMagic, sizeof(kMagic));
+  w.put(kVersion);
+  w.put(kByteOrder);
+  w.put(static_cast<uint64_t>(total));
+  fields(id, [&](auto& v) { w.put(v); });
+  uint8_t* worker = w.here();
+  w.skip(id.workerCount * sizeof(float));
+  uint8_t* server = w.here();
+  w.skip(id.serverCount * sizeof(float));
+  SQUALL_TRY(compressor.readResiduals(worker, server));
+  w.put(fnv1a64(static_cast<const uint8_t*>(buffer), w.at()));
+  *written = w.at();
+  return Status::kOk;
+}
+
+Status loadCompressorState(Compressor& compressor, const void* buffer, size_t bytes) {
+  SQUALL_REQUIRE(buffer != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the state buffer is NULL");
+  Identity here;
+  SQUALL_TRY(identityOf(compressor, &here));
+  const auto* p = static_cast<const uint8_t*>(buffer);
+  if (bytes < kPrefixBytes + kIdentityBytes + kChecksumBytes)
+    return CORRUPT(
+        "the compressor state is %zu bytes, shorter than any valid one (%zu); it is truncated "
+        "or not a state saved by squallCompressorSaveState",
+        bytes, kPrefixBytes + kIdentityBytes + kChecksumBytes);
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
+    return CORRUPT(
+        "the buffer does not start with the compressor state's magic; it is not a state "
+        "saved by squallCompressorSaveState");
+  ByteReader r(p + sizeof(kMagic), bytes - sizeof(kMagic));
+  uint32_t version = 0, order = 0;
+  uint64_t total = 0;
+  r.get(&version);
+  r.get(&order);
+  r.get(&total);
+  if (order != kByteOrder)
+    return CORRUPT("the compressor state was saved on a machine of the other byte order");
+  if (version != kVersion)
+    return CORRUPT("the compressor state has format version %u; this library reads version %u",
+                   version, kVersion);
+  if (total != bytes)
+    return CORRUPT(
+        "the compressor state says it is %llu bytes but %zu were given; it is truncated or "
+        "has trailing data",
+        static_cast<unsigned long long>(total), bytes);
+  uint64_t stored = 0;
+  std::memcpy(&stored, p + bytes - kChecksumBytes, sizeof(stored));
+  if (stored != fnv1a64(p, bytes - kChecksumBytes))
+    return CORRUPT("the compressor state's checksum does not match its contents; it is corrupt");
+  Identity saved;
+  fields(saved, [&](auto& v) { r.get(&v); });
+  const size_t values = (bytes - kPrefixBytes - kIdentityBytes - kChecksumBytes) / sizeof(float);
+  if (saved.workerCount > values || saved.serverCount != values - saved.workerCount ||
+      (bytes - kPrefixBytes - kIdentityBytes - kChecksumBytes) % sizeof(float) != 0)
+    return CORRUPT(
+        "the compressor state's residual sizes (%llu + %llu values) do not match its length",
+        static_cast<unsigned long long>(saved.workerCount),
+        static_cast<unsigned long long>(saved.serverCount));
+  SQUALL_TRY(checkFits(saved, here));
+  const uint8_t* worker = r.here();
+  return compressor.writeResiduals(worker, worker + saved.workerCount * sizeof(float));
+}
+
+}  // namespace squall::core
