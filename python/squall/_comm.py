@@ -524,6 +524,38 @@ class Compressor:
         with _cuda.device_guard(self.comm.device):
             check(lib.squallCompressorReset(self.handle), "squallCompressorReset")
 
+    def save_state(self):
+        """This rank's residuals (the error still owed) as bytes, for a
+        checkpoint: load them with :meth:`load_state` into a compressor made
+        the same way on the same rank and group, and the next call sends what
+        this one's would have. Call with no async call in flight. Host
+        communicators only for now."""
+        self._require_state("save_state")
+        size, written = ctypes.c_size_t(), ctypes.c_size_t()
+        check(lib.squallCompressorStateSize(self.handle, ctypes.byref(size)),
+              "squallCompressorStateSize")
+        buf = ctypes.create_string_buffer(max(size.value, 1))
+        check(lib.squallCompressorSaveState(self.handle, buf, size.value, ctypes.byref(written)),
+              "squallCompressorSaveState")
+        return buf.raw[:written.value]
+
+    def load_state(self, state):
+        """Loads what :meth:`save_state` returned (bytes, or a uint8 tensor or
+        array). Refused, with the residuals left as they were, when it is
+        another rank's, another layout's, count's or code's, or corrupt."""
+        self._require_state("load_state")
+        if hasattr(state, "numpy"):  # a torch tensor (torch.save keeps bytes as they are)
+            state = state.detach().cpu().contiguous().numpy()
+        data = bytes(memoryview(state).cast("B")) if not isinstance(state, bytes) else state
+        check(lib.squallCompressorLoadState(self.handle, data, len(data)),
+              "squallCompressorLoadState")
+
+    def _require_state(self, what):
+        if not _lib.HAVE_COMPRESSOR_STATE:
+            raise _lib.SquallUnsupported(
+                f"squall: Compressor.{what}: the loaded libsquall ({_lib.path}) cannot save "
+                "compressor states; build a newer Squall")
+
     @property
     def stats(self):
         """Running totals: 'calls', 'skipped_calls', and 'bytes_sent' /

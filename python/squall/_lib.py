@@ -312,6 +312,18 @@ if HAVE_REDUCE_SCATTER:
         _f = getattr(lib, _name)
         _f.restype, _f.argtypes = _res, _args
 
+# Saving and loading a compressor's residuals (squall.h).
+_COMPRESSOR_STATE = {
+    "squallCompressorStateSize": (c_result, [P, PSZ]),
+    "squallCompressorSaveState": (c_result, [P, P, SZ, PSZ]),
+    "squallCompressorLoadState": (c_result, [P, P, SZ]),
+}
+HAVE_COMPRESSOR_STATE = all(hasattr(lib, n) for n in _COMPRESSOR_STATE)
+if HAVE_COMPRESSOR_STATE:
+    for _name, (_res, _args) in _COMPRESSOR_STATE.items():
+        _f = getattr(lib, _name)
+        _f.restype, _f.argtypes = _res, _args
+
 HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
 if HAVE_OPTIM:
     for _name, (_res, _args) in _OPTIM.items():

@@ -24,6 +24,11 @@ the same run to run.
 FSDP1 (``FullyShardedDataParallel``, sharded strategies) gets the same as
 each unit's communication hook, with a state of its own per unit.
 
+Checkpoints: ``Compressed.state_dict()`` holds this rank's residuals and
+call counters (each rank saves its own, beside the model's checkpoint) and
+``load_state_dict`` puts them back, so a resumed job neither warms up again
+nor drops the error it owed.
+
 Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
 ``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
@@ -89,6 +94,7 @@ class ReduceScatter:
         self.group = None  # FSDP1's process group (FSDP2 passes it to each call)
         self._comms = comms
         self._compressor = None
+        self._pending = None  # a loaded residual for the compressor not made yet
         self.calls = self.full_calls = self.compressed_calls = 0
 
     def allocate(self, size, *, dtype, device):
@@ -109,6 +115,9 @@ class ReduceScatter:
                 c.close()  # the module's parameters changed size: start over
             c = self._compressor = Compressor(comm, input_tensor.numel(), self.codec,
                                               kind="reduce_scatter")
+            if self._pending is not None:  # from load_state_dict, before the first call
+                state, self._pending = self._pending, None
+                c.load_state(state)
         c.reduce_scatter(input_tensor, output_tensor, "avg" if op == _AVG else "sum")
         self.compressed_calls += 1
         return None
@@ -120,8 +129,34 @@ class ReduceScatter:
 
     def reset(self):
         """Zeroes the residual (after loading parameters from elsewhere)."""
+        self._pending = None
         if self._compressor is not None:
             self._compressor.reset()
+
+    def state_dict(self):
+        """The call counters (so a resumed job does not warm up again) and
+        this rank's residual (bytes; None before the first compressed call)."""
+        residual = self._compressor.save_state() if self._compressor is not None else self._pending
+        return {"calls": self.calls, "full_calls": self.full_calls,
+                "compressed_calls": self.compressed_calls, "codec": self.codec,
+                "residual": residual}
+
+    def load_state_dict(self, state):
+        if state.get("codec", self.codec) != self.codec:
+            raise SquallInvalidArgument(
+                f"squall.fsdp: module {self.name or '(root)'} was saved compressing with "
+                f"{state['codec']}, and compresses with {self.codec} now: a residual is owed in "
+                "its own code; compress with the saved code, or do not load its state")
+        residual = state.get("residual")
+        if self._compressor is None:
+            self._pending = residual
+        elif residual is not None:
+            self._compressor.load_state(residual)  # refused as a whole: nothing changed yet
+        else:
+            self._compressor.reset()  # saved before its first compressed call: nothing owed
+        self.calls = int(state["calls"])
+        self.full_calls = int(state.get("full_calls", 0))
+        self.compressed_calls = int(state.get("compressed_calls", 0))
 
 
 class Compressed:
@@ -146,6 +181,38 @@ class Compressed:
     def reset(self):
         for rs in self.reduce_scatters:
             rs.reset()
+
+    def state_dict(self):
+        """This rank's part of the compression state, for the checkpoint:
+        every module's counters and residual, by module name. The residuals
+        are this rank's own (each rank compresses its own gradient), so each
+        rank saves its own, e.g. ``torch.save(c.state_dict(),
+        f"squall-{rank}.pt")`` beside the model's checkpoint."""
+        return {"format": 1, "rank": dist.get_rank() if dist.is_initialized() else 0,
+                "modules": {rs.name: rs.state_dict() for rs in self.reduce_scatters}}
+
+    def load_state_dict(self, state):
+        """Loads what :meth:`state_dict` returned on this rank, before the
+        next backward. Every module must be there under the same name."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise SquallInvalidArgument(
+                "squall.fsdp: not a state from Compressed.state_dict (no 'format': 1)")
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if state.get("rank", rank) != rank:
+            raise SquallInvalidArgument(
+                f"squall.fsdp: the state is rank {state['rank']}'s and this is rank {rank}: "
+                "each rank loads the state it saved")
+        saved = state["modules"]
+        names = [rs.name for rs in self.reduce_scatters]
+        missing = [n or "(root)" for n in names if n not in saved]
+        extra = [n or "(root)" for n in saved if n not in names]
+        if missing or extra:
+            raise SquallInvalidArgument(
+                "squall.fsdp: the saved state does not match the model's FSDP modules (missing: "
+                f"{', '.join(missing) or 'none'}; not in the model: {', '.join(extra) or 'none'});"
+                " shard the model as when it was saved")
+        for rs in self.reduce_scatters:
+            rs.load_state_dict(saved[rs.name])
 
 
 def _fsdp1_hook(rs, padded_unsharded_grad, new_sharded_grad):

@@ -164,3 +164,38 @@ def _refusals(rank, world):
 
 def test_refusals_are_clear_and_leave_the_ranks_in_step():
     assert _dist.run(_refusals, world=2) == [1.0, 1.0]
+
+
+def _resume(rank, world):
+    import squall
+
+    comm = squall.init(timeout=30)
+    numel = 600 * world
+    for kind in ("allreduce", "reduce_scatter"):
+        def call(c, k):
+            x = _inputs(world, numel, k)[rank]
+            if kind == "allreduce":
+                return c.allreduce(x.clone())
+            return c.reduce_scatter(x, torch.empty(numel // world))
+
+        a = squall.Compressor(comm, numel, "int4:block=64", kind=kind)
+        for k in range(3):
+            call(a, k)
+        state = a.save_state()
+        went_on = call(a, 3)
+        fresh = squall.Compressor(comm, numel, "int4:block=64", kind=kind)
+        assert not torch.equal(call(fresh, 3), went_on)  # the residual matters here
+        b = squall.Compressor(comm, numel, "int4:block=64", kind=kind)
+        # a uint8 tensor, as torch.save / torch.load may hand it back
+        b.load_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        with pytest.raises(squall.SquallCorruptData, match="checksum"):
+            b.load_state(state[:40] + bytes([state[40] ^ 1]) + state[41:])
+        other = squall.Compressor(comm, numel, "int8:block=64", kind=kind)
+        with pytest.raises(squall.SquallInvalidArgument, match="make the compressor with the"):
+            other.load_state(state)
+        assert torch.equal(call(b, 3), went_on)
+    return 1
+
+
+def test_a_saved_state_resumes_bit_for_bit():
+    assert _dist.run(_resume, world=2) == [1, 1]

@@ -155,6 +155,21 @@ def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
     assert ranks[0]["losses"] != plain[0]["losses"]
 
 
+def test_fsdp_checkpoint_resumes_exactly(tmp_path):
+    """squall.fsdp's state in a checkpoint: FSDP2, AdamW, int4:block=256,
+    saved 10 steps before the end (after 20 full and STEPS - 30 compressed
+    reduce-scatters per module) with torch.save and loaded into a fresh model,
+    optimizer and compress(): the last 10 losses are the ones the job that went
+    on had, bit for bit; loading everything but squall's state does not give
+    them (the residuals are lost and the warmup starts again)."""
+    ranks, _, _ = _run("spawn-fsdp2-resume-int4:block=256", "adamw", None, tmp_path, "resume")
+    for r in ranks:  # the counters go on too: 3 modules, each compressing after 20 calls
+        assert r["resumed"] == r["losses"], r
+        assert r["without_squall_state"] != r["losses"], r
+        assert r["resumed_stats"]["compressed_calls"] == 3 * (STEPS - 20), r
+        assert r["without_squall_state_stats"]["compressed_calls"] == 0, r
+
+
 @pytest.mark.parametrize("launch,kind", [("lightning-squall", "sgd"),
                                          ("lightning-squall", "adamw"),
                                          ("accelerate-squall", "sgd"),

@@ -17,6 +17,8 @@ LAUNCH is how the ranks come to be:
   spawn-fsdp2, spawn-fsdp1    the same with FSDP2 (fully_shard) or FSDP1 instead of DDP
   spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
                        and squall.fsdp.compress(model, codec=CODEC, warmup=20)
+  spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
+                       resumed from it, with and without squall's state
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
 its loss at every step and a digest of its final parameters.
 
@@ -291,6 +293,66 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     finish()
 
 
+def spawned_fsdp_resume(rank, kind, steps, out, port, codec):
+    """A checkpoint mid-run and a resume from it, FSDP2 under
+    squall.fsdp.compress(codec, warmup=20): the model's, the optimizer's and
+    squall's state saved (through torch.save, as a job would) after `steps` - 10
+    steps; then the last 10 steps run three ways: on (a), in a fresh model and
+    optimizer loaded from the checkpoint with squall's state (b), and without
+    it (c: residuals and warmup counters lost)."""
+    import io
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import squall.fsdp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+
+    def build():
+        net = model()
+        for layer in net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(net)
+        compressed = squall.fsdp.compress(net, codec=codec, warmup=20)
+        return net, optimizer(kind, net.parameters()), compressed
+
+    def run(net, opt, first, last):
+        losses = []
+        for step in range(first, last):
+            x, y = batch(rank, step)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    cut = steps - 10
+    net, opt, compressed = build()
+    run(net, opt, 0, cut)
+    saved = io.BytesIO()
+    torch.save({"model": net.state_dict(), "optim": opt.state_dict(),
+                "squall": compressed.state_dict()}, saved)
+    went_on = run(net, opt, cut, steps)
+    resumed = {}
+    for name, with_squall in (("resumed", True), ("without_squall_state", False)):
+        saved.seek(0)
+        ckpt = torch.load(saved, weights_only=False)
+        net, opt, compressed = build()
+        net.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optim"])
+        if with_squall:
+            compressed.load_state_dict(ckpt["squall"])
+        resumed[name] = run(net, opt, cut, steps)
+        resumed[name + "_stats"] = compressed.stats
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(rank=rank, losses=went_on, **resumed), f)
+    finish()
+
+
 def main():
     launch, kind, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     port = int(sys.argv[5]) if len(sys.argv) > 5 else 29500
@@ -313,6 +375,9 @@ def main():
     elif launch in ("spawn-fsdp2", "spawn-fsdp1"):
         torch.multiprocessing.spawn(spawned_fsdp, nprocs=WORLD,
                                     args=(kind, steps, out, port, launch.split("-")[1]))
+    elif launch.startswith("spawn-fsdp2-resume-"):  # the codec follows
+        torch.multiprocessing.spawn(spawned_fsdp_resume, nprocs=WORLD,
+                                    args=(kind, steps, out, port, launch.split("-", 3)[3]))
     elif launch.startswith(("spawn-fsdp2-squall-", "spawn-fsdp1-squall-")):  # the codec follows
         _, version, _, codec = launch.split("-", 3)
         torch.multiprocessing.spawn(spawned_fsdp, nprocs=WORLD,
