@@ -57,9 +57,24 @@ APM_VARIANTS = {
     "apm_fp32_momentum": ({"codec": "none"},
                           "APMSqueeze, fp32 momentum (frozen variance, no compression)"),
     "apm_warmup_30": ({"warmup": 0.3}, "APMSqueeze, warmup bound 30% (not 15%)"),
+    # the codec ladder for the momentum (docs/codecs.md)
+    "apm_int2": ({"codec": "int2:block=64"}, "APMSqueeze, 2-bit momentum (int2, blocks of 64)"),
+    "apm_int4": ({"codec": "int4:block=64"}, "APMSqueeze, 4-bit momentum (int4, blocks of 64)"),
+    "apm_int8": ({"codec": "int8:block=64"}, "APMSqueeze, 8-bit momentum (int8, blocks of 64)"),
+}
+# SlowMo over local Adam with its compressed sync in a given code (the ladder)
+SLOWMO_CODECS = {
+    "slowmo_adam_1bit": "onebit",
+    "slowmo_adam_int2": "int2",
+    "slowmo_adam_int4": "int4",
+    "slowmo_adam_int8": "int8",
 }
 METHODS += list(APM_VARIANTS)
 LABELS.update({k: v[1] for k, v in APM_VARIANTS.items()})
+for _m, _code in SLOWMO_CODECS.items():
+    if _m not in METHODS:
+        METHODS.append(_m)
+        LABELS[_m] = f"SlowMo over local Adam, {_code} syncs"
 DEFAULT_METHODS = ("adam,apmsqueeze,periodic_adam,slowmo_adam,apm_fp32_warmup,apm_allgather,"
                    "apm_block2048,apm_meanabs_scale,apm_fixed_warmup,apm_threshold_0.1")
 ENV = {
@@ -410,11 +425,13 @@ def train_one(task, method, seed, steps, rank, world, args):
                                       warmup=0.15, total_steps=steps, codec="onebit:block=2048",
                                       freeze_threshold=0, compressed_algo="time",
                                       warmup_codec="none")
-    elif method in ("slowmo_adam", "periodic_adam", "slowmo_adam_1bit"):
+    elif method in ("slowmo_adam", "periodic_adam") or method in SLOWMO_CODECS:
         base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
         beta = 0.0 if method == "periodic_adam" else args.slowmo_beta
+        code = SLOWMO_CODECS.get(method)
         opt = squall.optim.SlowMo(base, tau=args.tau, alpha=1.0, beta=beta,
-                                  mode="compressed" if method == "slowmo_adam_1bit" else "full")
+                                  mode="full" if code is None else "compressed",
+                                  codec=code or "onebit")
     elif sgd:
         opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9), tau=args.tau,
                                   alpha=1.0, beta=0.0 if method == "local_sgd" else
@@ -656,7 +673,7 @@ def plot(runs, outdir):
     palette = ["k", "tab:red", "tab:pink", "tab:orange", "tab:cyan", "tab:blue", "tab:purple",
                "tab:green", "tab:olive", "tab:brown", "tab:gray", "gold", "lime", "navy",
                "teal", "salmon"]
-    colors = dict(zip(METHODS, palette))
+    colors = {m: palette[i % len(palette)] for i, m in enumerate(METHODS)}
     paths = []
     for task in sorted({r["task"] for r in runs}):
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=80)

@@ -117,19 +117,22 @@ def test_slowmo_periodic_averaging_reference_and_bad_input():
     assert distance["int4"] < distance["int2"] < distance["onebit"], distance
 
 
-def _slowmo_ckpt(rank, world, path, resume):
+def _slowmo_ckpt(rank, world, path, resume, mode="full", drop_residuals=False):
     import squall
     from squall.optim import SlowMo
 
     squall.init()
     ps = _params()
-    opt = SlowMo(torch.optim.AdamW(_groups(ps), weight_decay=0.01), tau=4, alpha=0.8, beta=0.5)
+    opt = SlowMo(torch.optim.AdamW(_groups(ps), weight_decay=0.01), tau=4, alpha=0.8, beta=0.5,
+                 mode=mode)
     start = 0
     if resume:
         ck = torch.load(f"{path}.{rank}")
         with torch.no_grad():
             for p, v in zip(ps, ck["params"]):
                 p.copy_(v)
+        if drop_residuals:  # a state dict from before they were saved
+            del ck["opt"]["slowmo"]["residuals"]
         opt.load_state_dict(ck["opt"])
         start = 6
     for s in range(start, 14):
@@ -142,12 +145,18 @@ def _slowmo_ckpt(rank, world, path, resume):
     return [p.detach().clone() for p in ps]
 
 
-def test_slowmo_state_dict_resumes_bit_identically(tmp_path):
+@pytest.mark.parametrize("mode", ["full", "compressed"])
+def test_slowmo_state_dict_resumes_bit_identically(tmp_path, mode):
+    """Compressed: the residuals are in the state dict; resumed without them
+    (an older state dict) the run goes elsewhere."""
     path = str(tmp_path / "slowmo.pt")
-    first = _dist.run(_slowmo_ckpt, world=2, args=(path, False))
-    again = _dist.run(_slowmo_ckpt, world=2, args=(path, True))
+    first = _dist.run(_slowmo_ckpt, world=2, args=(path, False, mode))
+    again = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode))
     for a, b in zip(first, again):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
+    if mode == "compressed":
+        lost = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode, True))
+        assert not all(torch.equal(x, y) for x, y in zip(first[0], lost[0]))
 
 
 def test_slowmo_single_rank_with_lr_scheduler():
