@@ -69,6 +69,7 @@ def _leave_uncompressed(what, reason):
 
 _fsdp_compressed_params = set()  # ids of the parameters of FSDP modules compressed below
 _fsdp_reduce_scatters = []  # their squall.fsdp.ReduceScatter objects
+_fsdp_all_gathers = []  # squall.fsdp.AllGather objects (--fsdp-params)
 
 
 def _compress_fsdp(config):
@@ -91,6 +92,9 @@ def _compress_fsdp(config):
             _fsdp_reduce_scatters.append(squall.fsdp.attach(
                 m, config.get("fsdp_codec") or squall.fsdp.DEFAULT_CODEC, config["warmup"],
                 comms))
+            if config.get("fsdp_params"):
+                _fsdp_all_gathers.append(squall.fsdp.AllGather(config["fsdp_params"], comms))
+                m.set_custom_all_gather(_fsdp_all_gathers[-1])
             _fsdp_compressed_params.update(id(p) for p in m.parameters())
         return result
 
@@ -115,6 +119,9 @@ def _compress_fsdp(config):
             return
         _fsdp_reduce_scatters.append(rs)
         _fsdp_compressed_params.update(id(p) for p in self.parameters())
+        if config.get("fsdp_params"):
+            _leave_uncompressed("an FSDP1 unit's parameter all-gather",
+                                "FSDP1 takes no custom all-gather (--fsdp-params is FSDP2's)")
 
     fsdp1.__init__ = fsdp1_init
 
@@ -221,6 +228,8 @@ def _report(directory):
               "fsdp_modules": len(_fsdp_reduce_scatters),
               "fsdp_compressed_calls": sum(r.compressed_calls for r in _fsdp_reduce_scatters),
               "fsdp_bytes_sent": sum(r.stats["bytes_sent"] for r in _fsdp_reduce_scatters),
+              "fsdp_all_gather_calls": sum(g.compressed_calls for g in _fsdp_all_gathers),
+              "fsdp_all_gather_bytes_sent": sum(g.stats["bytes_sent"] for g in _fsdp_all_gathers),
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states
                                 if hasattr(s, "traffic")),

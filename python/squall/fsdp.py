@@ -32,9 +32,10 @@ nor drops the error it owed.
 Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
 ``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
-Parameters are all-gathered by FSDP at full precision (compressing them is
-not built yet), and with HSDP only the reduce-scatter inside each shard group
-is compressed; the all-reduce across replicas stays FSDP's.
+Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
+parameter all-gathers too (:class:`AllGather`; off unless given). With HSDP
+only the reduce-scatter inside each shard group is compressed; the
+all-reduce across replicas stays FSDP's.
 """
 
 import torch
@@ -159,12 +160,69 @@ class ReduceScatter:
         self.compressed_calls = int(state.get("compressed_calls", 0))
 
 
+class AllGather:
+    """A module's parameter all-gather with block-quantized shards (torch's
+    FSDP2 AllGather interface): each rank encodes its shard once with
+    `codec` (no error feedback: the parameters are not a sum, and the
+    sharded fp32 parameters the optimizer updates stay exact), the encodings
+    are all-gathered, and every rank decodes all of them, its own included,
+    so every rank computes with the same gathered values. Inputs that are
+    not one floating-point dtype (FSDP then gathers raw bytes) go at full
+    precision. Counters: `calls`, `full_calls`, `compressed_calls`, `stats`."""
+
+    def __init__(self, codec, comms, name=""):
+        from . import codec as _codec
+
+        _codec.parse_codec(codec)  # refused here, not at the first forward
+        self.codec, self.name, self._comms = codec, name, comms
+        self.calls = self.full_calls = self.compressed_calls = 0
+        self.traffic = None
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        from . import codec as _codec
+        from ._comm import Traffic
+
+        self.calls += 1
+        if input_tensor.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            self.full_calls += 1
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                               async_op=async_op)
+        comm = self._comms.get(group)
+        n, count = comm.size, input_tensor.numel()
+        # Encoded before the output is written: FSDP's input is the output's
+        # own slice.
+        mine = _codec.encode(input_tensor.detach().to("cpu", torch.float32).contiguous(),
+                             self.codec)
+        # An encoding is whole 8-byte words (docs/codecs.md): sent as int32.
+        sent = torch.frombuffer(bytearray(mine), dtype=torch.int32)
+        gathered = torch.empty(n * sent.numel(), dtype=torch.int32)
+        self.traffic = self.traffic or Traffic()
+        with self.traffic.measure(comm):
+            comm.allgather(sent, gathered)
+        pieces = gathered.view(n, -1).view(torch.uint8).numpy()
+        values = torch.empty(n, count, dtype=torch.float32)
+        for r in range(n):
+            _codec.decode(pieces[r], values[r].numpy())
+        output_tensor.view(n, count).copy_(values)
+        self.compressed_calls += 1
+        return None
+
+    @property
+    def stats(self):
+        return self.traffic.as_dict() if self.traffic is not None else {
+            "bytes_sent": 0, "bytes_received": 0}
+
+
 class Compressed:
     """What :func:`compress` put on a model: ``reduce_scatters`` (one per
     FSDPModule, in model.modules() order) and summed counters."""
 
-    def __init__(self, reduce_scatters):
+    def __init__(self, reduce_scatters, all_gathers=()):
         self.reduce_scatters = reduce_scatters
+        self.all_gathers = list(all_gathers)
 
     @property
     def stats(self):
@@ -176,6 +234,15 @@ class Compressed:
             out["compressed_calls"] += rs.compressed_calls
             for k in ("bytes_sent", "bytes_received"):
                 out[k] += rs.stats.get(k, 0)
+        if self.all_gathers:
+            gathers = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
+                       "bytes_received": 0}
+            for ag in self.all_gathers:
+                for k in ("calls", "full_calls", "compressed_calls"):
+                    gathers[k] += getattr(ag, k)
+                for k in ("bytes_sent", "bytes_received"):
+                    gathers[k] += ag.stats[k]
+            out["all_gather"] = gathers
         return out
 
     def reset(self):
@@ -251,12 +318,20 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
     return rs
 
 
-def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None):
+def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
     (after ``fully_shard``; before the first backward). `warmup`: the
-    full-precision reduce-scatters of each module first. Returns a
-    :class:`Compressed` with the per-module objects and their counters."""
+    full-precision reduce-scatters of each module first. `params`: a code
+    for FSDP2's parameter all-gathers too (e.g. "int8:block=256"; None, the
+    default, leaves them at full precision; FSDP1 has no all-gather hook).
+    Returns a :class:`Compressed` with the per-module objects and their
+    counters."""
     modules, units = _fsdp_modules(model)
+    if params is not None and units:
+        raise SquallInvalidArgument(
+            "squall.fsdp.compress(params=...): FSDP1 takes no custom all-gather, so its "
+            "parameters can only be gathered at full precision; leave params=None for FSDP1 "
+            "models, or shard the model with FSDP2's fully_shard")
     if not modules and not units:
         raise SquallInvalidArgument(
             "squall.fsdp.compress: the model has no FSDP module; call "
@@ -265,15 +340,18 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None):
     if int(warmup) != warmup or warmup < 0:
         raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
     comms = _Comms(timeout)
-    made = []
+    made, gathers = [], []
     ids2, ids1 = {id(m) for m in modules}, {id(m) for m in units}
     for name, m in model.named_modules():
         if id(m) in ids2:
             made.append(attach(m, codec, warmup, comms, name))
+            if params is not None:
+                gathers.append(AllGather(params, comms, name))
+                m.set_custom_all_gather(gathers[-1])
         elif id(m) in ids1:
             rs, why = attach_fsdp1(m, codec, warmup, comms, name)
             if rs is None:
                 raise SquallInvalidArgument(
                     f"squall.fsdp.compress: FSDP1 unit {name or '(root)'}: {why}")
             made.append(rs)
-    return Compressed(made)
+    return Compressed(made, gathers)

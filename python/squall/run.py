@@ -27,6 +27,7 @@ default process group, on first need. One line at start says what changed.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -52,6 +53,9 @@ def _parser():
                         "(default 100)")
     p.add_argument("--codec", help="codec (default onebit; for FSDP's reduce-scatters "
                    "int4:block=256, squall.fsdp.DEFAULT_CODEC)")
+    p.add_argument("--fsdp-params", metavar="CODE",
+                   help="with --hook onebit, also compress FSDP2's parameter all-gathers with "
+                        "CODE (e.g. int8:block=256; default: full precision)")
     p.add_argument("--preload", action="store_true",
                    help="set LD_PRELOAD to the NCCL interposer (libsquall-preload-nccl.so)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -83,15 +87,25 @@ def plan(args):
     if args.warmup < 1 and args.hook:
         raise SystemExit("squallrun: --warmup must be >= 1 with --hook onebit (DDP rebuilds "
                          "its buckets after the first iteration)")
+    if args.fsdp_params and not args.hook:
+        raise SystemExit("squallrun: --fsdp-params compresses FSDP2's parameter all-gathers "
+                         "beside its reduce-scatters, which --hook onebit compresses: give both")
+    if args.fsdp_params:
+        spec = _lib.CodecSpec()
+        if _lib.lib.squallCodecSpecParse(args.fsdp_params.encode(), ctypes.byref(spec)) != 0:
+            raise SystemExit(f"squallrun: --fsdp-params {args.fsdp_params}: "
+                             f"{_lib.lib.squallGetLastError().decode()}")
     codec = args.codec or "onebit"
     fsdp_codec = args.codec or FSDP_CODEC
     config = {"optimizer": args.optimizer, "hook": args.hook, "slowmo": args.slowmo,
-              "warmup": args.warmup, "codec": codec, "fsdp_codec": fsdp_codec}
+              "warmup": args.warmup, "codec": codec, "fsdp_codec": fsdp_codec,
+              "fsdp_params": args.fsdp_params}
     said = []
     if args.hook:
         said.append(f"DDP comm hook squall.ddp.onebit_hook ({codec}, warmup "
                     f"{args.warmup} steps); FSDP's reduce-scatters compressed "
-                    f"({fsdp_codec})")
+                    f"({fsdp_codec})" + (f" and FSDP2's parameter all-gathers "
+                                         f"({args.fsdp_params})" if args.fsdp_params else ""))
     if args.optimizer:
         said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({codec}, warmup "
                     f"{args.warmup} steps) with squall.ddp.apmsqueeze_hook on DDP models")

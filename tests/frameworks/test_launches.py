@@ -39,6 +39,7 @@ MODES = {
 }
 
 FSDP_BOUND = 3.0  # squall.fsdp's compressed reduce-scatter against plain FSDP2, in %
+IN, HIDDEN, CLASSES = 32, 256, 10  # train.py's model
 
 
 def _port():
@@ -138,21 +139,50 @@ def test_launch_under_squallrun(launch, mode, tmp_path):
 
 @pytest.mark.parametrize("version,codec", [("fsdp2", "none"), ("fsdp2", "int4:block=256"),
                                            ("fsdp2", "onebit:block=64:scale=rms"),
+                                           ("fsdp2", "none+none"),
+                                           ("fsdp2", "int4:block=256+int8:block=256"),
                                            ("fsdp1", "none"), ("fsdp1", "int4:block=256")])
 def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
     """squall.fsdp.compress on FSDP2 (fully_shard per Linear and the root)
     and FSDP1 (a unit per Linear), AdamW: 'none' is torch's result exactly;
-    the codes hold the loss."""
+    the codes hold the loss. CODE+PCODE compresses the parameter all-gathers
+    too (FSDP2): 'none+none' is torch's result exactly, so the gathered
+    layout is FSDP's."""
     plain = _baseline(f"spawn-{version}", "adamw", tmp_path)
     ranks, _, _ = _run(f"spawn-{version}-squall-{codec}", "adamw", None, tmp_path, "squall")
     stats = ranks[0]["fsdp"]
     assert stats["compressed_calls"] == 3 * (STEPS - 20), stats
-    if codec == "none":
+    if "+" in codec:  # three Linear modules, gathered in forward and again in backward
+        gathers = stats["all_gather"]
+        assert gathers["compressed_calls"] == 2 * 3 * STEPS, gathers
+        # Each rank sends its shards once per gather: the model's parameters
+        # over 2 ranks, in the code's bytes (header, scales, padding: < 5%).
+        numel = (IN * HIDDEN + HIDDEN) + (HIDDEN * HIDDEN + HIDDEN) + (HIDDEN * CLASSES + CLASSES)
+        per_element = 4.0 if codec.endswith("none") else 1.0
+        expected = 2 * STEPS * per_element * numel / 2
+        assert expected <= gathers["bytes_sent"] <= 1.05 * expected, (gathers, expected)
+    if codec.startswith("none"):
         assert ranks[0]["losses"] == plain[0]["losses"]
         return
     rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
     assert abs(rel) <= FSDP_BOUND, f"{codec}: loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"
     assert ranks[0]["losses"] != plain[0]["losses"]
+
+
+def test_squallrun_fsdp_params(tmp_path):
+    """squallrun --hook onebit --fsdp-params int8:block=256 on the unmodified
+    FSDP2 job: its parameter all-gathers are compressed too (every one: 3
+    modules, forward and backward), the replicas agree, the loss holds."""
+    options = ["--hook", "onebit", "--warmup", "20", "--fsdp-params", "int8:block=256"]
+    plain = _baseline("spawn-fsdp2", "sgd", tmp_path)
+    ranks, reports, _ = _run("spawn-fsdp2", "sgd", options, tmp_path, "params")
+    assert ranks[0]["params"] == ranks[1]["params"]
+    for rep in reports:
+        assert not rep["uncompressed"], rep
+        assert rep["fsdp_all_gather_calls"] == 2 * 3 * STEPS, rep
+        assert rep["fsdp_compressed_calls"] == 3 * (STEPS - 20), rep
+    rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    assert abs(rel) <= FSDP_BOUND, f"loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"
 
 
 def test_fsdp_checkpoint_resumes_exactly(tmp_path):

@@ -16,7 +16,8 @@ LAUNCH is how the ranks come to be:
   spawn                torch.multiprocessing.spawn(fn, nprocs=2), DDP over gloo
   spawn-fsdp2, spawn-fsdp1    the same with FSDP2 (fully_shard) or FSDP1 instead of DDP
   spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
-                       and squall.fsdp.compress(model, codec=CODEC, warmup=20)
+                       and squall.fsdp.compress(model, codec=CODEC, warmup=20); CODEC+PCODEC
+                       (FSDP2) also compresses the parameter all-gathers with PCODEC
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
@@ -273,7 +274,8 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     if squall_codec:
         import squall.fsdp
 
-        compressed = squall.fsdp.compress(net, codec=squall_codec, warmup=20)
+        codec, _, params = squall_codec.partition("+")
+        compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None)
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
     if version == "fsdp2":
