@@ -10,31 +10,34 @@ source scripts/setup.sh
 
 jobs=$(nproc)
 
-echo "== build (release, warnings are errors)"
+# Each section's start says how long the run has taken so far (CI's budget).
+section() { printf '== %s (at %dm%02ds)\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
+
+section "build (release, warnings are errors)"
 [[ -f build/build.ninja ]] || meson setup build >/dev/null
 ninja -C build
 
-echo "== tests"
+section "tests"
 meson test -C build --print-errorlogs --num-processes "$jobs" --no-suite gpu
 
-echo "== python"
+section "python"
 # The ctypes binding against this build's library; exit code 5 (no tests
 # collected) is a failure too.
 SQUALL_LIBRARY="$PWD/build/src/core/libsquall.so" /usr/bin/python3 -m pytest python/tests -q ||
   { rc=$?; echo "python tests failed (pytest exit code $rc)" >&2; exit 1; }
 
-echo "== python, PyPI's torch 2.15.0 with its own NCCL and CUDA wheels"
+section "python, PyPI's torch 2.15.0 with its own NCCL and CUDA wheels"
 # What most users run: a venv without system site packages, squall installed
 # with pip, both import orders (scripts/pypi_torch.sh).
 scripts/pypi_torch.sh build
 
-echo "== format"
+section "format"
 scripts/check_format.sh
 
-echo "== clang-tidy (the sources changed since .ci/tidy-base)"
+section "clang-tidy (the sources changed since .ci/tidy-base)"
 SQUALL_TIDY_BASE=$(cat .ci/tidy-base) scripts/clang_tidy.sh build
 
-echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+section "AddressSanitizer + UndefinedBehaviorSanitizer"
 [[ -f build-asan/build.ninja ]] ||
   meson setup build-asan -Dbuildtype=debug -Db_sanitize=address,undefined \
     -Db_lundef=false -Dperf=false -Dcuda=disabled >/dev/null
@@ -52,7 +55,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --print-errorlogs --num-processes "$jobs" --suite unit \
   --timeout-multiplier 3
 
-echo "== ThreadSanitizer (the unit tests that run threads)"
+section "ThreadSanitizer (the unit tests that run threads)"
 # UCX intercepts the allocator to track memory events, which TSan's own
 # interceptors cannot follow: every binary that links UCX needs them off.
 # The subset: ranks as threads (collectives, the C API, the optimizer), the
@@ -73,4 +76,4 @@ UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
   --timeout-multiplier 3 local_transport tcp_progress reliability coll comm_api core_comm optim \
   bootstrap launch_env device_allreduce_emu device_optimizer_emu core_nccl_emu
 
-echo "== all tests passed"
+section "all tests passed"
