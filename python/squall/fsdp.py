@@ -38,11 +38,19 @@ only the reduce-scatter inside each shard group is compressed; the
 all-reduce across replicas stays FSDP's.
 """
 
+import ctypes
+
 import torch
 import torch.distributed as dist
 
-from ._comm import Compressor, init
-from ._lib import SquallInvalidArgument
+from . import _lib
+from ._comm import Compressor, Traffic, init
+from ._lib import SquallInvalidArgument, check, lib
+
+# What an encoder reads (squallEncode's dtypes), and the decoder's output.
+_ENCODABLE = {torch.float32: _lib.FLOAT32, torch.float16: _lib.FLOAT16,
+              torch.bfloat16: _lib.BFLOAT16}
+_PF = ctypes.POINTER(ctypes.c_float)
 
 _SUM, _AVG = dist.ReduceOp.SUM, getattr(dist.ReduceOp, "AVG", None)
 
@@ -171,42 +179,59 @@ class AllGather:
     precision. Counters: `calls`, `full_calls`, `compressed_calls`, `stats`."""
 
     def __init__(self, codec, comms, name=""):
-        from . import codec as _codec
+        from .codec import parse_codec
 
-        _codec.parse_codec(codec)  # refused here, not at the first forward
+        self.spec = parse_codec(codec)  # refused here, not at the first forward
         self.codec, self.name, self._comms = codec, name, comms
         self.calls = self.full_calls = self.compressed_calls = 0
         self.traffic = None
+        self._count = None  # the encoded size below is for this input size
+        self._bytes = 0
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        from . import codec as _codec
-        from ._comm import Traffic
+    def _buffers(self, n, count):
+        """The call's own send and receive buffers (none kept between calls:
+        FSDP frees what it gathered after use, and so does this)."""
+        if self._count != count:
+            size = ctypes.c_size_t()
+            check(lib.squallEncodedSize(ctypes.byref(self.spec), count, ctypes.byref(size)))
+            self._bytes, self._count = size.value, count
+        # An encoding is whole 8-byte words (docs/codecs.md): it travels as int32.
+        words = self._bytes // 4
+        return torch.empty(words, dtype=torch.int32), torch.empty(n * words, dtype=torch.int32)
 
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
         self.calls += 1
-        if input_tensor.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        if input_tensor.dtype not in _ENCODABLE:
             self.full_calls += 1
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
         comm = self._comms.get(group)
         n, count = comm.size, input_tensor.numel()
+        src = input_tensor.detach()
+        if src.device.type != "cpu" or not src.is_contiguous():
+            src = src.to("cpu").contiguous()
+        send, gathered = self._buffers(n, count)
+        written = ctypes.c_size_t()
         # Encoded before the output is written: FSDP's input is the output's
         # own slice.
-        mine = _codec.encode(input_tensor.detach().to("cpu", torch.float32).contiguous(),
-                             self.codec)
-        # An encoding is whole 8-byte words (docs/codecs.md): sent as int32.
-        sent = torch.frombuffer(bytearray(mine), dtype=torch.int32)
-        gathered = torch.empty(n * sent.numel(), dtype=torch.int32)
-        self.traffic = self.traffic or Traffic()
+        check(lib.squallEncode(ctypes.byref(self.spec), src.data_ptr(), _ENCODABLE[src.dtype],
+                               count, None, send.data_ptr(), self._bytes, ctypes.byref(written)),
+              "squallEncode")
+        if self.traffic is None:
+            self.traffic = Traffic()
         with self.traffic.measure(comm):
-            comm.allgather(sent, gathered)
-        pieces = gathered.view(n, -1).view(torch.uint8).numpy()
-        values = torch.empty(n, count, dtype=torch.float32)
-        for r in range(n):
-            _codec.decode(pieces[r], values[r].numpy())
-        output_tensor.view(n, count).copy_(values)
+            comm.allgather(send, gathered)
+        out = output_tensor.view(n, count)
+        direct = out.dtype == torch.float32 and out.device.type == "cpu" and out.is_contiguous()
+        into = out if direct else torch.empty(n, count, dtype=torch.float32)
+        for r in range(n):  # every shard, this rank's too: the same values everywhere
+            check(lib.squallDecode(gathered.data_ptr() + r * self._bytes, self._bytes,
+                                   ctypes.cast(into[r].data_ptr(), _PF), count), "squallDecode")
+        if not direct:
+            out.copy_(into)
         self.compressed_calls += 1
         return None
 
