@@ -1,19 +1,15 @@
 // Saving and loading a compressor's residuals (format in compressor_state.h).
 #include "src/core/compressor_state.h"
 
-#include <cstring>
-#include <vector>
-
-#include "src/common/byte_io.h"
+#include "src/common/saved_state.h"
 
 namespace squall::core {
 
 namespace {
 
-constexpr char kMagic[8] = {'S', 'Q', 'C', 'M', 'P', 'S', 'T', '1'};
-constexpr uint32_t kVersion = 1;
-constexpr uint32_t kByteOrder = 0x01020304u;
-constexpr size_t kChecksumBytes = 8;
+constexpr SavedFormat kFormat{
+    "SQCMPST1", "compressor state", "squallCompressorSaveState", Subsys::kApi, 1, 1};
+constexpr size_t kChecksumBytes = kSavedChecksumBytes;
 
 // What a state records about the compressor it came from, in file order.
 struct Identity {
@@ -41,7 +37,7 @@ void fields(Identity& id, Visit&& visit) {
 }
 
 constexpr size_t kIdentityBytes = 4 * 4 + 4 * 2 + 8 * 2 + 4 * 2 + 8 * 2;
-constexpr size_t kPrefixBytes = sizeof(kMagic) + 4 + 4 + 8;
+constexpr size_t kPrefixBytes = kSavedPrefixBytes;
 
 Status identityOf(Compressor& c, Identity* id) {
   size_t worker = 0, server = 0;
@@ -133,56 +129,25 @@ Status saveCompressorState(Compressor& compressor, void* buffer, size_t capacity
                  "squallCompressorStateSize",
                  capacity, total);
   ByteWriter w(static_cast<uint8_t*>(buffer));
-  w.bytes(kMagic, sizeof(kMagic));
-  w.put(kVersion);
-  w.put(kByteOrder);
-  w.put(static_cast<uint64_t>(total));
+  beginSaved(kFormat, total, &w);
   fields(id, [&](auto& v) { w.put(v); });
   uint8_t* worker = w.here();
   w.skip(id.workerCount * sizeof(float));
   uint8_t* server = w.here();
   w.skip(id.serverCount * sizeof(float));
   SQUALL_TRY(compressor.readResiduals(worker, server));
-  w.put(fnv1a64(static_cast<const uint8_t*>(buffer), w.at()));
+  endSaved(buffer, &w);
   *written = w.at();
   return Status::kOk;
 }
 
 Status loadCompressorState(Compressor& compressor, const void* buffer, size_t bytes) {
-  SQUALL_REQUIRE(buffer != nullptr, Status::kInvalidArgument, Subsys::kApi,
-                 "the state buffer is NULL");
   Identity here;
   SQUALL_TRY(identityOf(compressor, &here));
-  const auto* p = static_cast<const uint8_t*>(buffer);
-  if (bytes < kPrefixBytes + kIdentityBytes + kChecksumBytes)
-    return CORRUPT(
-        "the compressor state is %zu bytes, shorter than any valid one (%zu); it is truncated "
-        "or not a state saved by squallCompressorSaveState",
-        bytes, kPrefixBytes + kIdentityBytes + kChecksumBytes);
-  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
-    return CORRUPT(
-        "the buffer does not start with the compressor state's magic; it is not a state "
-        "saved by squallCompressorSaveState");
-  ByteReader r(p + sizeof(kMagic), bytes - sizeof(kMagic));
-  uint32_t version = 0, order = 0;
-  uint64_t total = 0;
-  r.get(&version);
-  r.get(&order);
-  r.get(&total);
-  if (order != kByteOrder)
-    return CORRUPT("the compressor state was saved on a machine of the other byte order");
-  if (version != kVersion)
-    return CORRUPT("the compressor state has format version %u; this library reads version %u",
-                   version, kVersion);
-  if (total != bytes)
-    return CORRUPT(
-        "the compressor state says it is %llu bytes but %zu were given; it is truncated or "
-        "has trailing data",
-        static_cast<unsigned long long>(total), bytes);
-  uint64_t stored = 0;
-  std::memcpy(&stored, p + bytes - kChecksumBytes, sizeof(stored));
-  if (stored != fnv1a64(p, bytes - kChecksumBytes))
-    return CORRUPT("the compressor state's checksum does not match its contents; it is corrupt");
+  uint32_t version = 0;
+  SQUALL_TRY(
+      checkSaved(kFormat, buffer, bytes, kPrefixBytes + kIdentityBytes + kChecksumBytes, &version));
+  ByteReader r(static_cast<const uint8_t*>(buffer) + kPrefixBytes, bytes - kPrefixBytes);
   Identity saved;
   fields(saved, [&](auto& v) { r.get(&v); });
   const size_t values = (bytes - kPrefixBytes - kIdentityBytes - kChecksumBytes) / sizeof(float);

@@ -2,12 +2,8 @@
 // so a training job resumed from a checkpoint owes the same error it owed
 // when it stopped (squallCompressorSaveState / squallCompressorLoadState).
 //
-// Layout (host byte order; the byte-order mark rejects a state from a
-// machine of the other endianness):
-//   offset  0  char[8]  magic "SQCMPST1"
-//           8  u32      format version (1)
-//          12  u32      byte-order mark 0x01020304
-//          16  u64      total length in bytes, checksum included
+// Layout, in the frame of src/common/saved_state.h (magic "SQCMPST1",
+// version 1), host byte order:
 //          24  u32      layout (0 allreduce, 1 reduce-scatter)
 //              u32      codec, u32 scale kind, u32 block (the codec spec)
 //              i32      group size, i32 rank

@@ -9,18 +9,18 @@
 
 #include <cstring>
 
-#include "src/common/byte_io.h"
+#include "src/common/saved_state.h"
 
 namespace squall::optim {
 namespace {
 
-constexpr char kMagic[8] = {'S', 'Q', 'O', 'P', 'T', 'S', 'T', '1'};
-constexpr uint32_t kByteOrder = 0x01020304u;
-constexpr size_t kPrefixBytes = 8 + 4 + 4 + 8;
+constexpr SavedFormat kFormat{
+    "SQOPTST1", "optimizer state", "squallOptimizerSaveState", Subsys::kOptim, 1, kBlobVersion};
+constexpr size_t kPrefixBytes = kSavedPrefixBytes;
 constexpr size_t kHeaderBytesV1 = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
 constexpr size_t kHeaderBytes = kHeaderBytesV1 + size_t{8} * 5;
 constexpr size_t kSectionHeadBytes = kSectionNameBytes + 8;
-constexpr size_t kChecksumBytes = 8;
+constexpr size_t kChecksumBytes = kSavedChecksumBytes;
 
 using Writer = ByteWriter;
 using Reader = ByteReader;
@@ -88,10 +88,7 @@ Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& secti
   SQUALL_REQUIRE(sections.size() <= kMaxSections, Status::kInternal, Subsys::kOptim,
                  "%zu state sections exceed the format's %zu", sections.size(), kMaxSections);
   Writer w(static_cast<uint8_t*>(out));
-  w.bytes(kMagic, sizeof(kMagic));
-  w.put(kBlobVersion);
-  w.put(kByteOrder);
-  w.put(static_cast<uint64_t>(total));
+  beginSaved(kFormat, total, &w);
   BlobHeader h = header;
   fields(h, [&](auto& v) { w.put(v); });
   fieldsV2(h, [&](auto& v) { w.put(v); });
@@ -103,45 +100,16 @@ Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& secti
     w.put(static_cast<uint64_t>(s.count));
     w.bytes(s.data, s.count * sizeof(float));
   }
-  w.put(fnv1a64(static_cast<const uint8_t*>(out), w.at()));
+  endSaved(out, &w);
   *written = w.at();
   return Status::kOk;
 }
 
 Status parseBlob(const void* data, size_t bytes, ParsedBlob* out) {
-  SQUALL_REQUIRE(data != nullptr, Status::kInvalidArgument, Subsys::kOptim,
-                 "the state buffer is NULL");
+  uint32_t version = 0;
+  SQUALL_TRY(checkSaved(kFormat, data, bytes, kPrefixBytes + kHeaderBytesV1 + 4 + kChecksumBytes,
+                        &version));
   const auto* p = static_cast<const uint8_t*>(data);
-  if (bytes < kPrefixBytes + kHeaderBytesV1 + 4 + kChecksumBytes)
-    return CORRUPT(
-        "the optimizer state is %zu bytes, shorter than any valid state (%zu); it "
-        "is truncated or not an optimizer state",
-        bytes, kPrefixBytes + kHeaderBytesV1 + 4 + kChecksumBytes);
-  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0)
-    return CORRUPT(
-        "the buffer does not start with the optimizer state magic; it is not a "
-        "state saved by squallOptimizerSaveState");
-  Reader r(p + 8, bytes - 8);
-  uint32_t version = 0, order = 0;
-  uint64_t total = 0;
-  r.get(&version);
-  r.get(&order);
-  r.get(&total);
-  if (order != kByteOrder)
-    return CORRUPT("the optimizer state was saved on a machine of the other byte order");
-  if (version < 1 || version > kBlobVersion)
-    return CORRUPT("the optimizer state has format version %u; this library reads versions 1 to %u",
-                   version, kBlobVersion);
-  if (total != bytes)
-    return CORRUPT(
-        "the optimizer state says it is %llu bytes but %zu were given; it is "
-        "truncated or has trailing data",
-        static_cast<unsigned long long>(total), bytes);
-  uint64_t stored = 0;
-  std::memcpy(&stored, p + bytes - kChecksumBytes, sizeof(stored));
-  if (stored != fnv1a64(p, bytes - kChecksumBytes))
-    return CORRUPT("the optimizer state's checksum does not match its contents; it is corrupt");
-
   Reader body(p + kPrefixBytes, bytes - kPrefixBytes - kChecksumBytes);
   ParsedBlob blob;
   bool ok = true;
