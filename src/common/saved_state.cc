@@ -10,11 +10,19 @@ constexpr uint32_t kByteOrder = 0x01020304u;
 
 }  // namespace
 
-void beginSaved(const SavedFormat& format, uint64_t total, ByteWriter* w) {
+Status beginSaved(const SavedFormat& format, void* buffer, size_t capacity, size_t total,
+                  ByteWriter* w) {
+  SQUALL_REQUIRE(buffer != nullptr, Status::kInvalidArgument, format.subsys,
+                 "the state buffer is NULL; allocate %s bytes", format.sizer);
+  SQUALL_REQUIRE(capacity >= total, Status::kInvalidArgument, format.subsys,
+                 "the state buffer holds %zu bytes but the %s needs %zu; ask %s", capacity,
+                 format.what, total, format.sizer);
+  *w = ByteWriter(static_cast<uint8_t*>(buffer));
   w->bytes(format.magic, 8);
   w->put(format.version);
   w->put(kByteOrder);
-  w->put(total);
+  w->put(static_cast<uint64_t>(total));
+  return Status::kOk;
 }
 
 void endSaved(const void* start, ByteWriter* w) {

@@ -22,6 +22,7 @@ struct SavedFormat {
   const char* magic;  // 8 characters, no terminator needed
   const char* what;   // for messages: "optimizer state"
   const char* saver;  // the function that writes it: "squallOptimizerSaveState"
+  const char* sizer;  // the one that says how large: "squallOptimizerStateSize"
   Subsys subsys;
   uint32_t firstVersion;  // the oldest version this library reads
   uint32_t version;       // the one it writes
@@ -30,8 +31,10 @@ struct SavedFormat {
 constexpr size_t kSavedPrefixBytes = 8 + 4 + 4 + 8;
 constexpr size_t kSavedChecksumBytes = 8;
 
-// The prefix, into a buffer of `total` bytes that the caller sized.
-void beginSaved(const SavedFormat& format, uint64_t total, ByteWriter* w);
+// Checks that `buffer` holds `capacity` >= `total` bytes and writes the
+// prefix there through *w (made on `buffer`).
+Status beginSaved(const SavedFormat& format, void* buffer, size_t capacity, size_t total,
+                  ByteWriter* w);
 // The checksum of everything written so far (from `start`, w's buffer).
 void endSaved(const void* start, ByteWriter* w);
 // Magic, byte order, version, length and checksum of `bytes` bytes, which

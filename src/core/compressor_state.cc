@@ -7,8 +7,13 @@ namespace squall::core {
 
 namespace {
 
-constexpr SavedFormat kFormat{
-    "SQCMPST1", "compressor state", "squallCompressorSaveState", Subsys::kApi, 1, 1};
+constexpr SavedFormat kFormat{"SQCMPST1",
+                              "compressor state",
+                              "squallCompressorSaveState",
+                              "squallCompressorStateSize",
+                              Subsys::kApi,
+                              1,
+                              1};
 constexpr size_t kChecksumBytes = kSavedChecksumBytes;
 
 // What a state records about the compressor it came from, in file order.
@@ -122,14 +127,8 @@ Status saveCompressorState(Compressor& compressor, void* buffer, size_t capacity
   Identity id;
   SQUALL_TRY(identityOf(compressor, &id));
   const size_t total = totalBytes(id);
-  SQUALL_REQUIRE(buffer != nullptr, Status::kInvalidArgument, Subsys::kApi,
-                 "the state buffer is NULL; allocate squallCompressorStateSize bytes");
-  SQUALL_REQUIRE(capacity >= total, Status::kInvalidArgument, Subsys::kApi,
-                 "the state buffer holds %zu bytes but this compressor's state needs %zu; ask "
-                 "squallCompressorStateSize",
-                 capacity, total);
-  ByteWriter w(static_cast<uint8_t*>(buffer));
-  beginSaved(kFormat, total, &w);
+  ByteWriter w(nullptr);
+  SQUALL_TRY(beginSaved(kFormat, buffer, capacity, total, &w));
   fields(id, [&](auto& v) { w.put(v); });
   uint8_t* worker = w.here();
   w.skip(id.workerCount * sizeof(float));

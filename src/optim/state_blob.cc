@@ -14,8 +14,13 @@
 namespace squall::optim {
 namespace {
 
-constexpr SavedFormat kFormat{
-    "SQOPTST1", "optimizer state", "squallOptimizerSaveState", Subsys::kOptim, 1, kBlobVersion};
+constexpr SavedFormat kFormat{"SQOPTST1",
+                              "optimizer state",
+                              "squallOptimizerSaveState",
+                              "squallOptimizerStateSize",
+                              Subsys::kOptim,
+                              1,
+                              kBlobVersion};
 constexpr size_t kPrefixBytes = kSavedPrefixBytes;
 constexpr size_t kHeaderBytesV1 = 8 + 4 * 4 + 8 * 5 + 4 * 5 + 4 + 4 * 2 + 4 + 4 * 3;
 constexpr size_t kHeaderBytes = kHeaderBytesV1 + size_t{8} * 5;
@@ -79,16 +84,10 @@ size_t blobSize(const std::vector<SectionView>& sections) {
 Status writeBlob(const BlobHeader& header, const std::vector<SectionView>& sections, void* out,
                  size_t capacity, size_t* written) {
   const size_t total = blobSize(sections);
-  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kOptim,
-                 "the state buffer is NULL; allocate squallOptimizerStateSize bytes");
-  SQUALL_REQUIRE(capacity >= total, Status::kInvalidArgument, Subsys::kOptim,
-                 "the state buffer holds %zu bytes but the state needs %zu; ask "
-                 "squallOptimizerStateSize",
-                 capacity, total);
   SQUALL_REQUIRE(sections.size() <= kMaxSections, Status::kInternal, Subsys::kOptim,
                  "%zu state sections exceed the format's %zu", sections.size(), kMaxSections);
-  Writer w(static_cast<uint8_t*>(out));
-  beginSaved(kFormat, total, &w);
+  Writer w(nullptr);
+  SQUALL_TRY(beginSaved(kFormat, out, capacity, total, &w));
   BlobHeader h = header;
   fields(h, [&](auto& v) { w.put(v); });
   fieldsV2(h, [&](auto& v) { w.put(v); });
