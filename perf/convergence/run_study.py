@@ -887,7 +887,8 @@ def report(out_path, outdir, doc=False):
         write_doc(res)
 
 
-def main():
+def parser():
+    """The study's options (perf/fsdp/study.py takes the tasks' from here)."""
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=4)
@@ -947,7 +948,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--doc", action="store_true",
                     help="also rewrite the goal tables of docs/convergence.md from results.json")
-    args = ap.parse_args()
+    return ap
+
+
+def main():
+    args = parser().parse_args()
     if args.quick:
         args.seeds, args.steps = 1, "48"
         args.eval_every = 24
