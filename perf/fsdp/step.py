@@ -1,0 +1,218 @@
+"""FSDP2 step time on shaped links: plain FSDP2 (gloo fp32), FSDP2 with a
+bf16 reduce (MixedPrecisionPolicy(reduce_dtype=bfloat16)), squall.fsdp's
+compressed reduce-scatter alone and with quantized parameter all-gathers,
+and the same model's compute-only step (one rank's batch, no communication),
+all in one launch per link rate.
+
+N ranks, each in its own network namespace behind a tc-shaped veth
+(perf/links.sh, needs root), the 14.7 M-parameter MLP 1024-4096-2048-1024-10,
+fully_shard per Linear and at the root, AdamW, batch 8 per rank, labels from
+a fixed random teacher. Every variant of a launch starts from the same
+weights and sees the same batches; the variants run one after the other, in
+an order rotated from repeat to repeat, and the rates alternate.
+
+    perf/fsdp/step.py --python build/venv-torch/bin/python --ranks 2 \\
+        --rates 1gbit 10gbit --repeats 2 --out perf/results/fsdp-step/r2
+
+Per cell: the median step after the warmup (squall's variants average at
+full precision for --warmup steps; the first 2 steps after it are left out),
+the bytes this rank put on its link per step (eth0's counters: payload plus
+TCP/IP headers) and the loss of the last step. OUT/summary.md is the table
+over repeats (medians, ranges in brackets).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params", "squall_int4_params",
+            "compute"]
+LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
+          "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
+          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers",
+          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers",
+          "compute": "compute only (no communication)"}
+SIZES = [1024, 4096, 2048, 1024, 10]
+
+
+def _net_bytes():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def _worker(args):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import squall.fsdp
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    rank = dist.get_rank()
+
+    def model():
+        torch.manual_seed(1)
+        layers = []
+        for a, b in zip(SIZES, SIZES[1:]):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
+
+    torch.manual_seed(7)
+    teacher = torch.nn.Linear(SIZES[0], SIZES[-1])
+
+    def batch(step):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(args.batch, SIZES[0], generator=g)
+        with torch.no_grad():
+            y = teacher(x).argmax(1)
+        return x, y
+
+    results = {}
+    for name in args.variants:
+        net = model()
+        compressed = None
+        if name != "compute":
+            policy = {}
+            if name == "bf16_reduce":
+                policy["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+            for layer in net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, **policy)
+            fully_shard(net, **policy)
+            if name.startswith("squall"):
+                params = {"squall_int8_params": "int8:block=256",
+                          "squall_int4_params": "int4:block=256"}.get(name)
+                compressed = squall.fsdp.compress(net, warmup=args.warmup, params=params)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+        times, sent, loss = [], [], None
+        for step in range(1, args.steps + 1):
+            x, y = batch(step)
+            b0 = _net_bytes()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+            sent.append(_net_bytes() - b0)
+        results[name] = {"times": times, "sent": sent, "loss": float(loss),
+                         "stats": compressed.stats if compressed is not None else None}
+        if rank == 0:
+            print(f"  {name}: step median {1e3 * statistics.median(times[1:]):.0f} ms",
+                  file=sys.stderr, flush=True)
+        del net, opt
+        dist.barrier()
+    if rank == 0:
+        with open(args.worker_out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _cell(r, warmup):
+    after = slice(warmup + 2, None)
+    return {"step_ms": 1e3 * statistics.median(r["times"][after]),
+            "sent": statistics.median(r["sent"][after]), "loss": r["loss"]}
+
+
+def summary(args, runs):
+    table = {}
+    for rate, _, res in runs:
+        for name, r in res.items():
+            table.setdefault((name, rate), []).append(_cell(r, args.warmup))
+    lines = [f"{args.ranks} ranks; {args.steps} steps, squall's warmup {args.warmup}; step ms "
+             "median [range] over the repeats; bytes this rank put on its link per step", "",
+             "| variant | " + " | ".join(f"{r} step | {r} vs fp32" for r in args.rates)
+             + " | bytes/step | last loss |",
+             "|---|" + "---|---|" * len(args.rates) + "---|---|"]
+    for name in args.variants:
+        row = f"| {LABELS[name]} |"
+        cells_all = []
+        for rate in args.rates:
+            cells = table.get((name, rate), [])
+            base = table.get(("fp32", rate), [])
+            cells_all += cells
+            st = [c["step_ms"] for c in cells]
+            if cells:
+                ratio = (statistics.median([c["step_ms"] for c in base]) / statistics.median(st)
+                         if base else float("nan"))
+                row += f" {statistics.median(st):.0f} [{min(st):.0f}–{max(st):.0f}] | {ratio:.2f}x |"
+            else:
+                row += " – | – |"
+        sent = statistics.median([c["sent"] for c in cells_all]) if cells_all else 0
+        loss = statistics.median([c["loss"] for c in cells_all]) if cells_all else float("nan")
+        row += f" {sent / 1e6:.2f} MB | {loss:.4f} |"
+        lines.append(row)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+
+
+def measure(args):
+    here = os.path.dirname(os.path.abspath(__file__))
+    links = os.path.join(here, "..", "links.sh")
+    os.makedirs(args.out, exist_ok=True)
+    runs = []
+    for rep in range(args.repeats):
+        k = rep % len(args.variants)
+        order = args.variants[k:] + args.variants[:k]
+        for rate in (args.rates if rep % 2 == 0 else args.rates[::-1]):
+            path = os.path.join(args.out, f"{rate}_{rep}.json")
+            cmd = [links, "--rate", rate, "--ranks", str(args.ranks), "--", args.python,
+                   os.path.abspath(__file__), "--worker-out", path, "--variants", *order,
+                   "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--batch", str(args.batch), "--threads", str(args.threads)]
+            t0 = time.monotonic()
+            rc = subprocess.run(cmd).returncode
+            if rc == 77:
+                raise SystemExit("perf/links.sh cannot shape links here (needs root)")
+            print(f"repeat {rep} {rate}: rc {rc}, {time.monotonic() - t0:.0f} s", flush=True)
+            if rc == 0:
+                with open(path) as f:
+                    runs.append((rate, rep, json.load(f)))
+    return runs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--python", default=sys.executable, help="a Python with torch >= 2.9")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", help="where the runs and summary.md go (required)")
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    ap.add_argument("--from-dir", action="store_true", help="only the table, from OUT's runs")
+    args = ap.parse_args()
+    if args.worker_out:
+        return _worker(args)
+    if not args.out:
+        ap.error("--out is required")
+    if args.from_dir:
+        runs = []
+        for name in sorted(os.listdir(args.out)):
+            if name.endswith(".json"):
+                rate, rep = name[:-5].rsplit("_", 1)
+                with open(os.path.join(args.out, name)) as f:
+                    runs.append((rate, int(rep), json.load(f)))
+    else:
+        runs = measure(args)
+    summary(args, runs)
+
+
+if __name__ == "__main__":
+    main()
