@@ -85,9 +85,10 @@ def finish():
         dist.destroy_process_group()
 
 
-def plain_loop(rank, kind, steps, net, opt, backward=None):
+def plain_loop(rank, kind, steps, net, opt, backward=None, first=0):
+    """Steps first..steps-1; their losses."""
     losses = []
-    for step in range(steps):
+    for step in range(first, steps):
         x, y = batch(rank, step)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(net(x), y)
@@ -247,6 +248,17 @@ def spawned(rank, kind, steps, out, port):
     finish()
 
 
+def shard_fsdp2(net):
+    """FSDP2 the way these jobs use it: fully_shard per Linear and at the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    return net
+
+
 def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     """FSDP2 (fully_shard per Linear and at the root) or FSDP1 (a unit per
     Linear, use_orig_params) over gloo: Lightning's own fsdp strategy needs a
@@ -258,12 +270,7 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     net = model()
     if version == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
+        shard_fsdp2(net)
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -305,7 +312,6 @@ def spawned_fsdp_resume(rank, kind, steps, out, port, codec):
     import io
 
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
 
     import squall.fsdp
 
@@ -313,32 +319,17 @@ def spawned_fsdp_resume(rank, kind, steps, out, port, codec):
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
 
     def build():
-        net = model()
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
+        net = shard_fsdp2(model())
         compressed = squall.fsdp.compress(net, codec=codec, warmup=20)
         return net, optimizer(kind, net.parameters()), compressed
 
-    def run(net, opt, first, last):
-        losses = []
-        for step in range(first, last):
-            x, y = batch(rank, step)
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(net(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
-
     cut = steps - 10
     net, opt, compressed = build()
-    run(net, opt, 0, cut)
+    plain_loop(rank, kind, cut, net, opt)
     saved = io.BytesIO()
     torch.save({"model": net.state_dict(), "optim": opt.state_dict(),
                 "squall": compressed.state_dict()}, saved)
-    went_on = run(net, opt, cut, steps)
+    went_on = plain_loop(rank, kind, steps, net, opt, first=cut)
     resumed = {}
     for name, with_squall in (("resumed", True), ("without_squall_state", False)):
         saved.seek(0)
@@ -348,7 +339,7 @@ def spawned_fsdp_resume(rank, kind, steps, out, port, codec):
         opt.load_state_dict(ckpt["optim"])
         if with_squall:
             compressed.load_state_dict(ckpt["squall"])
-        resumed[name] = run(net, opt, cut, steps)
+        resumed[name] = plain_loop(rank, kind, steps, net, opt, first=cut)
         resumed[name + "_stats"] = compressed.stats
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(rank=rank, losses=went_on, **resumed), f)
