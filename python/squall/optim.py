@@ -37,18 +37,31 @@ _MODES = {"apmsqueeze": _lib.MODE_APMSQUEEZE, "sync": _lib.MODE_SYNC, "local": _
 _TINY_LR = 1.1754943508222875e-38  # smallest normal fp32: stands for lr == 0 (0 means "configured")
 
 
-def _check_same_across_ranks(comm, params_groups, what):
-    """Collective: raises on every rank when the parameter shapes differ."""
-    shapes = [[tuple(p.shape) for p in g] for g in params_groups]
-    digest = int.from_bytes(hashlib.sha256(repr(shapes).encode()).digest()[:7], "little")
+def _same_everywhere(comm, value):
+    """Collective: True on every rank when repr(value) is the same on all of them."""
+    digest = int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:7], "little")
     v = _cuda.zeros(2, torch.int64, comm.device)  # a communicator from NCCL reduces on its GPU
     v[0], v[1] = digest, -digest
     comm.allreduce(v, "max")
-    if int(v[0]) != digest or int(-v[1]) != digest:
+    return int(v[0]) == digest and int(-v[1]) == digest
+
+
+def _check_same_across_ranks(comm, params_groups, what):
+    """Collective: raises on every rank when the parameter shapes differ."""
+    shapes = [[tuple(p.shape) for p in g] for g in params_groups]
+    if not _same_everywhere(comm, shapes):
         raise SquallInvalidUsage(
             f"squall: {what}: the parameter groups differ across ranks (number of groups, "
             f"parameters or shapes); this rank has {shapes if len(repr(shapes)) < 300 else '...'}."
             " Every rank must build the same model and the same parameter groups")
+
+
+def _check_same_setting(comm, setting, what):
+    """Collective: raises on every rank when the settings differ."""
+    if not _same_everywhere(comm, setting):
+        raise SquallInvalidUsage(
+            f"squall: {what}: the settings differ across ranks; this rank has {setting!r}. "
+            "Every rank must build it with the same arguments")
 
 
 def _broadcast_params(comm, params_groups):
@@ -569,28 +582,76 @@ def _destroy_handles(handles):
             lib.squallOptimizerDestroy(h)
 
 
+class _Piece:
+    """The part of one parameter group in one fragment: what a sync moves."""
+
+    def __init__(self, group, params, fragment):
+        self.group, self.params, self.fragment = group, params, fragment
+        self.numel = sum(p.numel() for p in params)
+        self.x_prev = _flatten_into(torch.zeros(self.numel, dtype=torch.float32), params)
+        self.u = torch.zeros(self.numel, dtype=torch.float32)
+        self.compressor = None
+
+
+class _InFlight:
+    """A piece's sync between its launch and its merge."""
+
+    def __init__(self, piece, request, lr, land, launched):
+        self.piece, self.request, self.lr, self.land = piece, request, lr, land
+        self.launched = launched  # the piece's parameters at launch (merge="carry"), else None
+
+
+def _fragments_of(params, fragments):
+    """Fragment of each parameter: contiguous runs of whole tensors, balanced by size."""
+    sizes = [p.numel() for p in params]
+    total = sum(sizes)
+    out, before = [], 0
+    for n in sizes:
+        out.append(min(fragments - 1, int((before + n / 2) * fragments // max(total, 1))))
+        before += n
+    return out
+
+
 class SlowMo(torch.optim.Optimizer):
-    """Slow momentum (Wang et al., 2020) around any torch optimizer.
+    """Slow momentum (Wang et al., 2020) and its streamed form around any torch optimizer.
 
     step() runs base.step() (local: no communication); every `tau` steps the
     parameters are averaged across ranks and, per param group with lr the
-    group's current lr:
+    group's lr when the sync started:
 
-        u      = beta * u + (x_prev - x_avg) / lr
-        x_prev = x_prev - alpha * lr * u
+        delta  = x_prev - x_avg                       # the outer gradient
+        u      = beta * u + delta / lr
+        x_prev = x_prev - alpha * lr * u               (nesterov: alpha * (delta + beta * lr * u))
         x      = x_prev
 
-    alpha=1, beta=0 is exactly periodic averaging (Local SGD / local Adam).
-    mode 'full' averages in full precision; 'compressed' averages the drift
-    x - x_prev through an error-compensated compressed allreduce with `codec`
-    (x_avg = x_prev + avg(x - x_prev), as the C optimizer does; default int4,
-    which ended within 0.2% of the full-precision sync on six model families
-    where onebit lost 2-11%: docs/codecs.md). The base optimizer's own state (e.g. Adam moments)
-    stays local. With broadcast_initial (default), rank 0's parameters are
-    broadcast at construction so all ranks start equal. With lr == 0 a sync
-    sets x = x_avg and leaves u unchanged. Do not wrap the model in DDP (or
-    average gradients otherwise): SlowMo only communicates parameters. It
-    keeps x_prev and u on the host and needs a host communicator.
+    alpha=1, beta=0 is exactly periodic averaging (Local SGD / local Adam);
+    nesterov=True, alpha=0.7, beta=0.9 is DiLoCo's outer Nesterov step.
+    mode 'compressed' (the default) averages the drift x - x_prev through an
+    error-compensated compressed allreduce with `codec` (x_avg = x_prev +
+    avg(x - x_prev); default int4, which ended within 0.2% of the full-precision
+    sync on six model families where onebit lost 2-11%: docs/codecs.md);
+    'full' averages the parameters in full precision.
+
+    Streaming (fragments > 1): the parameters are cut into `fragments` runs of
+    whole tensors of about equal size, and fragment f syncs every tau steps
+    at its own offset (tau * (f + 1) // fragments), so no step carries a
+    whole-model sync. delay > 0 overlaps each sync with the next `delay`
+    inner steps: the sync starts in the background and its result is merged
+    `delay` steps later (on every rank at the same step, from the same bytes).
+    merge says what the merge keeps of the inner steps made meanwhile:
+    'replace' none (the fragment becomes x_prev, bit-identical on every
+    rank), 'carry' all of them (x = x_prev + the fragment's local change
+    since the launch; the next sync averages it). docs/optim.md has the
+    measured choice.
+
+    The base optimizer's own state (e.g. Adam moments) stays local. With
+    broadcast_initial (default), rank 0's parameters are broadcast at
+    construction so all ranks start equal. With lr == 0 a sync sets
+    x = x_avg and leaves u unchanged. An average that comes back non-finite
+    (a rank diverged) is not applied: the fragment returns to x_prev on every
+    rank, u keeps its value, and `skipped_syncs` counts it. Do not wrap the
+    model in DDP (or average gradients otherwise): SlowMo only communicates
+    parameters. It keeps x_prev and u on the host and needs a host communicator.
 
     The update runs in torch, in torch's fp32 order, not through the C
     optimizer's SlowMo step (which evaluates x_prev from the old u so that
@@ -599,8 +660,9 @@ class SlowMo(torch.optim.Optimizer):
     all ranks of a job agree with each other (docs/optim.md, "SlowMo").
     """
 
-    def __init__(self, base, tau=12, alpha=1.0, beta=0.5, mode="full", codec="int4",
-                 comm=None, broadcast_initial=True):
+    def __init__(self, base, tau=12, alpha=1.0, beta=0.5, mode="compressed", codec="int4",
+                 comm=None, broadcast_initial=True, nesterov=False, fragments=1, delay=0,
+                 merge="replace"):
         if not isinstance(base, torch.optim.Optimizer):
             raise SquallInvalidArgument("squall.optim.SlowMo wraps a torch.optim.Optimizer")
         if int(tau) != tau or tau < 1:
@@ -608,24 +670,44 @@ class SlowMo(torch.optim.Optimizer):
         if mode not in ("full", "compressed"):
             raise SquallInvalidArgument(
                 f"squall.optim.SlowMo: mode is 'full' or 'compressed', not {mode!r}")
+        if int(fragments) != fragments or not 1 <= fragments <= tau:
+            raise SquallInvalidArgument(
+                f"squall.optim.SlowMo: fragments must be an int from 1 to tau ({tau}): "
+                f"{fragments} (each fragment syncs once every tau steps, at its own step)")
+        if int(delay) != delay or not 0 <= delay < tau:
+            raise SquallInvalidArgument(
+                f"squall.optim.SlowMo: delay must be an int from 0 to tau - 1 ({tau - 1}): "
+                f"{delay} (a fragment's sync must land before its next one starts)")
+        if merge not in ("replace", "carry"):
+            raise SquallInvalidArgument(
+                f"squall.optim.SlowMo: merge is 'replace' or 'carry', not {merge!r}")
         # Deliberately not calling Optimizer.__init__: groups and state are base's.
         self.base = base
         self.tau, self.alpha, self.beta = int(tau), float(alpha), float(beta)
-        self.mode, self.codec = mode, codec
+        self.mode, self.codec, self.nesterov = mode, codec, bool(nesterov)
+        self.fragments, self.delay, self.merge = int(fragments), int(delay), merge
         self.comm = comm if comm is not None else get_default()
         if self.comm._nccl is not None:
             raise SquallInvalidUsage(
                 "squall.optim.SlowMo averages host copies of the parameters and needs a host "
                 "communicator (squall.init() without transport='nccl'); this one comes from NCCL")
         self.steps = 0
+        self.skipped_syncs = 0
         self.traffic = Traffic()  # what the averaging and the checks moved
+        self._in_flight, self._window = [], None
         self._refuse_ddp()
         with self.traffic.measure(self.comm):
             _check_same_across_ranks(self.comm, [g["params"] for g in base.param_groups],
                                      "SlowMo")
-        self._x_prev, self._u, self._compressors = [], [], []
-        for group in base.param_groups:
-            self._add_group(group, broadcast_initial)
+            _check_same_setting(self.comm, self._setting(), "SlowMo")
+        self._pieces = []
+        every = [p for g in base.param_groups for p in g["params"]]
+        self._assign(range(len(base.param_groups)), _fragments_of(every, self.fragments),
+                     broadcast_initial)
+
+    def _setting(self):
+        return (self.tau, self.alpha, self.beta, self.mode, self.codec, self.nesterov,
+                self.fragments, self.delay, self.merge)
 
     def _refuse_ddp(self):
         if _ddp_modules_over([p for g in self.base.param_groups for p in g["params"]]):
@@ -645,27 +727,41 @@ class SlowMo(torch.optim.Optimizer):
     state = property(lambda self: self.base.state)
     defaults = property(lambda self: self.base.defaults)
 
-    def _add_group(self, group, broadcast):
-        params = group["params"]
-        for p in params:
-            if p.layout != torch.strided or not p.is_floating_point():
-                raise SquallInvalidArgument("squall.optim.SlowMo: parameters must be dense "
-                                            "floating-point tensors")
-        numel = sum(p.numel() for p in params)
-        x = _flatten_into(torch.zeros(numel, dtype=torch.float32), params)
+    def _assign(self, groups, fragment_of, broadcast):
+        """Pieces for the groups of these indices (fragment_of[j]: their j-th tensor's)."""
+        j = 0
+        for gi in groups:
+            params = self.base.param_groups[gi]["params"]
+            for p in params:
+                if p.layout != torch.strided or not p.is_floating_point():
+                    raise SquallInvalidArgument("squall.optim.SlowMo: parameters must be dense "
+                                                "floating-point tensors")
+            for f in range(self.fragments):
+                mine = [p for k, p in enumerate(params) if fragment_of[j + k] == f]
+                if mine:
+                    self._add_piece(_Piece(gi, mine, f), broadcast)
+            j += len(params)
+        self._pieces.sort(key=lambda piece: (piece.fragment, piece.group))
+
+    def _add_piece(self, piece, broadcast):
         if broadcast:
             with self.traffic.measure(self.comm):
-                self.comm.broadcast(x, 0)
+                self.comm.broadcast(piece.x_prev, 0)
             with torch.no_grad():
-                _unflatten_from(x, params)
-        self._x_prev.append(x)
-        self._u.append(torch.zeros(numel, dtype=torch.float32))
-        self._compressors.append(
-            Compressor(self.comm, numel, self.codec) if self.mode == "compressed" else None)
+                _unflatten_from(piece.x_prev, piece.params)
+        if self.mode == "compressed":
+            piece.compressor = Compressor(self.comm, piece.numel, self.codec)
+        self._pieces.append(piece)
 
     def add_param_group(self, param_group):
+        """Adds a group (collective); its tensors join the smallest fragment."""
         self.base.add_param_group(param_group)
-        self._add_group(self.base.param_groups[-1], True)
+        gi = len(self.base.param_groups) - 1
+        size = [0] * self.fragments
+        for piece in self._pieces:
+            size[piece.fragment] += piece.numel
+        smallest = size.index(min(size))
+        self._assign([gi], [smallest] * len(self.base.param_groups[gi]["params"]), True)
 
     def zero_grad(self, set_to_none=None):
         if set_to_none is None:  # the base optimizer's own default
@@ -678,77 +774,171 @@ class SlowMo(torch.optim.Optimizer):
             self._refuse_ddp()  # a DDP built after the optimizer
         loss = self.base.step(closure) if closure is not None else self.base.step()
         self.steps += 1
-        if self.steps % self.tau == 0:
-            self.sync()
+        with torch.no_grad():
+            for f in range(self.fragments):
+                if self.steps % self.tau == self.tau * (f + 1) // self.fragments % self.tau:
+                    for piece in self._pieces:
+                        if piece.fragment == f:
+                            self._launch(piece, self.steps + self.delay)
+            self._land(self.steps)
         return loss
 
     @torch.no_grad()
     def sync(self):
-        """Averages the parameters and applies the slow momentum now (collective)."""
-        with self.traffic.measure(self.comm):
-            self._sync()
+        """Merges the syncs in flight, then averages every fragment and applies
+        the slow momentum now (collective)."""
+        self._land(None)
+        for piece in self._pieces:
+            self._launch(piece, self.steps)
+        self._land(None)
 
-    def _sync(self):
-        for i, group in enumerate(self.param_groups):
-            params = group["params"]
-            x = _flatten_into(torch.empty_like(self._x_prev[i]), params)
-            xp, u = self._x_prev[i], self._u[i]
-            if self._compressors[i] is not None:
-                # The drift since the last sync, not the parameters: it is small
-                # and zero-mean-ish, what a 1-bit code with error feedback carries
-                # well; x_prev is the same on every rank, so x_avg is too.
-                x.sub_(xp)
-                self._compressors[i].allreduce(x, "avg")
-                x.add_(xp)
+    def _launch(self, piece, land):
+        if not self._in_flight:
+            self._window = self.comm._bytes()
+        x = _flatten_into(torch.empty_like(piece.x_prev), piece.params)
+        launched = x.clone() if self.merge == "carry" and land > self.steps else None
+        if piece.compressor is not None:
+            # The drift since the last sync, not the parameters: it is small
+            # and zero-mean-ish, what an error-feedback code carries well;
+            # x_prev is the same on every rank, so x_avg is too.
+            x.sub_(piece.x_prev)
+            request = piece.compressor.allreduce(x, "avg", async_op=True)
+        else:
+            request = self.comm.allreduce(x, "avg", async_op=True)
+        lr = float(self.base.param_groups[piece.group]["lr"])
+        self._in_flight.append(_InFlight(piece, request, lr, land, launched))
+
+    def _land(self, step):
+        """Merges, in launch order, the syncs due at `step` (None: all of them)."""
+        due = [s for s in self._in_flight if step is None or s.land <= step]
+        if not due:
+            return
+        self._in_flight = [s for s in self._in_flight if not (step is None or s.land <= step)]
+        try:
+            for s in due:
+                self._merge(s)
+        finally:
+            if not self._in_flight:
+                self.traffic.add(self._window, self.comm._bytes())
+                self._window = None
+
+    def _drop_in_flight(self):
+        in_flight, self._in_flight = self._in_flight, []
+        for s in in_flight:
+            s.request.wait()
+        if self._window is not None:
+            self.traffic.add(self._window, self.comm._bytes())
+            self._window = None
+
+    def _merge(self, s):
+        piece, lr = s.piece, s.lr
+        x = s.request.wait()
+        xp, u = piece.x_prev, piece.u
+        if piece.compressor is not None:
+            x.add_(xp)
+        if not torch.isfinite(x).all():
+            self.skipped_syncs += 1
+            warnings.warn(
+                f"squall.optim.SlowMo: the average of fragment {piece.fragment} (group "
+                f"{piece.group}) at step {self.steps} is not finite (a rank diverged): not "
+                "applied; its parameters return to the last synchronised values on every rank",
+                RuntimeWarning, stacklevel=3)
+            _unflatten_from(xp, piece.params)
+            return
+        if lr > 0:
+            u.mul_(self.beta).add_((xp - x) / lr)
+            if self.alpha == 1.0 and self.beta == 0.0:
+                xp.copy_(x)  # exactly the average (no rounding through u)
+            elif self.nesterov:
+                xp.sub_((xp - x).add_(u, alpha=self.beta * lr).mul_(self.alpha))
             else:
-                self.comm.allreduce(x, "avg")
-            lr = float(group["lr"])
-            if lr > 0:
-                u.mul_(self.beta).add_((xp - x) / lr)
-                if self.alpha == 1.0 and self.beta == 0.0:
-                    xp.copy_(x)  # exactly the average (no rounding through u)
-                else:
-                    xp.sub_(u * (self.alpha * lr))
-            else:
-                xp.copy_(x)
-            _unflatten_from(xp, params)
+                xp.sub_(u * (self.alpha * lr))
+        else:
+            xp.copy_(x)
+        if s.launched is None:
+            _unflatten_from(xp, piece.params)
+        else:  # keep the inner steps made while the sync ran
+            now = _flatten_into(torch.empty_like(xp), piece.params)
+            _unflatten_from(now.sub_(s.launched).add_(xp), piece.params)
 
     def state_dict(self):
+        """The base optimizer's state and SlowMo's (x_prev, u, this rank's
+        residuals, the syncs in flight with their landed averages): a resumed
+        run continues bit for bit. Waits for the syncs in flight (it does not
+        merge them early)."""
+        held = []
+        for s in self._in_flight:
+            result = s.request.wait()
+            s.request = _Landed(result)
+            held.append({"piece": self._pieces.index(s.piece), "land": s.land, "lr": s.lr,
+                         "average": result.clone(),
+                         "launched": None if s.launched is None else s.launched.clone()})
         return {"base": self.base.state_dict(),
                 "slowmo": {"steps": self.steps, "tau": self.tau, "alpha": self.alpha,
-                           "beta": self.beta, "x_prev": [t.clone() for t in self._x_prev],
-                           "u": [t.clone() for t in self._u],
-                           # compressed mode: each group's residuals (this rank's)
+                           "beta": self.beta, "nesterov": self.nesterov,
+                           "fragments": self.fragments, "delay": self.delay, "merge": self.merge,
+                           "x_prev": [p.x_prev.clone() for p in self._pieces],
+                           "u": [p.u.clone() for p in self._pieces],
+                           "in_flight": held, "skipped_syncs": self.skipped_syncs,
+                           # compressed mode: each piece's residuals (this rank's)
                            "codec": self.codec if self.mode == "compressed" else None,
-                           "residuals": [c.save_state() if c is not None else None
-                                         for c in self._compressors]}}
+                           "residuals": [p.compressor.save_state()
+                                         if p.compressor is not None else None
+                                         for p in self._pieces]}}
 
     def load_state_dict(self, state_dict):
         if "slowmo" not in state_dict or "base" not in state_dict:
             raise SquallInvalidArgument("squall.optim.SlowMo.load_state_dict: not a SlowMo "
                                         "state dict (needs 'base' and 'slowmo')")
         s = state_dict["slowmo"]
-        if len(s["x_prev"]) != len(self._x_prev) or any(
-                a.numel() != b.numel() for a, b in zip(s["x_prev"], self._x_prev)):
+        if s.get("fragments", 1) != self.fragments:
+            raise SquallInvalidArgument(
+                f"squall.optim.SlowMo.load_state_dict: saved with fragments={s.get('fragments', 1)}"
+                f", this optimizer has fragments={self.fragments}; build it with the saved value")
+        if len(s["x_prev"]) != len(self._pieces) or any(
+                a.numel() != p.numel for a, p in zip(s["x_prev"], self._pieces)):
             raise SquallInvalidArgument("squall.optim.SlowMo.load_state_dict: the parameter "
                                         "groups differ from the saved ones")
-        residuals = s.get("residuals") or [None] * len(self._compressors)
+        residuals = s.get("residuals") or [None] * len(self._pieces)
         if s.get("codec") != (self.codec if self.mode == "compressed" else None):
-            residuals = [None] * len(self._compressors)  # another code's (or none): start afresh
+            residuals = [None] * len(self._pieces)  # another code's (or none): start afresh
         self.base.load_state_dict(state_dict["base"])
+        self._drop_in_flight()  # this run's syncs: finished, not merged
         self.steps = int(s["steps"])
-        for dst, src in zip(self._x_prev + self._u, list(s["x_prev"]) + list(s["u"])):
-            dst.copy_(src)
-        for c, saved in zip(self._compressors, residuals):
-            if c is None:
+        self.skipped_syncs = int(s.get("skipped_syncs", 0))
+        for piece, xp, u in zip(self._pieces, s["x_prev"], s["u"]):
+            piece.x_prev.copy_(xp)
+            piece.u.copy_(u)
+        for piece, saved in zip(self._pieces, residuals):
+            if piece.compressor is None:
                 continue
             if saved is None:
-                c.reset()
+                piece.compressor.reset()
             else:
-                c.load_state(saved)
+                piece.compressor.load_state(saved)
+        for h in s.get("in_flight", []):
+            launched = h["launched"].clone() if h["launched"] is not None else None
+            self._in_flight.append(_InFlight(self._pieces[h["piece"]],
+                                             _Landed(h["average"].clone()), float(h["lr"]),
+                                             int(h["land"]), launched))
+        if self._in_flight:
+            self._window = self.comm._bytes()
 
     def __repr__(self):
-        return f"SlowMo(tau={self.tau}, alpha={self.alpha}, beta={self.beta}, base={self.base!r})"
+        extra = (f", fragments={self.fragments}, delay={self.delay}, merge={self.merge!r}"
+                 if self.fragments > 1 or self.delay else "")
+        return (f"SlowMo(tau={self.tau}, alpha={self.alpha}, beta={self.beta}, "
+                f"mode={self.mode!r}{extra}, base={self.base!r})")
 
     def __getstate__(self):
         raise TypeError("squall.optim.SlowMo cannot be pickled; save state_dict() instead")
+
+
+class _Landed:
+    """A sync whose average is already here (waited for, or from a checkpoint)."""
+
+    def __init__(self, result):
+        self._result = result
+
+    def wait(self):
+        return self._result

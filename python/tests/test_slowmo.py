@@ -117,14 +117,16 @@ def test_slowmo_periodic_averaging_reference_and_bad_input():
     assert distance["int4"] < distance["int2"] < distance["onebit"], distance
 
 
-def _slowmo_ckpt(rank, world, path, resume, mode="full", drop_residuals=False):
+def _slowmo_ckpt(rank, world, path, resume, mode="full", drop_residuals=False, streamed=False):
     import squall
     from squall.optim import SlowMo
 
     squall.init()
     ps = _params()
+    # streamed: fragment 0's sync launched at step 6 is in flight at the checkpoint
+    kw = {"fragments": 2, "delay": 1, "merge": "carry", "nesterov": True} if streamed else {}
     opt = SlowMo(torch.optim.AdamW(_groups(ps), weight_decay=0.01), tau=4, alpha=0.8, beta=0.5,
-                 mode=mode)
+                 mode=mode, **kw)
     start = 0
     if resume:
         ck = torch.load(f"{path}.{rank}")
@@ -145,17 +147,19 @@ def _slowmo_ckpt(rank, world, path, resume, mode="full", drop_residuals=False):
     return [p.detach().clone() for p in ps]
 
 
-@pytest.mark.parametrize("mode", ["full", "compressed"])
-def test_slowmo_state_dict_resumes_bit_identically(tmp_path, mode):
+@pytest.mark.parametrize("mode,streamed", [("full", False), ("compressed", False),
+                                           ("compressed", True)])
+def test_slowmo_state_dict_resumes_bit_identically(tmp_path, mode, streamed):
     """Compressed: the residuals are in the state dict; resumed without them
-    (an older state dict) the run goes elsewhere."""
+    (an older state dict) the run goes elsewhere. Streamed: the sync in flight
+    at the checkpoint is in it too, merged at its step after the resume."""
     path = str(tmp_path / "slowmo.pt")
-    first = _dist.run(_slowmo_ckpt, world=2, args=(path, False, mode))
-    again = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode))
+    first = _dist.run(_slowmo_ckpt, world=2, args=(path, False, mode, False, streamed))
+    again = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode, False, streamed))
     for a, b in zip(first, again):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     if mode == "compressed":
-        lost = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode, True))
+        lost = _dist.run(_slowmo_ckpt, world=2, args=(path, True, mode, True, streamed))
         assert not all(torch.equal(x, y) for x, y in zip(first[0], lost[0]))
 
 
@@ -176,3 +180,181 @@ def test_slowmo_single_rank_with_lr_scheduler():
         assert opt.param_groups[0]["lr"] == 0.03125 and opt.steps == 4
         sd = opt.state_dict()
         assert sd["slowmo"]["steps"] == 4 and "base" in sd
+
+
+# ------------------------------------------------------------ streaming ----
+
+def _frag_of_param(i):
+    return i  # _params(): 50 and 7 elements, so fragments=2 puts one tensor in each
+
+
+def _streamed_reference(world, steps, tau, alpha, beta, fragments, delay, merge, nesterov):
+    """Streamed SlowMo, full precision, every rank simulated in one process."""
+    replicas = [_params() for _ in range(world)]
+    opts = [torch.optim.SGD(_groups(ps), momentum=0.9) for ps in replicas]
+    x_prev = [p.detach().clone() for p in replicas[0]]
+    u = [torch.zeros_like(p) for p in x_prev]
+    lrs = [0.1, 0.05]
+    in_flight = []  # (param, land, average, launched per rank)
+    for s in range(1, steps + 1):
+        for r in range(world):
+            for i, p in enumerate(replicas[r]):
+                p.grad = _grad(r, s - 1, p, i)
+            opts[r].step()
+        with torch.no_grad():
+            for i in range(2):
+                f = _frag_of_param(i) if fragments == 2 else 0
+                if s % tau == tau * (f + 1) // fragments % tau:
+                    avg = sum(replicas[r][i].detach() for r in range(world)) / world
+                    in_flight.append((i, s + delay, avg,
+                                      [replicas[r][i].detach().clone() for r in range(world)]))
+            for i, land, avg, launched in [t for t in in_flight if t[1] <= s]:
+                delta = x_prev[i] - avg
+                u[i] = beta * u[i] + delta / lrs[i]
+                if alpha == 1 and beta == 0:
+                    x_prev[i] = avg.clone()
+                elif nesterov:
+                    x_prev[i] = x_prev[i] - alpha * (delta + beta * lrs[i] * u[i])
+                else:
+                    x_prev[i] = x_prev[i] - u[i] * (alpha * lrs[i])
+                for r in range(world):
+                    now = replicas[r][i].detach()
+                    keep = now - launched[r] if merge == "carry" and delay > 0 else 0
+                    replicas[r][i].copy_(x_prev[i] + keep)
+            in_flight = [t for t in in_flight if t[1] > s]
+    return [[p.detach() for p in ps] for ps in replicas]
+
+
+STREAMED = [  # tau, alpha, beta, fragments, delay, merge, nesterov, mode
+    (4, 1.0, 0.5, 2, 1, "replace", False, "full"),
+    (4, 0.7, 0.9, 2, 2, "carry", True, "full"),
+    (4, 1.0, 0.0, 2, 3, "carry", False, "full"),
+    (3, 0.8, 0.5, 1, 0, "replace", True, "full"),
+    (4, 1.0, 0.5, 2, 2, "replace", False, "compressed"),
+    (4, 0.7, 0.9, 2, 1, "carry", True, "compressed"),
+]
+
+
+def _streamed_run(rank, world, steps):
+    import squall
+    from squall.optim import SlowMo
+
+    squall.init()
+    out = []
+    for tau, alpha, beta, fragments, delay, merge, nesterov, mode in STREAMED:
+        ps = _params()
+        opt = SlowMo(torch.optim.SGD(_groups(ps), momentum=0.9), tau=tau, alpha=alpha, beta=beta,
+                     mode=mode, fragments=fragments, delay=delay, merge=merge, nesterov=nesterov)
+        launched, merged = [], []  # (step, fragment[, its parameters after the merge])
+
+        def launch(piece, land, _launch=opt._launch):
+            launched.append((opt.steps, piece.fragment))
+            _launch(piece, land)
+
+        def merge(t, _merge=opt._merge):
+            _merge(t)
+            merged.append((opt.steps, t.piece.fragment,
+                           [p.detach().clone() for p in t.piece.params]))
+
+        opt._launch, opt._merge = launch, merge
+        for s in range(1, steps + 1):
+            for i, p in enumerate(ps):
+                p.grad = _grad(rank, s - 1, p, i)
+            opt.step()
+        sd = opt.state_dict()["slowmo"]
+        out.append({"final": [p.detach().clone() for p in ps], "merged": merged,
+                    "launched": launched,
+                    "x_prev": sd["x_prev"], "bytes": opt.stats["bytes_sent"]})
+    return out
+
+
+def test_streamed_slowmo_against_reference_and_identical_merges():
+    """Fragments sync at their own steps, each merge lands `delay` steps after
+    its launch on every rank from the same bytes (bit-identical fragments with
+    merge='replace', identical x_prev with 'carry'), and nothing is lost or
+    applied twice (full precision: the single-process reference)."""
+    steps, world = 13, 2
+    res = _dist.run(_streamed_run, world=world, args=(steps,))
+    for k, (tau, alpha, beta, fragments, delay, merge, nesterov, mode) in enumerate(STREAMED):
+        r0, r1 = res[0][k], res[1][k]
+        # every fragment launches at its own steps and merges `delay` steps later
+        offsets = [tau * (f + 1) // fragments % tau for f in range(fragments)]
+        launched = sorted(set(r0["launched"]))  # (step, fragment), a piece per group in it
+        assert launched == [(s, f) for s in range(1, steps + 1)
+                            for f in range(fragments) if s % tau == offsets[f]]
+        assert sorted({m[:2] for m in r0["merged"]}) == [(s + delay, f) for s, f in launched
+                                                         if s + delay <= steps]
+        assert [m[:2] for m in r0["merged"]] == [m[:2] for m in r1["merged"]]
+        if merge == "replace" or delay == 0:
+            for a, b in zip(r0["merged"], r1["merged"]):
+                assert all(torch.equal(x, y) for x, y in zip(a[2], b[2])), STREAMED[k]
+        for a, b in zip(r0["x_prev"], r1["x_prev"]):
+            assert torch.equal(a, b), STREAMED[k]
+        assert r0["bytes"] > 0
+        if mode == "compressed":
+            continue
+        ref = _streamed_reference(world, steps, tau, alpha, beta, fragments, delay, merge,
+                                  nesterov)
+        for r in range(world):
+            for got, want in zip(res[r][k]["final"], ref[r]):
+                assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), (STREAMED[k], r)
+
+
+def _streamed_bad(rank, world):
+    import squall
+    from squall.optim import SlowMo
+
+    squall.init()
+    sgd = torch.optim.SGD(_params(), lr=0.1)
+    for kwargs, what in (({"tau": 4, "fragments": 5}, "fragments"),
+                         ({"tau": 4, "fragments": 0}, "fragments"),
+                         ({"tau": 4, "delay": 4}, "delay"),
+                         ({"tau": 4, "delay": -1}, "delay"),
+                         ({"merge": "average"}, "merge")):
+        with pytest.raises(squall.SquallInvalidArgument, match=what):
+            SlowMo(sgd, **kwargs)
+    with pytest.raises(squall.SquallInvalidUsage, match="settings differ"):
+        SlowMo(sgd, tau=4, delay=rank)
+    return True
+
+
+def test_streamed_slowmo_bad_settings():
+    assert _dist.run(_streamed_bad, world=2) == [True, True]
+
+
+def _stops_mid_sync(rank, world):
+    import time
+
+    import squall
+    from squall.optim import SlowMo
+
+    squall.init(timeout=2)
+    ps = _params()
+    opt = SlowMo(torch.optim.SGD(_groups(ps), momentum=0.9), tau=4, fragments=2, delay=2)
+    start = None
+    try:
+        for s in range(1, 9):
+            if rank == 2 and s == 2:
+                time.sleep(6)  # alive, but never joins fragment 0's sync (launched at step 2)
+                return None
+            for i, p in enumerate(ps):
+                p.grad = _grad(rank, s - 1, p, i)
+            if s == 4:  # the sync launched at step 2 lands now
+                start = time.monotonic()
+            opt.step()
+    except squall.SquallError as e:
+        after = [p.detach().clone() for p in ps]
+        return {"error": f"{type(e).__name__}: {e}", "step": s,
+                "seconds": time.monotonic() - start}
+    return {"error": None}
+
+
+def test_a_rank_missing_a_streamed_sync_fails_every_rank_within_the_timeout():
+    results = _dist.run(_stops_mid_sync, world=3, timeout=60)
+    for r in results[:2]:
+        assert r["error"] is not None, r
+        # the rank that timed out names rank 2; the others hear it from that rank
+        assert r["error"].startswith(("SquallTimeout", "SquallRemoteError")), r
+        assert "rank(s) 2" in r["error"], r
+        assert r["step"] == 4, r  # where the sync lands, not later
+        assert r["seconds"] < 2 + 4, r
