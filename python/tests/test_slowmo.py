@@ -358,3 +358,38 @@ def test_a_rank_missing_a_streamed_sync_fails_every_rank_within_the_timeout():
         assert "rank(s) 2" in r["error"], r
         assert r["step"] == 4, r  # where the sync lands, not later
         assert r["seconds"] < 2 + 4, r
+
+
+def _diverges(rank, world, mode):
+    import warnings
+
+    import squall
+    from squall.optim import SlowMo
+
+    squall.init()
+    ps = _params()
+    opt = SlowMo(torch.optim.SGD(_groups(ps), momentum=0.9), tau=2, mode=mode)
+    start = [p.detach().clone() for p in ps]  # x_prev: rank 0's, broadcast
+    for s in range(1, 3):
+        for i, p in enumerate(ps):
+            p.grad = _grad(rank, s - 1, p, i)
+        if rank == 1 and s == 2:
+            ps[0].grad[0, 0] = float("nan")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.step()
+    return {"params": [p.detach().clone() for p in ps], "start": start,
+            "skipped": opt.skipped_syncs, "warned": [str(w.message) for w in caught]}
+
+
+@pytest.mark.parametrize("mode", ["full", "compressed"])
+def test_a_non_finite_average_is_skipped_on_every_rank(mode):
+    """Rank 1 diverges: every rank gets the same non-finite average, applies
+    none of it, and goes back to the last synchronised values (group 0; group
+    1's average is finite and applied)."""
+    r0, r1 = _dist.run(_diverges, world=2, args=(mode,))
+    for r in (r0, r1):
+        assert r["skipped"] == 1 and any("not finite" in w for w in r["warned"]), r
+        assert torch.equal(r["params"][0], r0["start"][0])
+        assert not torch.equal(r["params"][1], r0["start"][1])
+    assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
