@@ -69,7 +69,28 @@ SLOWMO_CODECS = {
     "slowmo_adam_int4": "int4",
     "slowmo_adam_int8": "int8",
 }
+# SlowMo over local AdamW as SlowMo(base, tau=TAU, **kwargs) ("fragments"/"delay"/"merge" given
+# as None come from --fragments/--delay/--merge): the defaults, DiLoCo's outer step, streaming
+SLOWMO_FORMS = {
+    "slowmo_default": ({}, "SlowMo(AdamW, tau) with the library's defaults (int4 syncs)"),
+    "diloco": ({"nesterov": True, "alpha": 0.7, "beta": 0.9},
+               "SlowMo with DiLoCo's outer step (Nesterov, alpha 0.7, beta 0.9), int4 syncs"),
+    "diloco_full": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "mode": "full"},
+                    "SlowMo with DiLoCo's outer step, full-precision syncs"),
+    "streamed": ({"fragments": None, "delay": None, "merge": "replace"},
+                 "streamed SlowMo (defaults; merge replace)"),
+    "streamed_carry": ({"fragments": None, "delay": None, "merge": "carry"},
+                       "streamed SlowMo (defaults; merge carry)"),
+    "diloco_streamed": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "fragments": None,
+                         "delay": None, "merge": "replace"},
+                        "streamed SlowMo with DiLoCo's outer step (merge replace)"),
+    "diloco_streamed_carry": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "fragments": None,
+                               "delay": None, "merge": "carry"},
+                              "streamed SlowMo with DiLoCo's outer step (merge carry)"),
+}
 METHODS += list(APM_VARIANTS)
+METHODS += list(SLOWMO_FORMS)
+LABELS.update({k: v[1] for k, v in SLOWMO_FORMS.items()})
 LABELS.update({k: v[1] for k, v in APM_VARIANTS.items()})
 for _m, _code in SLOWMO_CODECS.items():
     if _m not in METHODS:
@@ -396,6 +417,9 @@ def train_one(task, method, seed, steps, rank, world, args):
     import squall
     import squall.optim
 
+    method, _, at = method.partition("@")  # a SlowMo method at its own period: name@TAU
+    tau = int(at) if at else args.tau
+
     torch.manual_seed(seed)  # identical init on every rank
     model = task.model()
     params = [p for p in model.parameters()]
@@ -429,13 +453,20 @@ def train_one(task, method, seed, steps, rank, world, args):
         base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
         beta = 0.0 if method == "periodic_adam" else args.slowmo_beta
         code = SLOWMO_CODECS.get(method)
-        opt = squall.optim.SlowMo(base, tau=args.tau, alpha=1.0, beta=beta,
+        opt = squall.optim.SlowMo(base, tau=tau, alpha=1.0, beta=beta,
                                   mode="full" if code is None else "compressed",
                                   codec=code or "onebit")
+    elif method in SLOWMO_FORMS:
+        kw = dict(SLOWMO_FORMS[method][0])
+        for k in ("fragments", "delay"):
+            if k in kw and kw[k] is None:
+                kw[k] = getattr(args, k)
+        base = torch.optim.AdamW(params, lr=lr, eps=args.eps, weight_decay=0.0)
+        opt = squall.optim.SlowMo(base, tau=tau, **kw)
     elif sgd:
-        opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9), tau=args.tau,
+        opt = squall.optim.SlowMo(torch.optim.SGD(params, lr=lr, momentum=0.9), tau=tau,
                                   alpha=1.0, beta=0.0 if method == "local_sgd" else
-                                  args.slowmo_sgd_beta)
+                                  args.slowmo_sgd_beta, mode="full")
     else:
         raise ValueError(method)
     comm = squall.get_default()
@@ -443,7 +474,9 @@ def train_one(task, method, seed, steps, rank, world, args):
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 10)
 
     losses, bytes_cum, evals, vchange = [], [], [], []
-    sent = 0.0  # counted by the library where it hands messages to the transport
+    # counted by the library where it hands messages to the transport, from the start of the
+    # loop on (streamed SlowMo's syncs move bytes between its steps)
+    start = comm.stats["bytes_sent"]
     v_snap = None
     t0 = time.time()
     for step in range(steps):
@@ -451,7 +484,6 @@ def train_one(task, method, seed, steps, rank, world, args):
         opt.zero_grad(set_to_none=True)
         loss = task.loss(model, batch)
         loss.backward()
-        before = comm.stats["bytes_sent"]
         if method == "adam":
             g = flat_grad(params)
             squall.allreduce(g)  # full precision average
@@ -461,7 +493,7 @@ def train_one(task, method, seed, steps, rank, world, args):
             squall.allreduce(g, compressor=comp)
             unflat_grad(params, g)
         opt.step()
-        sent += comm.stats["bytes_sent"] - before
+        sent = comm.stats["bytes_sent"] - start
         sched.step()
         if method == "adam" and (step + 1) % args.vchange_window == 0:
             # the adaptive warmup's signal, on full-precision Adam's own v (for
@@ -937,6 +969,8 @@ def parser():
     ap.add_argument("--apm-max-update", type=float, default=None,
                     help="APMSqueeze's clip (default: the bound of Adam for the betas)")
     ap.add_argument("--tau", type=int, default=12)
+    ap.add_argument("--fragments", type=int, default=4, help="streamed SlowMo's fragments")
+    ap.add_argument("--delay", type=int, default=2, help="streamed SlowMo's delay (steps)")
     ap.add_argument("--eval-every", type=int, default=48)
     ap.add_argument("--quick", action="store_true", help="1 seed, 48 steps: smoke test")
     ap.add_argument("--resume", action="store_true",
@@ -951,8 +985,18 @@ def parser():
     return ap
 
 
+def register_periods(methods):
+    """Methods named name@TAU (a SlowMo method at period TAU) join the tables."""
+    for m in methods.split(","):
+        name, _, at = m.partition("@")
+        if at and m not in METHODS:
+            METHODS.append(m)
+            LABELS[m] = f"{LABELS[name]}, tau={int(at)}"
+
+
 def main():
     args = parser().parse_args()
+    register_periods(args.methods)
     if args.quick:
         args.seeds, args.steps = 1, "48"
         args.eval_every = 24

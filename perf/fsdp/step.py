@@ -25,9 +25,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import linkrun  # noqa: E402
 
 VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params", "squall_int4_params",
             "compute"]
@@ -158,28 +160,9 @@ def summary(args, runs):
 
 
 def measure(args):
-    here = os.path.dirname(os.path.abspath(__file__))
-    links = os.path.join(here, "..", "links.sh")
-    os.makedirs(args.out, exist_ok=True)
-    runs = []
-    for rep in range(args.repeats):
-        k = rep % len(args.variants)
-        order = args.variants[k:] + args.variants[:k]
-        for rate in (args.rates if rep % 2 == 0 else args.rates[::-1]):
-            path = os.path.join(args.out, f"{rate}_{rep}.json")
-            cmd = [links, "--rate", rate, "--ranks", str(args.ranks), "--", args.python,
-                   os.path.abspath(__file__), "--worker-out", path, "--variants", *order,
-                   "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--batch", str(args.batch), "--threads", str(args.threads)]
-            t0 = time.monotonic()
-            rc = subprocess.run(cmd).returncode
-            if rc == 77:
-                raise SystemExit("perf/links.sh cannot shape links here (needs root)")
-            print(f"repeat {rep} {rate}: rc {rc}, {time.monotonic() - t0:.0f} s", flush=True)
-            if rc == 0:
-                with open(path) as f:
-                    runs.append((rate, rep, json.load(f)))
-    return runs
+    return linkrun.measure(args, __file__, lambda order: [
+        "--variants", *order, "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--batch", str(args.batch), "--threads", str(args.threads)])
 
 
 def main():
@@ -202,15 +185,7 @@ def main():
         return _worker(args)
     if not args.out:
         ap.error("--out is required")
-    if args.from_dir:
-        runs = []
-        for name in sorted(os.listdir(args.out)):
-            if name.endswith(".json"):
-                rate, rep = name[:-5].rsplit("_", 1)
-                with open(os.path.join(args.out, name)) as f:
-                    runs.append((rate, int(rep), json.load(f)))
-    else:
-        runs = measure(args)
+    runs = linkrun.load(args.out) if args.from_dir else measure(args)
     summary(args, runs)
 
 

@@ -1,0 +1,51 @@
+"""Launches a perf script's worker on shaped links (perf/links.sh), once per
+link rate and repeat, and collects what each launch's rank 0 wrote.
+
+    runs = linkrun.measure(args, script, lambda order: [...worker args...])
+    runs = linkrun.load(out_dir)            # the same list, from earlier launches
+
+Each run is (rate, repeat, result): result is the JSON rank 0 wrote to the
+path it was given as `--worker-out`. Variants run in an order rotated from
+repeat to repeat, and the rates alternate, so drift in the machine's speed
+spreads over all cells.
+"""
+
+import json
+import os
+import subprocess
+import time
+
+LINKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "links.sh")
+
+
+def measure(args, script, worker_args):
+    """args: .out, .repeats, .rates, .ranks, .python, .variants; worker_args(order)
+    gives the worker's arguments for the variants in that order."""
+    os.makedirs(args.out, exist_ok=True)
+    runs = []
+    for rep in range(args.repeats):
+        k = rep % len(args.variants)
+        order = args.variants[k:] + args.variants[:k]
+        for rate in (args.rates if rep % 2 == 0 else args.rates[::-1]):
+            path = os.path.join(args.out, f"{rate}_{rep}.json")
+            cmd = [LINKS, "--rate", rate, "--ranks", str(args.ranks), "--", args.python,
+                   os.path.abspath(script), "--worker-out", path, *worker_args(order)]
+            t0 = time.monotonic()
+            rc = subprocess.run(cmd).returncode
+            if rc == 77:
+                raise SystemExit("perf/links.sh cannot shape links here (needs root)")
+            print(f"repeat {rep} {rate}: rc {rc}, {time.monotonic() - t0:.0f} s", flush=True)
+            if rc == 0:
+                with open(path) as f:
+                    runs.append((rate, rep, json.load(f)))
+    return runs
+
+
+def load(out):
+    runs = []
+    for name in sorted(os.listdir(out)):
+        if name.endswith(".json"):
+            rate, rep = name[:-5].rsplit("_", 1)
+            with open(os.path.join(out, name)) as f:
+                runs.append((rate, int(rep), json.load(f)))
+    return runs
