@@ -302,6 +302,27 @@ SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);
 SQUALL_API squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
                                                    squallCompressorStats_t* stats);
 
+/* How a compressor's allreduce chooses between its two algorithms, the
+ * two-phase one (a compressed reduce-scatter, then an all-gather of the
+ * reduced chunks: 2 (n-1)/n encodings sent per rank) and the all-gather one
+ * (one round: n-1 encodings). squallCompressorAlgoTime, the default: the
+ * communicator's alpha-beta time model, or SQUALL_COMPRESSED_ALGO where that
+ * names an algorithm. squallCompressorAlgoBytes: the one that sends fewer
+ * bytes (two-phase from 3 ranks on), for traffic that is rare or overlapped
+ * with compute, where the extra round costs nothing. TwoPhase and AllGather
+ * fix the algorithm (over the variable). Set it alike on every rank, before
+ * a call or between calls. A reduce-scatter compressor has one algorithm
+ * and takes Time and Bytes only; one of a communicator from NCCL runs
+ * two-phase and refuses AllGather (squallInvalidUsage). */
+typedef enum {
+  squallCompressorAlgoBytes = 0,
+  squallCompressorAlgoTwoPhase = 1,
+  squallCompressorAlgoAllGather = 2,
+  squallCompressorAlgoTime = 3,
+} squallCompressorAlgo_t;
+SQUALL_API squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
+                                                       squallCompressorAlgo_t algorithm);
+
 /* Checkpoints: the compressor's residuals on this rank (the error it still
  * owes), as a self-describing byte string, so a resumed job sends what the
  * stopped one would have. Call when no call on the compressor is in flight;

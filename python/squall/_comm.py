@@ -376,9 +376,16 @@ class Compressor:
     A compressor runs the collective of its kind only. For the reduce-scatter
     `numel` is the whole input's (a multiple of the group size; each rank's
     output holds numel / size), and host communicators only for now.
+
+    algorithm: how the allreduce picks between its two-phase and all-gather
+    forms: "time" (default: the communicator's time model, or
+    SQUALL_COMPRESSED_ALGO), "bytes" (whichever sends fewer bytes: two-phase
+    from 3 ranks on; for rare or overlapped traffic), "twophase" or
+    "allgather". The same on every rank.
     """
 
-    def __init__(self, comm=None, numel=None, codec="onebit", kind="allreduce"):
+    def __init__(self, comm=None, numel=None, codec="onebit", kind="allreduce",
+                 algorithm="time"):
         comm = comm if comm is not None else get_default()
         if numel is None or int(numel) < 0:
             raise SquallInvalidArgument("squall: Compressor needs numel >= 0")
@@ -412,6 +419,27 @@ class Compressor:
         self._h = h
         self.traffic = Traffic()
         comm._children.add(self)
+        self.algorithm = algorithm
+        if algorithm != "time":
+            self._set_algorithm(algorithm)
+
+    def _set_algorithm(self, algorithm):
+        if algorithm not in _lib.COMPRESSOR_ALGOS:
+            self.close()
+            raise SquallInvalidArgument(
+                f"squall: Compressor algorithm is one of {', '.join(_lib.COMPRESSOR_ALGOS)}, "
+                f"not {algorithm!r}")
+        if not _lib.HAVE_COMPRESSOR_ALGO:
+            self.close()
+            raise _lib.SquallUnsupported(
+                f"squall: the loaded libsquall ({_lib.path}) cannot choose a compressor's "
+                f"algorithm; build a newer Squall or leave algorithm='time'")
+        try:
+            check(lib.squallCompressorSetAlgorithm(self._h, _lib.COMPRESSOR_ALGOS[algorithm]),
+                  "squallCompressorSetAlgorithm")
+        except Exception:
+            self.close()
+            raise
 
     @property
     def handle(self):

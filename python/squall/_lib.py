@@ -324,6 +324,13 @@ if HAVE_COMPRESSOR_STATE:
         _f = getattr(lib, _name)
         _f.restype, _f.argtypes = _res, _args
 
+# A compressor's algorithm choice (squall.h).
+COMPRESSOR_ALGOS = {"bytes": 0, "twophase": 1, "allgather": 2, "time": 3}
+HAVE_COMPRESSOR_ALGO = hasattr(lib, "squallCompressorSetAlgorithm")
+if HAVE_COMPRESSOR_ALGO:
+    lib.squallCompressorSetAlgorithm.restype = c_result
+    lib.squallCompressorSetAlgorithm.argtypes = [P, c_enum]
+
 HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
 if HAVE_OPTIM:
     for _name, (_res, _args) in _OPTIM.items():

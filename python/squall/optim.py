@@ -750,7 +750,11 @@ class SlowMo(torch.optim.Optimizer):
             with torch.no_grad():
                 _unflatten_from(piece.x_prev, piece.params)
         if self.mode == "compressed":
-            piece.compressor = Compressor(self.comm, piece.numel, self.codec)
+            # Syncs are rare (and, streamed, overlapped): the algorithm that
+            # sends fewer bytes, two-phase from 3 ranks on, not the time model's
+            piece.compressor = Compressor(
+                self.comm, piece.numel, self.codec,
+                algorithm="bytes" if _lib.HAVE_COMPRESSOR_ALGO else "time")
         self._pieces.append(piece)
 
     def add_param_group(self, param_group):

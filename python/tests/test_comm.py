@@ -197,3 +197,30 @@ def _from_env(rank, world, port):
 
 def test_communicator_from_env():
     assert _dist.run(_from_env, world=2, args=(_dist.free_port(),)) == [(3.0, True)] * 2
+
+
+def _algorithms(rank, world):
+    import squall
+
+    squall.init()
+    out = {}
+    for algo in ("bytes", "twophase", "allgather", "time"):
+        c = squall.Compressor(numel=64000, codec="int4:block=256", algorithm=algo)
+        x = torch.cos(torch.arange(64000, dtype=torch.float32) * 0.11 + rank)
+        c.allreduce(x)
+        out[algo] = (x, c.stats["bytes_sent"])
+        c.close()
+    with pytest.raises(squall.SquallInvalidArgument, match="algorithm"):
+        squall.Compressor(numel=8, algorithm="fastest")
+    with pytest.raises(squall.SquallInvalidUsage, match="reduce-scatter"):
+        squall.Compressor(numel=64, kind="reduce_scatter", algorithm="allgather")
+    return out
+
+
+def test_compressor_algorithm_choice():
+    """4 ranks: 'bytes' is the two-phase allreduce, about half of all-gather's bytes."""
+    res = _dist.run(_algorithms, world=4)
+    for algo in ("bytes", "twophase", "allgather", "time"):
+        assert all(torch.equal(r[algo][0], res[0][algo][0]) for r in res)
+    sent = {a: v[1] for a, v in res[0].items()}
+    assert sent["bytes"] == sent["twophase"] < 0.6 * sent["allgather"], sent

@@ -456,6 +456,27 @@ squallResult_t squallCompressorReset(squallCompressor_t compressor) {
   });
 }
 
+squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
+                                            squallCompressorAlgo_t algorithm) {
+  return SQUALL_API_GUARD({
+    core::Compressor* c = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &c));
+    coll::CompressedAlgo algo = coll::CompressedAlgo::kAuto;
+    switch (algorithm) {
+      case squallCompressorAlgoBytes: algo = coll::CompressedAlgo::kAutoBytes; break;
+      case squallCompressorAlgoTwoPhase: algo = coll::CompressedAlgo::kTwoPhase; break;
+      case squallCompressorAlgoAllGather: algo = coll::CompressedAlgo::kAllGather; break;
+      case squallCompressorAlgoTime: algo = coll::CompressedAlgo::kAuto; break;
+      default:
+        return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                           "algorithm is %d; use squallCompressorAlgoTime, Bytes, TwoPhase or "
+                           "AllGather",
+                           static_cast<int>(algorithm));
+    }
+    return c->setAlgorithm(algo);
+  });
+}
+
 squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
                                         squallCompressorStats_t* stats) {
   return SQUALL_API_GUARD({

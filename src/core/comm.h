@@ -105,6 +105,9 @@ class Compressor {
   virtual Status reset() = 0;
   // A device compressor waits for its last stream.
   virtual Status stats(CompressorStats* out) = 0;
+  // How the allreduce picks its algorithm (squallCompressorSetAlgorithm):
+  // kAuto (the time model), kAutoBytes, or a fixed one.
+  virtual Status setAlgorithm(coll::CompressedAlgo algo) = 0;
 
   // Handing error feedback from one compressor to another, for a caller that
   // cuts the same elements into buffers differently from call to call (the

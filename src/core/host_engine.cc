@@ -27,6 +27,15 @@ class HostCompressor final : public Compressor {
     state_->reset();
     return Status::kOk;
   }
+  Status setAlgorithm(coll::CompressedAlgo algo) override {
+    SQUALL_REQUIRE(!state_->reduceScatter() || algo == coll::CompressedAlgo::kAuto ||
+                       algo == coll::CompressedAlgo::kAutoBytes,
+                   Status::kInvalidUsage, Subsys::kApi,
+                   "a reduce-scatter compressor has one algorithm; it takes "
+                   "squallCompressorAlgoTime or squallCompressorAlgoBytes only");
+    state_->setAlgorithm(algo);
+    return Status::kOk;
+  }
   Status stats(CompressorStats* out) override {
     out->calls = calls_;
     out->skippedCalls = keepsFeedback() ? state_->worker().skipped() : 0;

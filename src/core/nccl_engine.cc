@@ -35,6 +35,12 @@ class DeviceCompressor final : public Compressor {
     SQUALL_CUDA_TRY(cudaStreamSynchronize(lastStream_));
     return Status::kOk;
   }
+  Status setAlgorithm(coll::CompressedAlgo algo) override {
+    SQUALL_REQUIRE(algo != coll::CompressedAlgo::kAllGather, Status::kInvalidUsage, Subsys::kApi,
+                   "a compressor of a communicator from NCCL runs the two-phase allreduce only; "
+                   "squallCompressorAlgoAllGather is for host communicators");
+    return Status::kOk;
+  }
   Status stats(CompressorStats* out) override {
     CompressorStats s;
     s.calls = calls_;

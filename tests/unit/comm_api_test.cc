@@ -213,6 +213,52 @@ TEST_P(CommApi, CompressedReduceScatterGivesEachRankItsShard) {
   EXPECT_EQ(stats[0].bytesSent, stats[0].bytesReceived);
 }
 
+// squallCompressorSetAlgorithm: at 4 ranks the bytes choice is the two-phase
+// allreduce (2 (n-1)/n encodings per rank) and sends what TwoPhase sends, well
+// under AllGather's n-1 encodings; every choice leaves the ranks identical.
+// A reduce-scatter compressor takes Time and Bytes only; unknown values are
+// refused.
+TEST_P(CommApi, CompressorAlgorithmChoiceSetsTheBytes) {
+  const int n = 4;
+  const size_t count = 64000;
+  const squallCompressorAlgo_t algos[] = {squallCompressorAlgoBytes, squallCompressorAlgoTwoPhase,
+                                          squallCompressorAlgoAllGather, squallCompressorAlgoTime};
+  std::vector<std::vector<uint64_t>> sent(n, std::vector<uint64_t>(4));
+  std::vector<std::vector<float>> out(n);
+  runRanks(n, [&](squallComm_t comm, int rank) {
+    squallCodecSpec_t spec;
+    ASSERT_EQ(squallCodecSpecParse("int4:block=256", &spec), squallSuccess);
+    std::vector<float> x(count), y(count);
+    for (size_t i = 0; i < count; ++i)
+      x[i] = std::cos(0.11f * static_cast<float>(i) + static_cast<float>(rank));
+    for (size_t k = 0; k < 4; ++k) {
+      squallCompressor_t c = nullptr;
+      EXPECT_OK(squallCompressorCreate(comm, count, &spec, &c));
+      EXPECT_OK(squallCompressorSetAlgorithm(c, algos[k]));
+      EXPECT_OK(squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg, c, comm));
+      squallCompressorStats_t st;
+      EXPECT_OK(squallCompressorGetStats(c, &st));
+      sent[static_cast<size_t>(rank)][k] = st.bytesSent;
+      out[static_cast<size_t>(rank)].insert(out[static_cast<size_t>(rank)].end(), y.begin(),
+                                            y.end());
+      EXPECT_EQ(squallCompressorSetAlgorithm(c, static_cast<squallCompressorAlgo_t>(9)),
+                squallInvalidArgument);
+      EXPECT_OK(squallCompressorDestroy(c));
+    }
+    squallCompressor_t rs = nullptr;
+    EXPECT_OK(squallCompressorCreateReduceScatter(comm, count / n, &spec, &rs));
+    EXPECT_OK(squallCompressorSetAlgorithm(rs, squallCompressorAlgoBytes));
+    EXPECT_EQ(squallCompressorSetAlgorithm(rs, squallCompressorAlgoTwoPhase), squallInvalidUsage);
+    EXPECT_OK(squallCompressorDestroy(rs));
+  });
+  for (int r = 1; r < n; ++r) EXPECT_EQ(out[static_cast<size_t>(r)], out[0]);
+  const std::vector<uint64_t>& s = sent[0];
+  EXPECT_EQ(s[0], s[1]);  // bytes: two-phase
+  // one int4 encoding of the buffer is about count / 2 bytes
+  EXPECT_NEAR(static_cast<double>(s[1]), 2.0 * (n - 1) / n * count / 2, 0.05 * count);
+  EXPECT_NEAR(static_cast<double>(s[2]), (n - 1) * count / 2.0, 0.05 * count);
+}
+
 // A compressor's state resumes bit for bit: after three calls, rank r's
 // saved residuals loaded into a fresh compressor give the fourth call's
 // output exactly as the compressor that went on (and a fresh one without
