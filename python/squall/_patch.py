@@ -349,6 +349,7 @@ def install():
 
     if config.get("slowmo"):
         tau = int(config["slowmo"])
+        fragments, delay = config.get("slowmo_stream") or (1, 0)
         for name in ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad"):
             base_type = getattr(torch.optim, name, None)
             if base_type is None:
@@ -361,7 +362,8 @@ def install():
                     _leave_uncompressed(f"torch.optim.{_base.__name__} (--slowmo)", sharded)
                     return base
                 _slowmo_count[0] += 1
-                return squall.optim.SlowMo(base, tau=tau, comm=_comm())
+                return squall.optim.SlowMo(base, tau=tau, fragments=fragments, delay=delay,
+                                           comm=_comm())
 
             wrapped.__name__ = wrapped.__qualname__ = name
             setattr(torch.optim, name, wrapped)

@@ -48,6 +48,9 @@ def _parser():
                    help="register squall.ddp.onebit_hook on every DistributedDataParallel")
     p.add_argument("--slowmo", type=int, metavar="TAU",
                    help="wrap every optimizer in squall.optim.SlowMo(tau=TAU)")
+    p.add_argument("--slowmo-stream", metavar="FRAGMENTS:DELAY",
+                   help="with --slowmo, stream the syncs: FRAGMENTS fragments on a staggered "
+                        "schedule, each overlapped with the next DELAY steps (e.g. 5:4)")
     p.add_argument("--warmup", type=int, default=100, metavar="STEPS",
                    help="full-precision warmup steps of APMSqueeze and the 1-bit hook "
                         "(default 100)")
@@ -84,6 +87,20 @@ def plan(args):
                          "--slowmo the optimizer communicates instead: choose one")
     if args.slowmo is not None and args.slowmo < 1:
         raise SystemExit(f"squallrun: --slowmo TAU must be >= 1, not {args.slowmo}")
+    stream = None
+    if args.slowmo_stream is not None:
+        if not args.slowmo:
+            raise SystemExit("squallrun: --slowmo-stream streams SlowMo's syncs: give --slowmo "
+                             "TAU too")
+        try:
+            fragments, delay = (int(v) for v in args.slowmo_stream.split(":"))
+        except ValueError:
+            raise SystemExit(f"squallrun: --slowmo-stream is FRAGMENTS:DELAY (e.g. 5:4), not "
+                             f"{args.slowmo_stream!r}") from None
+        if not 1 <= fragments <= args.slowmo or not 0 <= delay < args.slowmo:
+            raise SystemExit(f"squallrun: --slowmo-stream {args.slowmo_stream}: FRAGMENTS must "
+                             f"be 1 to TAU ({args.slowmo}) and DELAY 0 to TAU - 1")
+        stream = (fragments, delay)
     if args.warmup < 1 and args.hook:
         raise SystemExit("squallrun: --warmup must be >= 1 with --hook onebit (DDP rebuilds "
                          "its buckets after the first iteration)")
@@ -98,6 +115,7 @@ def plan(args):
     codec = args.codec or "onebit"
     fsdp_codec = args.codec or FSDP_CODEC
     config = {"optimizer": args.optimizer, "hook": args.hook, "slowmo": args.slowmo,
+              "slowmo_stream": stream,
               "warmup": args.warmup, "codec": codec, "fsdp_codec": fsdp_codec,
               "fsdp_params": args.fsdp_params}
     said = []
@@ -110,8 +128,9 @@ def plan(args):
         said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({codec}, warmup "
                     f"{args.warmup} steps) with squall.ddp.apmsqueeze_hook on DDP models")
     if args.slowmo:
-        said.append(f"every optimizer -> squall.optim.SlowMo(tau={args.slowmo}); DDP keeps "
-                    "gradients local")
+        streamed = (f", fragments={stream[0]}, delay={stream[1]}" if stream else "")
+        said.append(f"every optimizer -> squall.optim.SlowMo(tau={args.slowmo}{streamed}); DDP "
+                    "keeps gradients local")
     if args.preload:
         said.append("LD_PRELOAD=libsquall-preload-nccl.so")
     if not said:

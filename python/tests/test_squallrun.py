@@ -119,3 +119,18 @@ def test_squallrun_patches_ranks_a_script_spawns(options, kind):
         assert sorted(os.listdir(tmp)).count("squallrun-rank0.json") == 1  # not the parent's
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_squallrun_slowmo_stream_option():
+    from squall import run
+
+    ok = run._parser().parse_args(["--slowmo", "50", "--slowmo-stream", "5:4", "--", "true"])
+    config, said = run.plan(ok)
+    assert config["slowmo_stream"] == (5, 4)
+    assert "SlowMo(tau=50, fragments=5, delay=4)" in said
+    for options, why in ((["--slowmo-stream", "5:4"], "give --slowmo"),
+                         (["--slowmo", "4", "--slowmo-stream", "5:1"], "FRAGMENTS must"),
+                         (["--slowmo", "4", "--slowmo-stream", "2:4"], "FRAGMENTS must"),
+                         (["--slowmo", "4", "--slowmo-stream", "2"], "FRAGMENTS:DELAY")):
+        with pytest.raises(SystemExit, match=why):
+            run.plan(run._parser().parse_args(options + ["--", "true"]))
