@@ -12,7 +12,7 @@ namespace squall {
 namespace {
 
 constexpr ParamInfo kParams[] = {
-#define SQUALL_PARAM(id, name, type, def, doc) {Param::k##id, name, ParamType::type, def, doc},
+#define SQUALL_PARAM(id, name, type, def, doc) {name, def, doc, Param::k##id, ParamType::type},
 #include "src/common/params.def"
 #undef SQUALL_PARAM
 };

@@ -18,12 +18,13 @@ enum class Param : int {
 #undef SQUALL_PARAM
 };
 
+// The pointers first, then the two enums: no padding.
 struct ParamInfo {
-  Param id;
   const char* name;
-  ParamType type;
   const char* defaultValue;
   const char* doc;
+  Param id;
+  ParamType type;
 };
 
 std::span<const ParamInfo> allParams();

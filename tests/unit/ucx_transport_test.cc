@@ -42,6 +42,7 @@ std::unique_ptr<Transport> makeUcx(bootstrap::Bootstrap& bootstrap) {
 void runThreads(int size, const std::function<void(Transport&, bootstrap::Bootstrap&)>& body) {
   ThreadBootstrapGroup group(size);
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       ThreadBootstrap bootstrap(&group, r);
@@ -71,8 +72,9 @@ TEST(UcxTransport, ManyConcurrentRequestsReceivedInReverseOrder) {
   constexpr int kMessages = 300;
   runThreads(3, [](Transport& t, bootstrap::Bootstrap&) {
     const int n = t.size(), me = t.rank();
-    std::vector<uint64_t> out(n * kMessages), in(n * kMessages, 0);
-    std::vector<RequestPtr> requests(2 * n * kMessages);
+    const size_t count = static_cast<size_t>(n) * kMessages;
+    std::vector<uint64_t> out(count), in(count, 0);
+    std::vector<RequestPtr> requests(2 * count);
     for (int p = 0; p < n; ++p)
       for (int m = kMessages - 1; m >= 0; --m)
         ASSERT_EQ(t.recv(p, rawTag(7, m), &in[p * kMessages + m], sizeof(uint64_t),

@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
   float z[kPerThread];
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
-    const size_t i = base + 32 * j + lane;
+    const size_t i = base + 32 * static_cast<size_t>(j) + lane;
     z[j] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
   }
   uint8_t* payload = a.out + kHeaderBytes;
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads)
   float myScale = 0.0f;  // lane c keeps the scale of block c of the segment
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
-    if (base + 32 * j + lane < a.count)
+    if (base + 32 * static_cast<size_t>(j) + lane < a.count)
       acc = __fadd_rn(acc, kRms ? __fmul_rn(z[j], z[j]) : absf(z[j]));
     if (((j + 1) & (per - 1)) == 0) {  // the end of block c: warp-uniform
       const unsigned c = static_cast<unsigned>(j) >> perShift;
@@ -276,16 +276,17 @@ __global__ void __launch_bounds__(kThreads)
   uint64_t mine = 0;
 #pragma unroll
   for (int k = 0; k < kPerThread / 2; ++k) {
-    const float s = __shfl_sync(kFull, myScale, static_cast<unsigned>(2 * k) >> perShift);
-    const size_t i0 = base + 64 * k + lane;
+    const int e0 = 2 * k;  // z[e0] and z[e0 + 1] hold elements i0 and i1
+    const float s = __shfl_sync(kFull, myScale, static_cast<unsigned>(e0) >> perShift);
+    const size_t i0 = base + 64 * static_cast<size_t>(k) + lane;
     const size_t i1 = i0 + 32;
     const bool v0 = i0 < a.count;
     const bool v1 = i1 < a.count;
-    const bool b0 = v0 && z[2 * k] >= 0.0f;
-    const bool b1 = v1 && z[2 * k + 1] >= 0.0f;
+    const bool b0 = v0 && z[e0] >= 0.0f;
+    const bool b1 = v1 && z[e0 + 1] >= 0.0f;
     if constexpr (kRes) {
-      if (v0) resOut[i0] = __fsub_rn(z[2 * k], b0 ? s : -s);
-      if (v1) resOut[i1] = __fsub_rn(z[2 * k + 1], b1 ? s : -s);
+      if (v0) resOut[i0] = __fsub_rn(z[e0], b0 ? s : -s);
+      if (v1) resOut[i1] = __fsub_rn(z[e0 + 1], b1 ? s : -s);
     }
     const unsigned lo = __ballot_sync(kFull, b0);
     const unsigned hi = __ballot_sync(kFull, b1);
@@ -432,7 +433,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kUnits; ++j) {
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
-      const size_t i = (ub + 32 * j + lane) * kPer + k;
+      const size_t i = (ub + 32 * static_cast<size_t>(j) + lane) * kPer + k;
       z[kPer * j + k] = i < a.count ? loadZ<D, kRes>(a.input, resIn, i) : 0.0f;
     }
   }
@@ -477,7 +478,7 @@ __global__ void __launch_bounds__(kThreads)
       const unsigned c = ((static_cast<unsigned>(j) >> stepShift) << bpsShift) + (lane >> lpbShift);
       s = __shfl_sync(kFull, myScale, c);
     }
-    const size_t u = ub + 32 * j + lane;
+    const size_t u = ub + 32 * static_cast<size_t>(j) + lane;
     if (u * kPer < a.count) {
       const bool quantise = isFinite(s) && s != 0.0f;  // a NaN scale marks a non-finite block
       unsigned byte = 0;
@@ -791,7 +792,7 @@ void launchEncodeTyped(const Spec& spec, const EncodeArgs& a, cudaStream_t strea
   const unsigned warpGrid = gridFor(a.blocks, kWarpsPerCta, kMaxWarpGrid);
   const unsigned segmentGrid =
       gridFor((a.count + kSegment - 1) / kSegment, kWarpsPerCta, kMaxWarpGrid);
-  const unsigned elemGrid = gridFor(a.count, kThreads * kUnroll);
+  const unsigned elemGrid = gridFor(a.count, static_cast<size_t>(kThreads) * kUnroll);
   switch (spec.codec) {
     case CodecId::kNone:
       launchKernel(elementwiseEncodeKernel<D, kRes, Fmt::kF32>, elemGrid, kThreads, stream, a);
@@ -835,7 +836,7 @@ void launchEncodeRes(const Spec& spec, const EncodeArgs& a, bool res, cudaStream
 
 template <bool kAcc>
 void launchDecode(const Spec& spec, const DecodeArgs& a, cudaStream_t stream) {
-  const unsigned grid = gridFor(a.count, kThreads * kUnroll);
+  const unsigned grid = gridFor(a.count, static_cast<size_t>(kThreads) * kUnroll);
   switch (spec.codec) {
     case CodecId::kNone:
       launchKernel(elementwiseDecodeKernel<Fmt::kF32, kAcc>, grid, kThreads, stream, a);

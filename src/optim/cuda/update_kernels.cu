@@ -19,9 +19,9 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kMaxGrid = 4096;
 
-#define SQUALL_GRID_LOOP(i, n)                                                         \
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+#define SQUALL_GRID_LOOP(i, n)                                                           \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; (i) < (n); \
+       (i) += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 __global__ void adamKernel(size_t n, float* x, float* m, float* v, const float* g, float decay,
                            float w, float b2, float omb2, float bc2, float eps, float neg) {
