@@ -18,6 +18,10 @@ algorithm the device runs) it checks:
     buffers staged through the host), has the bits of APMSqueeze on the same
     CPU parameters over TCP, for 30 steps across the warmup switch with an LR
     schedule; a state_dict saved at step 20 on the GPU resumes bit-identically;
+  * streamed SlowMo: SlowMo(SGD, tau=4, fragments=2, delay=1) on CUDA
+    parameters over the TCP communicator, each fragment's sync overlapped
+    with the next step; every merged fragment and the parameters after a
+    final sync() are compared across ranks;
   * the parent checks that the ranks' outputs are bit-identical.
 
 Run from the repository root with the CUDA build of libsquall:
@@ -211,6 +215,37 @@ def check_optimizer(squall, gpu, host, check, rank, out):
     out["params"] = [p.detach().cpu() for p in runs["cuda-nccl"][1]]
 
 
+def check_slowmo_streamed(squall, host, check, rank, out, device="cuda"):
+    """Streamed SlowMo over CUDA parameters and a host communicator: fragment
+    syncs overlapped with the next step, every merge bit-identical across
+    ranks (compared by main), the same steps as over CPU parameters."""
+    from squall.optim import SlowMo
+
+    ps = _params(device)
+    opt = SlowMo(torch.optim.SGD(_groups(ps), lr=0.05, momentum=0.9), tau=4, fragments=2,
+                 delay=1, comm=host)
+    merged = []
+    for s in range(13):
+        _set_grads(ps, rank, s)
+        landing = [t.piece.fragment for t in opt._in_flight if t.land <= opt.steps + 1]
+        opt.step()
+        if landing:
+            merged += [p.detach().cpu().clone() for t in landing for p in _params_of(opt, t)]
+    if device == "cuda":
+        synchronize()
+    check(len(merged) > 0 and opt.stats["bytes_sent"] > 0, "slowmo-streamed-syncs",
+          f"{len(merged)} merged tensors, {opt.stats}")
+    opt.sync()
+    if device == "cuda":
+        synchronize()
+    out["slowmo_streamed_merges"] = merged
+    out["slowmo_streamed_final"] = [p.detach().cpu() for p in ps]
+
+
+def _params_of(opt, fragment):
+    return [p for piece in opt._pieces if piece.fragment == fragment for p in piece.params]
+
+
 def _worker(rank, port, outdir):
     os.environ.update({
         "NCCL_HOSTID": f"squall-python-gpu-{rank}", "NCCL_MNNVL_ENABLE": "0",
@@ -235,6 +270,7 @@ def _worker(rank, port, outdir):
         check_allreduce(squall, gpu, check, rank)
         check_compressed(squall, gpu, host, check, rank, out)
         check_optimizer(squall, gpu, host, check, rank, out)
+        check_slowmo_streamed(squall, host, check, rank, out)
         gpu.close()
         host.close()
         check(gpu.closed, "close")
