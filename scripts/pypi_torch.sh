@@ -8,7 +8,8 @@
 #
 # It runs, in that venv and with no extra environment:
 #   - the NEEDED check on the installed package's copy of libsquall.so;
-#   - the Python suite twice: squall imported before torch, then after;
+#   - the Python suite with squall imported before torch, and its files that
+#     use squall in the pytest process again with torch imported first;
 #   - the README's Python example (2 ranks under torchrun), in both orders;
 #   - the NCCL tables of Squall and of the interposer against the wheel's
 #     real libnccl.so.2 and against the newest NCCL's (2.32.3, downloaded,
@@ -102,10 +103,21 @@ check_nccl_tables "$newest_nccl_lib" "$newest_nccl_version"
 # this build's library, importing squall and torch in the order
 # SQUALL_TEST_IMPORT_FIRST names (python/tests/conftest.py); the README
 # example and squallrun use the installed package.
+# The order holds in the pytest process only: the ranks of the multi-process
+# tests are spawned interpreters that import the test module (torch first)
+# whatever the parent did, so the whole suite runs once (squall first) and
+# the second order reruns the files that use squall in the pytest process.
+in_process=(test_codec.py test_gpu_dispatch.py test_newuser.py test_torch2.py test_package.py)
 for first in squall torch; do
-  echo "-- the Python suite, $first imported first"
+  if [[ $first == squall ]]; then
+    tests=(python/tests)
+    echo "-- the Python suite, $first imported first"
+  else
+    tests=("${in_process[@]/#/python/tests/}")
+    echo "-- the Python suite's in-process files, $first imported first"
+  fi
   env -u SQUALL_LIBRARY SQUALL_TEST_IMPORT_FIRST=$first \
-    timeout 1800 "$py" -m pytest python/tests -q -p no:cacheprovider ||
+    timeout 1800 "$py" -m pytest "${tests[@]}" -q -p no:cacheprovider ||
     { rc=$?; echo "pypi torch: the suite failed with $first first (pytest exit code $rc)" >&2; exit 1; }
   echo "-- the README example (installed package), $first imported first"
   (cd /tmp && env -u SQUALL_LIBRARY timeout 300 "$py" "$OLDPWD/python/tests/readme_example.py" \

@@ -28,7 +28,7 @@ SQUALL_LIBRARY="$PWD/build/src/core/libsquall.so" /usr/bin/python3 -m pytest pyt
 
 section "python, PyPI's torch 2.15.0 with its own NCCL and CUDA wheels"
 # What most users run: a venv without system site packages, squall installed
-# with pip, both import orders (scripts/pypi_torch.sh).
+# with pip, in both import orders where the order applies (scripts/pypi_torch.sh).
 scripts/pypi_torch.sh build
 
 section "format"
