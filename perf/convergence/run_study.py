@@ -73,6 +73,7 @@ SLOWMO_CODECS = {
 # as None come from --fragments/--delay/--merge): the defaults, DiLoCo's outer step, streaming
 SLOWMO_FORMS = {
     "slowmo_default": ({}, "SlowMo(AdamW, tau) with the library's defaults (int4 syncs)"),
+    "slowmo_int2": ({"codec": "int2"}, "SlowMo(AdamW, tau), int2 syncs"),
     "diloco": ({"nesterov": True, "alpha": 0.7, "beta": 0.9},
                "SlowMo with DiLoCo's outer step (Nesterov, alpha 0.7, beta 0.9), int4 syncs"),
     "diloco_full": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "mode": "full"},
