@@ -49,3 +49,33 @@ def load(out):
             with open(os.path.join(out, name)) as f:
                 runs.append((rate, int(rep), json.load(f)))
     return runs
+
+
+def eth0_tx_bytes():
+    """Bytes this rank's namespace has put on its shaped link so far."""
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def teacher_mlp(torch, sizes, batch, rank):
+    """(model, batch_of): a fresh MLP of `sizes` (the same weights every call)
+    and step -> this rank's batch, labelled by a fixed random linear teacher."""
+
+    def model():
+        torch.manual_seed(1)
+        layers = []
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
+
+    torch.manual_seed(7)
+    teacher = torch.nn.Linear(sizes[0], sizes[-1])
+
+    def batch_of(step):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(batch, sizes[0], generator=g)
+        with torch.no_grad():
+            y = teacher(x).argmax(1)
+        return x, y
+
+    return model, batch_of

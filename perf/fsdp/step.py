@@ -41,11 +41,6 @@ LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
 SIZES = [1024, 4096, 2048, 1024, 10]
 
 
-def _net_bytes():
-    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
-        return int(f.read())
-
-
 def _worker(args):
     import datetime
 
@@ -60,22 +55,7 @@ def _worker(args):
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
 
-    def model():
-        torch.manual_seed(1)
-        layers = []
-        for a, b in zip(SIZES, SIZES[1:]):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        return torch.nn.Sequential(*layers[:-1])
-
-    torch.manual_seed(7)
-    teacher = torch.nn.Linear(SIZES[0], SIZES[-1])
-
-    def batch(step):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(args.batch, SIZES[0], generator=g)
-        with torch.no_grad():
-            y = teacher(x).argmax(1)
-        return x, y
+    model, batch = linkrun.teacher_mlp(torch, SIZES, args.batch, rank)
 
     results = {}
     for name in args.variants:
@@ -97,14 +77,14 @@ def _worker(args):
         times, sent, loss = [], [], None
         for step in range(1, args.steps + 1):
             x, y = batch(step)
-            b0 = _net_bytes()
+            b0 = linkrun.eth0_tx_bytes()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x), y)
             loss.backward()
             opt.step()
             times.append(time.perf_counter() - t0)
-            sent.append(_net_bytes() - b0)
+            sent.append(linkrun.eth0_tx_bytes() - b0)
         results[name] = {"times": times, "sent": sent, "loss": float(loss),
                          "stats": compressed.stats if compressed is not None else None}
         if rank == 0:

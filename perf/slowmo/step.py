@@ -42,11 +42,6 @@ def _labels(args):
             "dp": "data-parallel AdamW (gloo fp32 allreduce every step)"}
 
 
-def _net_bytes():
-    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
-        return int(f.read())
-
-
 def _worker(args):
     import datetime
 
@@ -63,22 +58,7 @@ def _worker(args):
     squall.init()
     sizes = args.sizes
 
-    def model():
-        torch.manual_seed(1)
-        layers = []
-        for a, b in zip(sizes, sizes[1:]):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        return torch.nn.Sequential(*layers[:-1])
-
-    torch.manual_seed(7)
-    teacher = torch.nn.Linear(sizes[0], sizes[-1])
-
-    def batch(step):
-        g = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(args.batch, sizes[0], generator=g)
-        with torch.no_grad():
-            y = teacher(x).argmax(1)
-        return x, y
+    model, batch = linkrun.teacher_mlp(torch, sizes, args.batch, rank)
 
     results = {}
     for name in args.variants:
@@ -93,7 +73,7 @@ def _worker(args):
         dist.barrier()
         for step in range(1, steps + 1):
             x, y = batch(step)
-            b0 = _net_bytes()
+            b0 = linkrun.eth0_tx_bytes()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x), y)
@@ -104,7 +84,7 @@ def _worker(args):
                     p.grad.div_(dist.get_world_size())
             opt.step()
             times.append(time.perf_counter() - t0)
-            sent.append(_net_bytes() - b0)
+            sent.append(linkrun.eth0_tx_bytes() - b0)
         skip = 1 if name == "dp" else args.tau
         results[name] = {"step_ms": 1e3 * statistics.mean(times[skip:]),
                          "sent": statistics.mean(sent[skip:]), "loss": float(loss.detach()),
