@@ -37,10 +37,18 @@ if [[ -n ${SQUALL_TIDY_BASE:-} ]] && ! git cat-file -e "$SQUALL_TIDY_BASE^{commi
   SQUALL_TIDY_BASE=
 fi
 if [[ -n ${SQUALL_TIDY_BASE:-} ]]; then
-  mapfile -t changed < <(git diff --name-only "$SQUALL_TIDY_BASE" -- '*.cc' '*.cpp' '*.h')
+  mapfile -t changed < <(git diff --name-only "$SQUALL_TIDY_BASE" -- '*.cc' '*.cpp' '*.h' \
+    '*.cu' '*.cuh')
+  # A changed header or CUDA source is checked through the sources that
+  # include it (the project includes by path from the root: "src/...").
+  included=()
+  for c in "${changed[@]}"; do
+    [[ $c == *.h || $c == *.cu || $c == *.cuh ]] && included+=(-e "\"$c\"")
+  done
   keep=()
   for s in "${sources[@]}"; do
-    for c in "${changed[@]}"; do [[ $s == "$c" ]] && keep+=("$s") && break; done
+    for c in "${changed[@]}"; do [[ $s == "$c" ]] && keep+=("$s") && continue 2; done
+    ((${#included[@]})) && grep -qF "${included[@]}" "$s" && keep+=("$s")
   done
   sources=("${keep[@]}")
 fi
