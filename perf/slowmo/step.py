@@ -14,9 +14,12 @@ batches.
         --rates 100mbit 1gbit --tau 50 --fragments 5 --delay 4 \\
         --out perf/results/slowmo-step/r2
 
-Per cell: the mean step over whole periods (steps tau+1 .. tau*(1+periods),
-so every period's syncs count once; a median would hide them), and for
-data-parallel AdamW the mean over its --dp-steps steps after the first;
+The variants take turns in each launch (after one warmup period each,
+--rounds turns of --periods periods of tau steps), so a drift in the
+machine's speed reaches all of them alike. Per cell: the mean step over the
+turns (whole periods, so every period's syncs count once; a median would
+hide them; a sync still in flight at the end of a turn is waited for there
+and counted), and for data-parallel AdamW the mean over --dp-steps steps;
 bytes this rank put on its link per step (eth0's counters); loss of the
 last step. OUT/summary.md has the table over repeats (medians, ranges).
 """
@@ -42,6 +45,16 @@ def _labels(args):
             "dp": "data-parallel AdamW (gloo fp32 allreduce every step)"}
 
 
+class _Done:
+    """A request already waited for: its result, for the merge at its step."""
+
+    def __init__(self, result):
+        self._result = result
+
+    def wait(self):
+        return self._result
+
+
 def _worker(args):
     import datetime
 
@@ -60,7 +73,12 @@ def _worker(args):
 
     model, batch = linkrun.teacher_mlp(torch, sizes, args.batch, rank)
 
-    results = {}
+    # Every variant keeps its model and optimizer for the whole launch, and the
+    # variants take turns, `periods` periods of tau steps each per round, so
+    # a drift in the machine's speed reaches all of them alike. A sync still
+    # in flight when a variant's turn ends is waited for there, and the wait
+    # counts in that variant's last step.
+    state = {}
     for name in args.variants:
         net = model()
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -68,11 +86,15 @@ def _worker(args):
             opt = SlowMo(opt, tau=args.tau)
         elif name == "streamed":
             opt = SlowMo(opt, tau=args.tau, fragments=args.fragments, delay=args.delay)
-        steps = args.dp_steps if name == "dp" else args.tau * (1 + args.periods)
-        times, sent, loss = [], [], None
+        state[name] = {"net": net, "opt": opt, "step": 0, "times": [], "sent": [], "loss": None}
+
+    def turn(name, steps):
+        st = state[name]
+        net, opt = st["net"], st["opt"]
         dist.barrier()
-        for step in range(1, steps + 1):
-            x, y = batch(step)
+        for _ in range(steps):
+            st["step"] += 1
+            x, y = batch(st["step"])
             b0 = linkrun.eth0_tx_bytes()
             t0 = time.perf_counter()
             opt.zero_grad()
@@ -83,19 +105,30 @@ def _worker(args):
                     dist.all_reduce(p.grad)
                     p.grad.div_(dist.get_world_size())
             opt.step()
-            times.append(time.perf_counter() - t0)
-            sent.append(linkrun.eth0_tx_bytes() - b0)
-        skip = 1 if name == "dp" else args.tau
-        results[name] = {"step_ms": 1e3 * statistics.mean(times[skip:]),
-                         "sent": statistics.mean(sent[skip:]), "loss": float(loss.detach()),
-                         "max_ms": 1e3 * max(times[skip:])}
+            st["times"].append(time.perf_counter() - t0)
+            st["sent"].append(linkrun.eth0_tx_bytes() - b0)
+            st["loss"] = float(loss.detach())
+        t0 = time.perf_counter()
+        for t in getattr(opt, "_in_flight", []):  # finished, merged at its own step later
+            t.request = _Done(t.request.wait())
+        st["times"][-1] += time.perf_counter() - t0
+
+    for name in args.variants:  # warmup: one period each, not counted
+        turn(name, args.dp_steps if name == "dp" else args.tau)
+    for rnd in range(args.rounds):
+        for name in args.variants:
+            if name != "dp" or rnd == 0:
+                turn(name, args.dp_steps if name == "dp" else args.tau * args.periods)
+    results = {}
+    for name in args.variants:
+        st = state[name]
+        skip = args.dp_steps if name == "dp" else args.tau
+        results[name] = {"step_ms": 1e3 * statistics.mean(st["times"][skip:]),
+                         "sent": statistics.mean(st["sent"][skip:]), "loss": st["loss"],
+                         "max_ms": 1e3 * max(st["times"][skip:])}
         if rank == 0:
             print(f"  {name}: mean step {results[name]['step_ms']:.1f} ms, "
                   f"{results[name]['sent'] / 1e3:.1f} kB/step", file=sys.stderr, flush=True)
-        if hasattr(opt, "sync"):
-            opt.sync()  # nothing left in flight
-        del net, opt
-        dist.barrier()
     if rank == 0:
         with open(args.worker_out, "w") as f:
             json.dump(results, f)
@@ -110,8 +143,9 @@ def summary(args, runs):
             table.setdefault((name, rate), []).append(r)
     labels = _labels(args)
     lines = [f"{args.ranks} ranks, MLP {'-'.join(map(str, args.sizes))}, batch {args.batch}; "
-             f"mean step over {args.periods} periods of {args.tau} steps (data-parallel: "
-             f"{args.dp_steps - 1} steps); median [range] over {args.repeats} repeats; ratio to "
+             f"mean step over {args.rounds} turns of {args.periods} periods of {args.tau} steps, "
+             f"the variants taking turns (data-parallel: {args.dp_steps} steps); median [range] "
+             f"over {args.repeats} launches; ratio to "
              "the no-communication step of the same launch; bytes this rank put on its link "
              "per step", "",
              "| variant | " + " | ".join(f"{r} step ms | {r} vs no comm" for r in args.rates)
@@ -144,6 +178,7 @@ def summary(args, runs):
 def measure(args):
     return linkrun.measure(args, __file__, lambda order: [
         "--variants", *order, "--tau", str(args.tau), "--periods", str(args.periods),
+        "--rounds", str(args.rounds),
         "--fragments", str(args.fragments), "--delay", str(args.delay),
         "--dp-steps", str(args.dp_steps), "--batch", str(args.batch),
         "--threads", str(args.threads), "--sizes", *map(str, args.sizes)])
@@ -158,7 +193,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--tau", type=int, default=50)
-    ap.add_argument("--periods", type=int, default=2)
+    ap.add_argument("--periods", type=int, default=2, help="periods per variant per round")
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--fragments", type=int, default=5)
     ap.add_argument("--delay", type=int, default=4)
     ap.add_argument("--dp-steps", type=int, default=6)
