@@ -462,7 +462,8 @@ squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
     core::Compressor* c = nullptr;
     SQUALL_TRY(compressorOf(compressor, &c));
     coll::CompressedAlgo algo = coll::CompressedAlgo::kAuto;
-    switch (algorithm) {
+    const int id = core::rawEnum(algorithm);  // any int a C caller passed
+    switch (id) {
       case squallCompressorAlgoBytes: algo = coll::CompressedAlgo::kAutoBytes; break;
       case squallCompressorAlgoTwoPhase: algo = coll::CompressedAlgo::kTwoPhase; break;
       case squallCompressorAlgoAllGather: algo = coll::CompressedAlgo::kAllGather; break;
@@ -471,7 +472,7 @@ squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
         return SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
                            "algorithm is %d; use squallCompressorAlgoTime, Bytes, TwoPhase or "
                            "AllGather",
-                           static_cast<int>(algorithm));
+                           id);
     }
     return c->setAlgorithm(algo);
   });
