@@ -45,16 +45,6 @@ def _labels(args):
             "dp": "data-parallel AdamW (gloo fp32 allreduce every step)"}
 
 
-class _Done:
-    """A request already waited for: its result, for the merge at its step."""
-
-    def __init__(self, result):
-        self._result = result
-
-    def wait(self):
-        return self._result
-
-
 def _worker(args):
     import datetime
 
@@ -109,8 +99,8 @@ def _worker(args):
             st["sent"].append(linkrun.eth0_tx_bytes() - b0)
             st["loss"] = float(loss.detach())
         t0 = time.perf_counter()
-        for t in getattr(opt, "_in_flight", []):  # finished, merged at its own step later
-            t.request = _Done(t.request.wait())
+        if hasattr(opt, "_wait_in_flight"):
+            opt._wait_in_flight()  # finished now, merged at its own step later
         st["times"][-1] += time.perf_counter() - t0
 
     for name in args.variants:  # warmup: one period each, not counted

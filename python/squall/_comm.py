@@ -389,6 +389,14 @@ class Compressor:
         comm = comm if comm is not None else get_default()
         if numel is None or int(numel) < 0:
             raise SquallInvalidArgument("squall: Compressor needs numel >= 0")
+        if algorithm not in _lib.COMPRESSOR_ALGOS:
+            raise SquallInvalidArgument(
+                f"squall: Compressor algorithm is one of {', '.join(_lib.COMPRESSOR_ALGOS)}, "
+                f"not {algorithm!r}")
+        if algorithm != "time" and not _lib.HAVE_COMPRESSOR_ALGO:
+            raise _lib.SquallUnsupported(
+                f"squall: the loaded libsquall ({_lib.path}) cannot choose a compressor's "
+                f"algorithm; build a newer Squall or leave algorithm='time'")
         if kind not in _KINDS:
             raise SquallInvalidArgument(
                 f"squall: Compressor kind is 'allreduce' or 'reduce_scatter', not {kind!r}")
@@ -421,25 +429,12 @@ class Compressor:
         comm._children.add(self)
         self.algorithm = algorithm
         if algorithm != "time":
-            self._set_algorithm(algorithm)
-
-    def _set_algorithm(self, algorithm):
-        if algorithm not in _lib.COMPRESSOR_ALGOS:
-            self.close()
-            raise SquallInvalidArgument(
-                f"squall: Compressor algorithm is one of {', '.join(_lib.COMPRESSOR_ALGOS)}, "
-                f"not {algorithm!r}")
-        if not _lib.HAVE_COMPRESSOR_ALGO:
-            self.close()
-            raise _lib.SquallUnsupported(
-                f"squall: the loaded libsquall ({_lib.path}) cannot choose a compressor's "
-                f"algorithm; build a newer Squall or leave algorithm='time'")
-        try:
-            check(lib.squallCompressorSetAlgorithm(self._h, _lib.COMPRESSOR_ALGOS[algorithm]),
-                  "squallCompressorSetAlgorithm")
-        except Exception:
-            self.close()
-            raise
+            try:  # refused for this compressor (a reduce-scatter's, one from NCCL)
+                check(lib.squallCompressorSetAlgorithm(h, _lib.COMPRESSOR_ALGOS[algorithm]),
+                      "squallCompressorSetAlgorithm")
+            except Exception:
+                self.close()
+                raise
 
     @property
     def handle(self):

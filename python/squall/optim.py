@@ -823,16 +823,25 @@ class SlowMo(torch.optim.Optimizer):
                 self._merge(s)
         finally:
             if not self._in_flight:
-                self.traffic.add(self._window, self.comm._bytes())
-                self._window = None
+                self._close_window()
 
-    def _drop_in_flight(self):
-        in_flight, self._in_flight = self._in_flight, []
-        for s in in_flight:
-            s.request.wait()
+    def _close_window(self):
+        """Counts what the syncs moved since the first of those now finished started."""
         if self._window is not None:
             self.traffic.add(self._window, self.comm._bytes())
             self._window = None
+
+    def _wait_in_flight(self):
+        """Waits for every sync in flight without merging it (each merges at its
+        own step later, from the average held here); returns them."""
+        for s in self._in_flight:
+            s.request = _Landed(s.request.wait())
+        return self._in_flight
+
+    def _drop_in_flight(self):
+        self._wait_in_flight()
+        self._in_flight = []
+        self._close_window()
 
     def _merge(self, s):
         piece, lr = s.piece, s.lr
@@ -870,13 +879,10 @@ class SlowMo(torch.optim.Optimizer):
         residuals, the syncs in flight with their landed averages): a resumed
         run continues bit for bit. Waits for the syncs in flight (it does not
         merge them early)."""
-        held = []
-        for s in self._in_flight:
-            result = s.request.wait()
-            s.request = _Landed(result)
-            held.append({"piece": self._pieces.index(s.piece), "land": s.land, "lr": s.lr,
-                         "average": result.clone(),
-                         "launched": None if s.launched is None else s.launched.clone()})
+        held = [{"piece": self._pieces.index(s.piece), "land": s.land, "lr": s.lr,
+                 "average": s.request.wait().clone(),
+                 "launched": None if s.launched is None else s.launched.clone()}
+                for s in self._wait_in_flight()]
         return {"base": self.base.state_dict(),
                 "slowmo": {"steps": self.steps, "tau": self.tau, "alpha": self.alpha,
                            "beta": self.beta, "nesterov": self.nesterov,
