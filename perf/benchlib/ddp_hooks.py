@@ -142,6 +142,7 @@ def _worker(args):
             json.dump(results, f)
     dist.barrier()
     squall.shutdown()
+    dist.destroy_process_group()
 
 
 def _median(xs):

@@ -149,6 +149,7 @@ def _worker(rank, world, port, family, seed, steps, variants, out_dir, small_buc
         with open(os.path.join(out_dir, "r.json"), "w") as f:
             json.dump(results, f)
     dist.barrier()
+    dist.destroy_process_group()
 
 
 def _port():

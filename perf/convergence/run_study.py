@@ -626,6 +626,8 @@ def worker(rank, world, port, args, plan, out_path):
                   f"final {last} bytes/rank {rec['bytes_per_rank_final'][0]:.3g} "
                   f"{progress.finish(steps)}", flush=True)
     squall.shutdown()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- report ----

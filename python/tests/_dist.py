@@ -65,7 +65,11 @@ def _entry(rank, fn, world, port, tmpdir, args, env):
     # Every rank has finished its Squall collectives before any exits: a rank
     # exiting right after a collective can cut a slower peer's short.
     dist.barrier()
-    # Exit without destroying the group: a straggler must not hang the others.
+    # Then the group is destroyed (a local step once every rank is past the
+    # barrier): exiting with it alive lets gloo's threads outlive the
+    # interpreter, and torch 2.15 then aborts now and then at exit
+    # ("terminate called without an active exception").
+    dist.destroy_process_group()
 
 
 def run(fn, world=2, args=(), timeout=90, env=None):

@@ -26,3 +26,5 @@ for step in range(int(sys.argv[3])):
 torch.save({"params": [p.detach().clone() for p in model.parameters()],
             "optimizer": type(opt).__module__ + "." + type(opt).__name__},
            os.path.join(sys.argv[1], f"rank{rank}.pt"))
+dist.barrier()
+dist.destroy_process_group()

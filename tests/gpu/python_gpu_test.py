@@ -274,6 +274,8 @@ def _worker(rank, port, outdir):
         gpu.close()
         host.close()
         check(gpu.closed, "close")
+        dist.barrier()
+        dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - reported as a failure of this rank
         traceback.print_exc()
         check(False, "exception", "see the traceback above")
