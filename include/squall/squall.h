@@ -322,6 +322,18 @@ typedef enum {
 } squallCompressorAlgo_t;
 SQUALL_API squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
                                                        squallCompressorAlgo_t algorithm);
+/* The code the two-phase allreduce's second round sends: each rank's reduced
+ * chunk is re-encoded with it (and its own error feedback) for the
+ * all-gather. Default: the compressor's own code. A wider one behind a
+ * narrow code (int8 behind int4: 2 (n-1)/n x 6.1 bits per element instead
+ * of 4.1) keeps the second encoding's error small, and the bytes choice
+ * (squallCompressorAlgoBytes) counts it. Set it alike on every rank,
+ * before a call or between calls; a compressed code only (squallCodecNone is
+ * squallInvalidArgument). A reduce-scatter compressor has no all-gather
+ * (squallInvalidUsage); one of a communicator from NCCL takes only its own
+ * code (squallUnsupported). */
+SQUALL_API squallResult_t squallCompressorSetGatherCodec(squallCompressor_t compressor,
+                                                         const squallCodecSpec_t* spec);
 
 /* Checkpoints: the compressor's residuals on this rank (the error it still
  * owes), as a self-describing byte string, so a resumed job sends what the

@@ -67,13 +67,6 @@ Status decodeInto(const void* input, size_t bytes, float* output, size_t count, 
   return Status::kOk;
 }
 
-// Whether two specs encode alike (an element-wise codec's block and any
-// codec's scale kind but onebit's are not part of the encoding).
-bool sameEncoding(const Spec& a, const Spec& b) {
-  return a.codec == b.codec && (a.codec != CodecId::kOnebit || a.scale == b.scale) &&
-         (!usesBlocks(a.codec) || a.block == b.block);
-}
-
 // Reads the headers of the n encodings of a sum: each holds `count`
 // elements in `bytes`, all with one spec (*spec and *layout get it).
 Status checkSum(const uint8_t* const* encodings, size_t n, size_t bytes, size_t count, Spec* spec,
@@ -115,6 +108,11 @@ struct Payloads {
 };
 
 }  // namespace
+
+bool sameEncoding(const Spec& a, const Spec& b) {
+  return a.codec == b.codec && (a.codec != CodecId::kOnebit || a.scale == b.scale) &&
+         (!usesBlocks(a.codec) || a.block == b.block);
+}
 
 Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kCodec,

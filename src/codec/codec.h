@@ -74,6 +74,10 @@ enum class Stores : uint8_t { kCached, kStream };
 // level cache holds (so cached stores would be evicted unread anyway).
 Stores storesFor(size_t bytes);
 
+// Whether two specs encode alike (an element-wise codec's block and any
+// codec's scale kind but onebit's are not part of the encoding).
+bool sameEncoding(const Spec& a, const Spec& b);
+
 // Low-level encode: reads residualIn (may be null), writes residualOut for
 // every element (may alias nothing else). Callers such as the collectives
 // encode sub-ranges with this and commit the residual once per call.

@@ -72,11 +72,14 @@ Status hierarchicalCompressedAllReduce(const OpContext& ctx, const Hierarchy& hi
                                        const void* in, void* out, DataType dtype, ReduceOp op,
                                        CompressedState* state);
 // The auto choice between the two (see compressed_allgather.cc).
+// gatherSpec: the two-phase servers' code when it differs from spec
+// (CompressedState::gatherSpec).
 CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
-                                    double latencyBytes);
+                                    double latencyBytes, const codec::Spec* gatherSpec = nullptr);
 // The one that sends fewer bytes per rank, headers included (the
 // all-gather on a tie: one round instead of two).
-CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec);
+CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec,
+                                           const codec::Spec* gatherSpec = nullptr);
 // What a call on `state` runs, given the communicator's option.
 CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
                                      CompressedAlgo option, double latencyBytes);

@@ -42,26 +42,35 @@
 namespace squall::coll {
 
 CompressedAlgo chooseCompressedAlgo(int nranks, size_t count, const codec::Spec& spec,
-                                    double latencyBytes) {
-  size_t encoded = 0;
-  if (codec::encodedSize(spec, count, &encoded) != Status::kOk) return CompressedAlgo::kTwoPhase;
+                                    double latencyBytes, const codec::Spec* gatherSpec) {
+  // With the servers' code of E_g bytes the two-phase sends (n-1)/n (E + E_g):
+  // the all-gather wins when E - (E + E_g)/n <= alpha/beta.
+  size_t encoded = 0, gathered = 0;
+  if (codec::encodedSize(spec, count, &encoded) != Status::kOk ||
+      codec::encodedSize(gatherSpec != nullptr ? *gatherSpec : spec, count, &gathered) !=
+          Status::kOk)
+    return CompressedAlgo::kTwoPhase;
   const double n = nranks;
-  return static_cast<double>(encoded) * (n - 2) / n <= latencyBytes ? CompressedAlgo::kAllGather
-                                                                    : CompressedAlgo::kTwoPhase;
+  const double e = static_cast<double>(encoded);
+  return e - (e + static_cast<double>(gathered)) / n <= latencyBytes ? CompressedAlgo::kAllGather
+                                                                     : CompressedAlgo::kTwoPhase;
 }
 
-CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec) {
+CompressedAlgo chooseCompressedAlgoByBytes(int nranks, size_t count, const codec::Spec& spec,
+                                           const codec::Spec* gatherSpec) {
   // Rank r's share of the two-phase: its chunk of the padded buffer (the
   // layout of compressed_state.h), encoded in each of the two rounds to the
   // n - 1 others; the last chunks may be shorter, or empty, below N.
   const auto n = static_cast<size_t>(nranks);
   const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
   const size_t chunk = (count + n * unit - 1) / (n * unit) * unit;
-  size_t whole = 0, mine = 0;
+  size_t whole = 0, mine = 0, served = 0;
   if (codec::encodedSize(spec, count, &whole) != Status::kOk ||
-      codec::encodedSize(spec, std::min(chunk, count), &mine) != Status::kOk)
+      codec::encodedSize(spec, std::min(chunk, count), &mine) != Status::kOk ||
+      codec::encodedSize(gatherSpec != nullptr ? *gatherSpec : spec, std::min(chunk, count),
+                         &served) != Status::kOk)
     return CompressedAlgo::kTwoPhase;
-  const double twoPhase = 2.0 * static_cast<double>(n - 1) * static_cast<double>(mine);
+  const double twoPhase = static_cast<double>(n - 1) * static_cast<double>(mine + served);
   const double allGather = static_cast<double>(n - 1) * static_cast<double>(whole);
   return twoPhase < allGather ? CompressedAlgo::kTwoPhase : CompressedAlgo::kAllGather;
 }
@@ -74,8 +83,9 @@ CompressedAlgo resolveCompressedAlgo(int nranks, const CompressedState& state,
   if (algo == CompressedAlgo::kTwoPhase || algo == CompressedAlgo::kAllGather) return algo;
   if (option == CompressedAlgo::kTwoPhase || option == CompressedAlgo::kAllGather) return option;
   if (algo == CompressedAlgo::kAutoBytes)
-    return chooseCompressedAlgoByBytes(nranks, state.count(), state.spec());
-  return chooseCompressedAlgo(nranks, state.count(), state.spec(), latencyBytes);
+    return chooseCompressedAlgoByBytes(nranks, state.count(), state.spec(), &state.gatherSpec());
+  return chooseCompressedAlgo(nranks, state.count(), state.spec(), latencyBytes,
+                              &state.gatherSpec());
 }
 
 Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* out, DataType dtype,

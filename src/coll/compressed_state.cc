@@ -15,7 +15,7 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   std::unique_ptr<CompressedState> s(new CompressedState());
   s->nranks_ = nranks;
   s->count_ = count;
-  s->spec_ = spec;
+  s->spec_ = s->gatherSpec_ = spec;
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
   SQUALL_REQUIRE(phase < s->unit_, Status::kInvalidArgument, Subsys::kColl,
                  "a compressed buffer's phase is its position within a codec block, below %zu, "
@@ -51,7 +51,7 @@ Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const 
   s->nranks_ = nranks;
   s->count_ = recvcount * n;
   s->chunk_ = recvcount;
-  s->spec_ = spec;
+  s->spec_ = s->gatherSpec_ = spec;
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
   s->reduceScatter_ = true;
   if (feedback == Feedback::kKept) SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_));
@@ -74,7 +74,7 @@ Status CompressedState::createHierarchical(int hosts, int local, int localIndex,
   std::unique_ptr<CompressedState> s(new CompressedState());
   s->nranks_ = hosts * local;
   s->count_ = count;
-  s->spec_ = spec;
+  s->spec_ = s->gatherSpec_ = spec;
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
   s->local_ = local;
   s->localIndex_ = localIndex;
@@ -92,6 +92,18 @@ Status CompressedState::createHierarchical(int hosts, int local, int localIndex,
   }
   SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_, 0, feedback));
   *out = std::move(s);
+  return Status::kOk;
+}
+
+Status CompressedState::setGatherSpec(const codec::Spec& spec) {
+  SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(!reduceScatter_, Status::kInvalidUsage, Subsys::kColl,
+                 "a compressed reduce-scatter has no all-gather to choose a code for");
+  SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kColl,
+                 "the all-gather's code must be a compressed one; leave it unset for the "
+                 "allreduce's own");
+  gatherSpec_ = spec;
+  if (cross_ != nullptr) return cross_->setGatherSpec(spec);
   return Status::kOk;
 }
 

@@ -106,6 +106,13 @@ class CompressedState {
   size_t chunk() const { return cross_ != nullptr ? cross_->chunk() : chunk_; }
   size_t unit() const { return unit_; }
   const codec::Spec& spec() const { return spec_; }
+  // The code the two-phase allreduce's servers re-encode their reduced chunk
+  // with before the all-gather: spec() unless setGatherSpec chose another
+  // (a wider one, such as int8 behind int4, keeps the second encoding's
+  // error small for a little more than the all-gather's bytes). Every rank of
+  // the call must hold the same one.
+  const codec::Spec& gatherSpec() const { return gatherSpec_; }
+  Status setGatherSpec(const codec::Spec& spec);
   Feedback feedback() const {
     if (cross_ != nullptr) return cross_->feedback();
     return worker_ != nullptr ? Feedback::kKept : Feedback::kNone;
@@ -168,7 +175,7 @@ class CompressedState {
   size_t unit_ = 1;
   size_t phase_ = 0;
   bool reduceScatter_ = false;
-  codec::Spec spec_;
+  codec::Spec spec_, gatherSpec_;
   CompressedAlgo algo_{};                             // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;  // null without feedback
   // Hierarchical only.

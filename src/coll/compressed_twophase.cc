@@ -41,6 +41,7 @@
 // (2(n-1) alpha when the network serialises them), 2(n-1)/n * E bytes sent
 // and the same received. Compute: the worker encodes N elements, the server
 // decodes n * N/n and encodes N/n, and every rank decodes N at the end.
+#include <algorithm>
 #include <vector>
 
 #include "src/coll/algorithms.h"
@@ -62,6 +63,11 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   const size_t unit = state->unit();
   const size_t chunk = state->chunk();
   const codec::Spec spec = state->spec();
+  // The servers' code (gspec): the workers' own unless the state chose a
+  // wider one (compressed_state.h); then the sum is decoded whole into the
+  // accumulator and re-encoded, the same bits as the fused encodeSum.
+  const codec::Spec gspec = state->gatherSpec();
+  const bool fused = codec::sameEncoding(spec, gspec);
   const size_t seg = segmentLength(*ctx.options, unit, chunk);
   const size_t segments = (chunk + seg - 1) / seg;
   const size_t esize = dataTypeSize(dtype);
@@ -80,15 +86,18 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   };
   auto realCount = [&](size_t c, size_t k) { return pieceOf(c, k).count; };
   // A slot holds a segment's encoding, or a piece's two (one header more).
-  size_t slot = 0, headroom = 0;
+  size_t slot = 0, headroom = 0, gslot = 0, gheadroom = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
   SQUALL_TRY(codec::encodedSize(spec, unit, &headroom));
-  slot += headroom;
+  SQUALL_TRY(codec::encodedSize(gspec, seg, &gslot));
+  SQUALL_TRY(codec::encodedSize(gspec, unit, &gheadroom));
+  slot = std::max(slot + headroom, gslot + gheadroom);
   state->scratch().sendBuffer.resize(nn * segments * slot);
   state->scratch().recvBuffer.resize(nn * segments * slot);
   state->scratch().gatherBuffer.resize(nn * segments * slot);
   state->scratch().serverBuffer.resize(segments * slot);
   if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
+  if (!fused) state->scratch().accumulator.resize(seg);
   const codec::Stores stores = callStores(*state, esize);
   auto sendSlot = [&](size_t c, size_t k) {
     return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
@@ -117,7 +126,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
         stats.bytesReceived += bytes;
       }
       if (j != rr && realCount(j, k) != 0) {
-        SQUALL_TRY(pieceBytes(spec, pieceOf(j, k), &bytes));
+        SQUALL_TRY(pieceBytes(gspec, pieceOf(j, k), &bytes));
         SQUALL_TRY(ctx.recv(static_cast<int>(j), gatherStep + static_cast<uint32_t>(k),
                             gatherSlot(j, k), bytes, &gather[k * nn + j]));
         stats.bytesReceived += bytes;
@@ -134,7 +143,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
 
   // Server step for segment k: sum the n pieces in rank order, divide for
   // avg, encode with the server residual, send; one pass (encodeSumPiece),
-  // the sum never stored.
+  // the sum never stored, unless the gather's code differs.
   std::vector<const uint8_t*> encodings(nn);
   auto serve = [&](size_t k) -> Status {
     const Piece piece = pieceOf(rr, k);
@@ -146,8 +155,18 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     const size_t at = firstOf(rr, k) - rr * chunk;
     const CompressedState::Halves residual = state->serverAt(at);
     codec::EncodeResult result;
-    SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, op == ReduceOp::kAvg ? n : 1,
-                              residual.in, residual.out, serverSlot(k), slot, &result, stores));
+    const int divisor = op == ReduceOp::kAvg ? n : 1;
+    if (fused) {
+      SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, divisor, residual.in, residual.out,
+                                serverSlot(k), slot, &result, stores));
+    } else {
+      float* sum = state->scratch().accumulator.data();
+      SQUALL_TRY(
+          decodeSumPiece(spec, encodings, bytes, piece, sum, divisor, codec::Stores::kCached));
+      SQUALL_TRY(encodePiece(gspec, piece, reinterpret_cast<const uint8_t*>(sum),
+                             codec::DType::kF32, residual.in, residual.out, serverSlot(k), slot,
+                             &result));
+    }
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
       if (j != rr)
@@ -205,7 +224,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
         const Piece piece = pieceOf(c, k);
         if (piece.count == 0) continue;
         size_t bytes = serverBytes[k];
-        if (c != rr) SQUALL_TRY(pieceBytes(spec, piece, &bytes));
+        if (c != rr) SQUALL_TRY(pieceBytes(gspec, piece, &bytes));
         SQUALL_TRY(
             visit(c == rr ? serverSlot(k) : gatherSlot(c, k), bytes, piece, firstOf(c, k) - phase));
       }
@@ -214,13 +233,14 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   };
   bool finite = true;  // every server encoding of the call, so every block
   SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t) {
-    return checkPiece(spec, encoded, bytes, piece, &finite);
+    return checkPiece(gspec, encoded, bytes, piece, &finite);
   }));
   SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t at) {
     if (dtype == DataType::kF32) {
-      return decodePiece(spec, encoded, bytes, piece, static_cast<float*>(out) + at, false, stores);
+      return decodePiece(gspec, encoded, bytes, piece, static_cast<float*>(out) + at, false,
+                         stores);
     }
-    SQUALL_TRY(decodePiece(spec, encoded, bytes, piece, state->scratch().decoded.data(), false));
+    SQUALL_TRY(decodePiece(gspec, encoded, bytes, piece, state->scratch().decoded.data(), false));
     storeDecoded(dtype, state->scratch().decoded.data(), out, at, piece.count);
     return Status::kOk;
   }));

@@ -478,6 +478,17 @@ squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compressor,
   });
 }
 
+squallResult_t squallCompressorSetGatherCodec(squallCompressor_t compressor,
+                                              const squallCodecSpec_t* spec) {
+  return SQUALL_API_GUARD({
+    core::Compressor* c = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &c));
+    squall::codec::Spec s;
+    SQUALL_TRY(core::toCodecSpec(spec, &s));
+    return c->setGatherSpec(s);
+  });
+}
+
 squallResult_t squallCompressorGetStats(squallCompressor_t compressor,
                                         squallCompressorStats_t* stats) {
   return SQUALL_API_GUARD({

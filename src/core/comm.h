@@ -108,6 +108,10 @@ class Compressor {
   // How the allreduce picks its algorithm (squallCompressorSetAlgorithm):
   // kAuto (the time model), kAutoBytes, or a fixed one.
   virtual Status setAlgorithm(coll::CompressedAlgo algo) = 0;
+  // The code the two-phase allreduce's servers re-encode with
+  // (coll::CompressedState::setGatherSpec). A device compressor re-encodes
+  // with spec() and takes only that (kUnsupported otherwise).
+  virtual Status setGatherSpec(const codec::Spec& spec) = 0;
 
   // Handing error feedback from one compressor to another, for a caller that
   // cuts the same elements into buffers differently from call to call (the

@@ -36,6 +36,7 @@ class HostCompressor final : public Compressor {
     state_->setAlgorithm(algo);
     return Status::kOk;
   }
+  Status setGatherSpec(const codec::Spec& spec) override { return state_->setGatherSpec(spec); }
   Status stats(CompressorStats* out) override {
     out->calls = calls_;
     out->skippedCalls = keepsFeedback() ? state_->worker().skipped() : 0;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/codec/codec.h"
 #include "src/coll/device/device_allreduce.h"
 #include "src/common/cuda_status.h"
 #include "src/core/engine.h"
@@ -39,6 +40,13 @@ class DeviceCompressor final : public Compressor {
     SQUALL_REQUIRE(algo != coll::CompressedAlgo::kAllGather, Status::kInvalidUsage, Subsys::kApi,
                    "a compressor of a communicator from NCCL runs the two-phase allreduce only; "
                    "squallCompressorAlgoAllGather is for host communicators");
+    return Status::kOk;
+  }
+  Status setGatherSpec(const codec::Spec& gather) override {
+    SQUALL_REQUIRE(codec::sameEncoding(gather, spec()), Status::kUnsupported, Subsys::kApi,
+                   "a compressor of a communicator from NCCL re-encodes the reduced chunks with "
+                   "its own code (%s); another code for the all-gather is for host communicators",
+                   codec::codecName(spec().codec));
     return Status::kOk;
   }
   Status stats(CompressorStats* out) override {
