@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "plugin/preload/report.h"
+#include "src/coll/context.h"
 
 namespace squall::preload {
 
@@ -11,21 +12,29 @@ size_t phaseOf(int64_t offset, const codec::Spec& spec) {
   return static_cast<size_t>(offset) % spec.block;
 }
 
-Status compressorFor(Compressors& residuals, core::Comm& engine, const codec::Spec& spec,
+Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& policy,
                      const ResidualKey& key, int nranks, ReduceOp op, void* cudaStream,
                      core::Compressor** out) {
   struct Ops {
     core::Comm& engine;
-    const codec::Spec& spec;
+    const Policy& policy;
     const ResidualKey& key;
     ReduceOp op;
     void* stream;
     Status make(std::unique_ptr<core::Compressor>* fresh) const {
-      return engine.createCompressor(key.count, spec, fresh, phaseOf(key.offset, spec));
+      const codec::Spec& spec = policy.codec;
+      SQUALL_TRY(engine.createCompressor(key.count, spec, fresh, phaseOf(key.offset, spec)));
+      if (engine.device() >= 0) return Status::kOk;  // two-phase with its own code
+      // An interposed job cannot overlap its allreduces with anything the
+      // interposer controls, and on the slow links it is for, bytes are the
+      // time: the algorithm that sends fewer (two-phase from 4 ranks on with
+      // int8 gathers behind int4), unless SQUALL_COMPRESSED_ALGO names one.
+      SQUALL_TRY((*fresh)->setAlgorithm(coll::CompressedAlgo::kAutoBytes));
+      return (*fresh)->setGatherSpec(policy.gather);
     }
     Status drain(core::Compressor& c, float* owed) const { return c.drain(owed, op, stream); }
     Status seed(core::Compressor& c, const float* owed) const { return c.seed(owed, stream); }
-  } ops{engine, spec, key, op, cudaStream};
+  } ops{engine, policy, key, op, cudaStream};
   Compressors::Outcome outcome;
   SQUALL_TRY(residuals.acquire(key, residualBytes(key.count, nranks), ops, &outcome));
   if (outcome.recut) Report::get().recut();

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "plugin/preload/policy.h"
 #include "plugin/preload/residual_map.h"
 #include "src/core/comm.h"
 
@@ -17,11 +18,13 @@ using Compressors = StepResiduals<core::Compressor>;
 // element-wise codecs, else offset modulo the block.
 size_t phaseOf(int64_t offset, const codec::Spec& spec);
 
-// The compressor for `key` with `spec` on `engine` (nranks ranks, reducing
-// with `op`, on `cudaStream` for a device engine), in *out; null when its state alone
-// exceeds the cap, and the call passes through. Counts recut calls and
-// evictions in the report.
-Status compressorFor(Compressors& residuals, core::Comm& engine, const codec::Spec& spec,
+// The compressor for `key` with the policy's code on `engine` (nranks ranks,
+// reducing with `op`, on `cudaStream` for a device engine), in *out; null
+// when its state alone exceeds the cap, and the call passes through. A host
+// compressor takes the algorithm that sends fewer bytes (unless
+// SQUALL_COMPRESSED_ALGO names one) and the policy's all-gather code. Counts
+// recut calls and evictions in the report.
+Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& policy,
                      const ResidualKey& key, int nranks, ReduceOp op, void* cudaStream,
                      core::Compressor** out);
 

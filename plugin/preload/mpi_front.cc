@@ -269,7 +269,7 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
                                                : static_cast<const float*>(sendbuf)) +
                       skip;
     core::Compressor* c = nullptr;
-    if (!run.full && compressorFor(state->residuals, *state->engine, policy().codec,
+    if (!run.full && compressorFor(state->residuals, *state->engine, policy(),
                                    ResidualKey{DataType::kF32, run.offset, run.count}, nranks,
                                    ReduceOp::kSum, nullptr, &c) != Status::kOk)
       return MPI_ERR_INTERN;  // described where it failed

@@ -620,7 +620,7 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
   const ResidualKey key{facts.dtype, offset, count};
   core::Compressor* c = nullptr;
   const Status found =
-      compressorFor(s->residuals, *s->engine, policy().codec, key, nranks, facts.op, stream, &c);
+      compressorFor(s->residuals, *s->engine, policy(), key, nranks, facts.op, stream, &c);
   if (found != Status::kOk) return transport::nccl::ncclResultOf(found);
   if (c == nullptr) {
     // The state alone exceeds the cap (decide() normally says so first); the

@@ -74,6 +74,13 @@ const codec::Spec& defaultCodec() {
   return spec;
 }
 
+codec::Spec gatherCodecFor(const codec::Spec& codec) {
+  if (codec.codec != codec::CodecId::kInt2 && codec.codec != codec::CodecId::kInt4) return codec;
+  codec::Spec wide;
+  wide.codec = codec::CodecId::kInt8;
+  return wide;
+}
+
 Policy Policy::fromEnvironment() {
   Policy p;
   p.enabled = paramBool(Param::kPreloadEnable);
@@ -87,6 +94,21 @@ Policy Policy::fromEnvironment() {
                 "SQUALL_PRELOAD_CODEC=%s is not int2, int4, int8, onebit, fp16 or bf16 (with "
                 "options, e.g. int4:block=256); using the default, %s",
                 codec.c_str(), p.codecText.c_str());
+  }
+  const std::string gather = paramString(Param::kPreloadGatherCodec);
+  codec::Spec gatherSpec;
+  if (gather == "same") {
+    p.gather = p.codec;
+  } else if (gather != "auto" && parseCodec(gather.c_str(), &gatherSpec)) {
+    p.gather = gatherSpec;
+  } else {
+    if (gather != "auto") {
+      SQUALL_WARN(Subsys::kEnv,
+                  "SQUALL_PRELOAD_GATHER_CODEC=%s is not auto, same or a codec such as int8; "
+                  "using auto",
+                  gather.c_str());
+    }
+    p.gather = gatherCodecFor(p.codec);
   }
   const int64_t minBytes = paramInt(Param::kPreloadMinBytes);
   p.minBytes = minBytes > 0 ? static_cast<size_t>(minBytes) : 0;

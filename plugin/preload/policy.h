@@ -56,11 +56,17 @@ struct CallFacts {
 const char* defaultCodecText();
 const codec::Spec& defaultCodec();
 
+// The all-gather code SQUALL_PRELOAD_GATHER_CODEC=auto picks for `codec`:
+// int8 (blocks of 2048) behind int2 and int4, the code itself otherwise.
+codec::Spec gatherCodecFor(const codec::Spec& codec);
+
 struct Policy {
   bool enabled = true;
   std::string codecText = defaultCodecText();
   codec::Spec codec = defaultCodec();
-  size_t minBytes = 65536;
+  // The two-phase allreduce's all-gather code (SQUALL_PRELOAD_GATHER_CODEC).
+  codec::Spec gather = gatherCodecFor(defaultCodec());
+  size_t minBytes = 8192;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;
   int64_t warmupCalls = 0;

@@ -62,6 +62,15 @@ for t, n in enumerate(counts):
     sq(lib.squallCompressorCreateAt(ref, ctypes.c_size_t(n), ctypes.c_size_t(phase),
                                     ctypes.byref(spec), ctypes.byref(c)),
        "squallCompressorCreateAt")
+    # As the interposer's compressors: the fewest bytes, and int8 for the
+    # two-phase all-gather behind int2 and int4 (SQUALL_PRELOAD_GATHER_CODEC=auto).
+    lib.squallCompressorSetAlgorithm.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    sq(lib.squallCompressorSetAlgorithm(c, 0), "squallCompressorSetAlgorithm")  # Bytes
+    if spec.codec in (5, 6):  # squallCodecInt2, squallCodecInt4
+        wide = Spec()
+        sq(lib.squallCodecSpecParse(b"int8", ctypes.byref(wide)), "squallCodecSpecParse")
+        sq(lib.squallCompressorSetGatherCodec(c, ctypes.byref(wide)),
+           "squallCompressorSetGatherCodec")
     compressors.append(c)
 
 rng = np.random.default_rng(rank)

@@ -85,6 +85,15 @@ static void gradients(int mode) {
           /* blockSize is 0 for the codes without blocks. */
           const size_t phase = spec.blockSize ? offset % spec.blockSize : 0;
           SQ(squallCompressorCreateAt(ref, n, phase, &spec, &comp[t]));
+          /* As the interposer's compressors: the fewest bytes, and int8 for
+           * the two-phase all-gather behind int2 and int4
+           * (SQUALL_PRELOAD_GATHER_CODEC=auto). */
+          SQ(squallCompressorSetAlgorithm(comp[t], squallCompressorAlgoBytes));
+          if (spec.codec == squallCodecInt4 || spec.codec == squallCodecInt2) {
+            squallCodecSpec_t wide;
+            SQ(squallCodecSpecParse("int8", &wide));
+            SQ(squallCompressorSetGatherCodec(comp[t], &wide));
+          }
         }
         SQ(squallCompressedAllReduce(in, expect, squallFloat32, squallSum, comp[t], ref));
       }

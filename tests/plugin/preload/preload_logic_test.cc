@@ -85,6 +85,32 @@ TEST(PreloadPolicy, TheDefaultCodeIsParamsDefsAndParsesToPolicys) {
   EXPECT_EQ(built.codec.block, 256u);
 }
 
+TEST(PreloadPolicy, TheGatherCodeFollowsTheCodeOrTheVariable) {
+  unsetenv("SQUALL_PRELOAD_CODEC");
+  unsetenv("SQUALL_PRELOAD_GATHER_CODEC");
+  Policy p = Policy::fromEnvironment();  // auto behind int4: int8
+  EXPECT_EQ(p.gather.codec, codec::CodecId::kInt8);
+  EXPECT_EQ(Policy().gather.codec, codec::CodecId::kInt8);
+  EXPECT_EQ(p.minBytes, 8192u);
+  EXPECT_EQ(Policy().minBytes, p.minBytes);
+  setenv("SQUALL_PRELOAD_CODEC", "onebit", 1);  // auto behind onebit: onebit itself
+  p = Policy::fromEnvironment();
+  EXPECT_EQ(p.gather.codec, codec::CodecId::kOnebit);
+  setenv("SQUALL_PRELOAD_CODEC", "int2", 1);
+  setenv("SQUALL_PRELOAD_GATHER_CODEC", "same", 1);
+  p = Policy::fromEnvironment();
+  EXPECT_EQ(p.gather.codec, codec::CodecId::kInt2);
+  setenv("SQUALL_PRELOAD_GATHER_CODEC", "int4:block=64", 1);
+  p = Policy::fromEnvironment();
+  EXPECT_EQ(p.gather.codec, codec::CodecId::kInt4);
+  EXPECT_EQ(p.gather.block, 64u);
+  setenv("SQUALL_PRELOAD_GATHER_CODEC", "none", 1);  // not a code: auto, with a warning
+  p = Policy::fromEnvironment();
+  EXPECT_EQ(p.gather.codec, codec::CodecId::kInt8);
+  unsetenv("SQUALL_PRELOAD_CODEC");
+  unsetenv("SQUALL_PRELOAD_GATHER_CODEC");
+}
+
 TEST(PreloadSteps, AGivenStepPlacesCallsByOffset) {
   StepTracker t(300, 8);
   for (int step = 0; step < 3; ++step) {
