@@ -382,10 +382,16 @@ class Compressor:
     SQUALL_COMPRESSED_ALGO), "bytes" (whichever sends fewer bytes: two-phase
     from 3 ranks on; for rare or overlapped traffic), "twophase" or
     "allgather". The same on every rank.
+
+    gather_codec: the code of the two-phase allreduce's second round (each
+    rank's reduced chunk, re-encoded for the all-gather); None (default) is
+    the compressor's own. "int8" behind "int4" keeps the second encoding's
+    error small for (n-1)/n x 12.1 bits per element; the "bytes" choice
+    counts it. Host communicators; the same on every rank.
     """
 
     def __init__(self, comm=None, numel=None, codec="onebit", kind="allreduce",
-                 algorithm="time"):
+                 algorithm="time", gather_codec=None):
         comm = comm if comm is not None else get_default()
         if numel is None or int(numel) < 0:
             raise SquallInvalidArgument("squall: Compressor needs numel >= 0")
@@ -397,6 +403,11 @@ class Compressor:
             raise _lib.SquallUnsupported(
                 f"squall: the loaded libsquall ({_lib.path}) cannot choose a compressor's "
                 f"algorithm; build a newer Squall or leave algorithm='time'")
+        gather = None if gather_codec is None else parse_codec(gather_codec)
+        if gather is not None and not _lib.HAVE_GATHER_CODEC:
+            raise _lib.SquallUnsupported(
+                f"squall: the loaded libsquall ({_lib.path}) has no second-round code for the "
+                f"two-phase allreduce; build a newer Squall or leave gather_codec=None")
         if kind not in _KINDS:
             raise SquallInvalidArgument(
                 f"squall: Compressor kind is 'allreduce' or 'reduce_scatter', not {kind!r}")
@@ -428,13 +439,17 @@ class Compressor:
         self.traffic = Traffic()
         comm._children.add(self)
         self.algorithm = algorithm
-        if algorithm != "time":
-            try:  # refused for this compressor (a reduce-scatter's, one from NCCL)
+        self.gather_codec = None if gather is None else codec_string(gather)
+        try:  # refused for this compressor (a reduce-scatter's, one from NCCL)
+            if algorithm != "time":
                 check(lib.squallCompressorSetAlgorithm(h, _lib.COMPRESSOR_ALGOS[algorithm]),
                       "squallCompressorSetAlgorithm")
-            except Exception:
-                self.close()
-                raise
+            if gather is not None:
+                check(lib.squallCompressorSetGatherCodec(h, ctypes.byref(gather)),
+                      "squallCompressorSetGatherCodec")
+        except Exception:
+            self.close()
+            raise
 
     @property
     def handle(self):

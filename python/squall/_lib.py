@@ -330,6 +330,11 @@ HAVE_COMPRESSOR_ALGO = hasattr(lib, "squallCompressorSetAlgorithm")
 if HAVE_COMPRESSOR_ALGO:
     lib.squallCompressorSetAlgorithm.restype = c_result
     lib.squallCompressorSetAlgorithm.argtypes = [P, c_enum]
+# The two-phase allreduce's second-round code (squallCompressorSetGatherCodec).
+HAVE_GATHER_CODEC = hasattr(lib, "squallCompressorSetGatherCodec")
+if HAVE_GATHER_CODEC:
+    lib.squallCompressorSetGatherCodec.restype = c_result
+    lib.squallCompressorSetGatherCodec.argtypes = [P, P]
 
 HAVE_OPTIM = hasattr(lib, "squallOptimizerCreate")
 if HAVE_OPTIM:

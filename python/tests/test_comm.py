@@ -210,6 +210,15 @@ def _algorithms(rank, world):
         c.allreduce(x)
         out[algo] = (x, c.stats["bytes_sent"])
         c.close()
+    c = squall.Compressor(numel=64000, codec="int4:block=256", algorithm="twophase",
+                          gather_codec="int8")
+    assert c.gather_codec.startswith("int8"), c.gather_codec
+    x = torch.cos(torch.arange(64000, dtype=torch.float32) * 0.11 + rank)
+    c.allreduce(x)
+    out["int8 second round"] = (x, c.stats["bytes_sent"])
+    c.close()
+    with pytest.raises(squall.SquallInvalidUsage, match="no all-gather"):
+        squall.Compressor(numel=64, kind="reduce_scatter", gather_codec="int8")
     with pytest.raises(squall.SquallInvalidArgument, match="algorithm"):
         squall.Compressor(numel=8, algorithm="fastest")
     with pytest.raises(squall.SquallInvalidUsage, match="reduce-scatter"):
@@ -218,9 +227,15 @@ def _algorithms(rank, world):
 
 
 def test_compressor_algorithm_choice():
-    """4 ranks: 'bytes' is the two-phase allreduce, about half of all-gather's bytes."""
+    """4 ranks: 'bytes' is the two-phase allreduce, about half of all-gather's bytes;
+    an int8 second round sends (3/4) x (int4 + int8) and lands nearer the mean."""
     res = _dist.run(_algorithms, world=4)
-    for algo in ("bytes", "twophase", "allgather", "time"):
+    for algo in ("bytes", "twophase", "allgather", "time", "int8 second round"):
         assert all(torch.equal(r[algo][0], res[0][algo][0]) for r in res)
     sent = {a: v[1] for a, v in res[0].items()}
     assert sent["bytes"] == sent["twophase"] < 0.6 * sent["allgather"], sent
+    assert abs(sent["int8 second round"] - 0.75 * (32000 + 64000)) < 0.05 * 64000, sent
+    exact = sum(torch.cos(torch.arange(64000, dtype=torch.float32) * 0.11 + r)
+                for r in range(4)) / 4
+    err = {a: (res[0][a][0] - exact).abs().sum() for a in ("twophase", "int8 second round")}
+    assert err["int8 second round"] < err["twophase"], err
