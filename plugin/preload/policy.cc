@@ -74,6 +74,12 @@ const codec::Spec& defaultCodec() {
   return spec;
 }
 
+std::string specText(const codec::Spec& spec) {
+  std::string text = codec::codecName(spec.codec);
+  if (codec::usesBlocks(spec.codec)) text += ":block=" + std::to_string(spec.block);
+  return text;
+}
+
 codec::Spec gatherCodecFor(const codec::Spec& codec) {
   if (codec.codec != codec::CodecId::kInt2 && codec.codec != codec::CodecId::kInt4) return codec;
   codec::Spec wide;

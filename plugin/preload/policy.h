@@ -56,6 +56,9 @@ struct CallFacts {
 const char* defaultCodecText();
 const codec::Spec& defaultCodec();
 
+// A code as squallCodecSpecParse reads it back: "int8:block=2048", "fp16".
+std::string specText(const codec::Spec& spec);
+
 // The all-gather code SQUALL_PRELOAD_GATHER_CODEC=auto picks for `codec`:
 // int8 (blocks of 2048) behind int2 and int4, the code itself otherwise.
 codec::Spec gatherCodecFor(const codec::Spec& codec);

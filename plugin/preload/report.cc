@@ -52,17 +52,18 @@ int rankFromEnvironment() {
 }
 }  // namespace
 
-std::string Report::json(const std::string& codec) const {
+std::string Report::json(const std::string& codec, const std::string& gatherCodec) const {
   char buffer[1024];
   std::snprintf(buffer, sizeof(buffer),
-                "{\n  \"rank\": %d,\n  \"codec\": \"%s\",\n  \"calls_compressed\": %" PRIu64
-                ",\n  \"calls_passed\": %" PRIu64 ",\n  \"bytes_sent\": %" PRIu64
-                ",\n  \"bytes_full_precision\": %" PRIu64 ",\n  \"residual_evictions\": %" PRIu64
-                ",\n  \"step_relearns\": %" PRIu64 ",\n  \"calls_recut\": %" PRIu64
-                ",\n  \"elements_kept_full\": %" PRIu64 ",\n  \"calls_by_reason\": {",
-                rank_.load(), codec.c_str(), callsCompressed_.load(), callsPassed_.load(),
-                bytesSent_.load(), bytesFull_.load(), evictions_.load(), relearns_.load(),
-                recuts_.load(), keptFull_.load());
+                "{\n  \"rank\": %d,\n  \"codec\": \"%s\",\n  \"gather_codec\": \"%s\","
+                "\n  \"calls_compressed\": %" PRIu64 ",\n  \"calls_passed\": %" PRIu64
+                ",\n  \"bytes_sent\": %" PRIu64 ",\n  \"bytes_full_precision\": %" PRIu64
+                ",\n  \"residual_evictions\": %" PRIu64 ",\n  \"step_relearns\": %" PRIu64
+                ",\n  \"calls_recut\": %" PRIu64 ",\n  \"elements_kept_full\": %" PRIu64
+                ",\n  \"calls_by_reason\": {",
+                rank_.load(), codec.c_str(), gatherCodec.c_str(), callsCompressed_.load(),
+                callsPassed_.load(), bytesSent_.load(), bytesFull_.load(), evictions_.load(),
+                relearns_.load(), recuts_.load(), keptFull_.load());
   std::string out = buffer;
   for (int i = 0; i < static_cast<int>(Verdict::kCount); ++i) {
     std::snprintf(buffer, sizeof(buffer), "%s\"%s\": %" PRIu64, i == 0 ? "" : ", ",
@@ -104,7 +105,7 @@ void Report::finish(const Policy& policy) {
   if (!policy.reportPath.empty()) {
     const std::string path = policy.reportPath + "." + std::to_string(rank) + ".json";
     if (FILE* f = std::fopen(path.c_str(), "w")) {
-      const std::string text = json(policy.codecText);
+      const std::string text = json(policy.codecText, specText(policy.gather));
       std::fwrite(text.data(), 1, text.size(), f);
       std::fclose(f);
     } else {

@@ -90,6 +90,7 @@ TEST(PreloadPolicy, TheGatherCodeFollowsTheCodeOrTheVariable) {
   unsetenv("SQUALL_PRELOAD_GATHER_CODEC");
   Policy p = Policy::fromEnvironment();  // auto behind int4: int8
   EXPECT_EQ(p.gather.codec, codec::CodecId::kInt8);
+  EXPECT_EQ(specText(p.gather), "int8:block=2048");
   EXPECT_EQ(Policy().gather.codec, codec::CodecId::kInt8);
   EXPECT_EQ(p.minBytes, 8192u);
   EXPECT_EQ(Policy().minBytes, p.minBytes);
@@ -395,11 +396,11 @@ TEST(PreloadReport, JsonHasTheFields) {
   r.passed(Verdict::kSmall, 8);
   r.recut();
   r.keptFull(256);
-  const std::string j = r.json("onebit");
+  const std::string j = r.json("onebit", "int8:block=2048");
   for (const char* field :
-       {"\"calls_compressed\": 2", "\"calls_passed\": 1", "\"bytes_sent\": 38",
-        "\"bytes_full_precision\": 648", "\"codec\": \"onebit\"", "\"rank\": 3", "\"small\": 1",
-        "\"calls_recut\": 1", "\"elements_kept_full\": 256",
+       {"\"gather_codec\": \"int8:block=2048\"", "\"calls_compressed\": 2", "\"calls_passed\": 1",
+        "\"bytes_sent\": 38", "\"bytes_full_precision\": 648", "\"codec\": \"onebit\"",
+        "\"rank\": 3", "\"small\": 1", "\"calls_recut\": 1", "\"elements_kept_full\": 256",
         "\"calls_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 1, "
         "\"int4\": 1}",
         "\"bytes_by_codec\": {\"onebit\": 0, \"fp16\": 0, \"bf16\": 0, \"int8\": 0, \"int2\": 10, "
