@@ -57,6 +57,24 @@ def eth0_tx_bytes():
         return int(f.read())
 
 
+def tcp_counters():
+    """This namespace's TCP retransmitted segments and retransmission
+    timeouts so far (/proc/net/snmp, /proc/net/netstat)."""
+    out = {}
+    for path, table, keys in (("/proc/net/snmp", "Tcp:", ("RetransSegs",)),
+                              ("/proc/net/netstat", "TcpExt:", ("TCPTimeouts", "TCPLossProbes"))):
+        try:
+            with open(path) as f:
+                rows = [line.split() for line in f if line.startswith(table)]
+        except OSError:
+            continue
+        for names, values in zip(rows[::2], rows[1::2]):
+            for k in keys:
+                if k in names:
+                    out[k] = int(values[names.index(k)])
+    return out
+
+
 def teacher_mlp(torch, sizes, batch, rank):
     """(model, batch_of): a fresh MLP of `sizes` (the same weights every call)
     and step -> this rank's batch, labelled by a fixed random linear teacher."""

@@ -76,12 +76,14 @@ def _worker(args):
             opt = SlowMo(opt, tau=args.tau)
         elif name == "streamed":
             opt = SlowMo(opt, tau=args.tau, fragments=args.fragments, delay=args.delay)
-        state[name] = {"net": net, "opt": opt, "step": 0, "times": [], "sent": [], "loss": None}
+        state[name] = {"net": net, "opt": opt, "step": 0, "times": [], "sent": [], "loss": None,
+                       "tcp": {}}
 
     def turn(name, steps):
         st = state[name]
         net, opt = st["net"], st["opt"]
         dist.barrier()
+        tcp0 = linkrun.tcp_counters()
         for _ in range(steps):
             st["step"] += 1
             x, y = batch(st["step"])
@@ -102,6 +104,8 @@ def _worker(args):
         if hasattr(opt, "_wait_in_flight"):
             opt._wait_in_flight()  # finished now, merged at its own step later
         st["times"][-1] += time.perf_counter() - t0
+        for k, v in linkrun.tcp_counters().items():  # this rank's namespace, this turn
+            st["tcp"][k] = st["tcp"].get(k, 0) + v - tcp0.get(k, 0)
 
     for name in args.variants:  # warmup: one period each, not counted
         turn(name, args.dp_steps if name == "dp" else args.tau)
@@ -115,10 +119,12 @@ def _worker(args):
         skip = args.dp_steps if name == "dp" else args.tau
         results[name] = {"step_ms": 1e3 * statistics.mean(st["times"][skip:]),
                          "sent": statistics.mean(st["sent"][skip:]), "loss": st["loss"],
-                         "max_ms": 1e3 * max(st["times"][skip:])}
+                         "max_ms": 1e3 * max(st["times"][skip:]),
+                         "times_ms": [round(1e3 * t, 2) for t in st["times"]], "tcp": st["tcp"]}
         if rank == 0:
             print(f"  {name}: mean step {results[name]['step_ms']:.1f} ms, "
-                  f"{results[name]['sent'] / 1e3:.1f} kB/step", file=sys.stderr, flush=True)
+                  f"{results[name]['sent'] / 1e3:.1f} kB/step, tcp {st['tcp']}", file=sys.stderr,
+                  flush=True)
     if rank == 0:
         with open(args.worker_out, "w") as f:
             json.dump(results, f)
