@@ -19,7 +19,8 @@ The variants take turns in each launch (after one warmup period each,
 machine's speed reaches all of them alike. Per cell: the mean step over the
 turns (whole periods, so every period's syncs count once; a median would
 hide them; a sync still in flight at the end of a turn is waited for there
-and counted), and for data-parallel AdamW the mean over --dp-steps steps;
+and counted) of the slowest rank (the job's pace: ranks that do not
+communicate drift apart, and a sync makes the faster wait), and for data-parallel AdamW the mean over --dp-steps steps;
 bytes this rank put on its link per step (eth0's counters); loss of the
 last step. OUT/summary.md has the table over repeats (medians, ranges).
 """
@@ -113,17 +114,29 @@ def _worker(args):
         for name in args.variants:
             if name != "dp" or rnd == 0:
                 turn(name, args.dp_steps if name == "dp" else args.tau * args.periods)
+    # The job's pace is its slowest rank's: ranks that never communicate
+    # drift apart (one rank of two measured 54 ms a step here while the
+    # other took 42), and a sync makes the faster wait. So each variant's
+    # step is the largest of the ranks' mean steps, the no-communication
+    # floor included; every rank's is kept.
+    means = {name: 1e3 * statistics.mean(state[name]["times"][args.dp_steps if name == "dp"
+                                                               else args.tau:])
+             for name in args.variants}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, means)
     results = {}
     for name in args.variants:
         st = state[name]
         skip = args.dp_steps if name == "dp" else args.tau
-        results[name] = {"step_ms": 1e3 * statistics.mean(st["times"][skip:]),
+        results[name] = {"step_ms": max(m[name] for m in every),
+                         "rank_step_ms": [round(m[name], 2) for m in every],
                          "sent": statistics.mean(st["sent"][skip:]), "loss": st["loss"],
                          "max_ms": 1e3 * max(st["times"][skip:]),
                          "times_ms": [round(1e3 * t, 2) for t in st["times"]], "tcp": st["tcp"]}
         if rank == 0:
             print(f"  {name}: mean step {results[name]['step_ms']:.1f} ms, "
-                  f"{results[name]['sent'] / 1e3:.1f} kB/step, tcp {st['tcp']}", file=sys.stderr,
+                  f"{results[name]['sent'] / 1e3:.1f} kB/step, ranks {results[name]['rank_step_ms']} "
+                  f"ms, tcp {st['tcp']}", file=sys.stderr,
                   flush=True)
     if rank == 0:
         with open(args.worker_out, "w") as f:
