@@ -41,6 +41,11 @@
 // (2(n-1) alpha when the network serialises them), 2(n-1)/n * E bytes sent
 // and the same received. Compute: the worker encodes N elements, the server
 // decodes n * N/n and encodes N/n, and every rank decodes N at the end.
+// With a second-round code of its own (CompressedState::setGatherSpec, of
+// E_g bytes for N elements) a rank sends (n-1)/n * (E + E_g), and the server
+// decodes the sum into the accumulator and encodes it with that code: the
+// bits of the fused pass, one more pass over its segment. Its blocks restart
+// at every segment, as the workers' do.
 #include <algorithm>
 #include <vector>
 
