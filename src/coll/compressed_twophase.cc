@@ -90,17 +90,20 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     return begin < end ? pieceAt(begin, end - begin, phase, unit) : Piece{};
   };
   auto realCount = [&](size_t c, size_t k) { return pieceOf(c, k).count; };
-  // A slot holds a segment's encoding, or a piece's two (one header more).
+  // A slot holds a segment's encoding, or a piece's two (one header more):
+  // `slot` for the workers' code (send, exchange), `gslot` for the servers'
+  // (server, gather).
   size_t slot = 0, headroom = 0, gslot = 0, gheadroom = 0;
   SQUALL_TRY(codec::encodedSize(spec, seg, &slot));
   SQUALL_TRY(codec::encodedSize(spec, unit, &headroom));
   SQUALL_TRY(codec::encodedSize(gspec, seg, &gslot));
   SQUALL_TRY(codec::encodedSize(gspec, unit, &gheadroom));
-  slot = std::max(slot + headroom, gslot + gheadroom);
+  slot += headroom;
+  gslot += gheadroom;
   state->scratch().sendBuffer.resize(nn * segments * slot);
   state->scratch().recvBuffer.resize(nn * segments * slot);
-  state->scratch().gatherBuffer.resize(nn * segments * slot);
-  state->scratch().serverBuffer.resize(segments * slot);
+  state->scratch().gatherBuffer.resize(nn * segments * gslot);
+  state->scratch().serverBuffer.resize(segments * gslot);
   if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
   if (!fused) state->scratch().accumulator.resize(seg);
   const codec::Stores stores = callStores(*state, esize);
@@ -111,9 +114,9 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
   auto gatherSlot = [&](size_t c, size_t k) {
-    return state->scratch().gatherBuffer.data() + (c * segments + k) * slot;
+    return state->scratch().gatherBuffer.data() + (c * segments + k) * gslot;
   };
-  auto serverSlot = [&](size_t k) { return state->scratch().serverBuffer.data() + k * slot; };
+  auto serverSlot = [&](size_t k) { return state->scratch().serverBuffer.data() + k * gslot; };
   std::vector<size_t> serverBytes(segments, 0);
   const auto gatherStep = static_cast<uint32_t>(segments);
 
@@ -163,13 +166,13 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     const int divisor = op == ReduceOp::kAvg ? n : 1;
     if (fused) {
       SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, divisor, residual.in, residual.out,
-                                serverSlot(k), slot, &result, stores));
+                                serverSlot(k), gslot, &result, stores));
     } else {
       float* sum = state->scratch().accumulator.data();
       SQUALL_TRY(
           decodeSumPiece(spec, encodings, bytes, piece, sum, divisor, codec::Stores::kCached));
       SQUALL_TRY(encodePiece(gspec, piece, reinterpret_cast<const uint8_t*>(sum),
-                             codec::DType::kF32, residual.in, residual.out, serverSlot(k), slot,
+                             codec::DType::kF32, residual.in, residual.out, serverSlot(k), gslot,
                              &result));
     }
     serverBytes[k] = result.bytes;
