@@ -330,8 +330,9 @@ SQUALL_API squallResult_t squallCompressorSetAlgorithm(squallCompressor_t compre
  * (squallCompressorAlgoBytes) counts it. Set it alike on every rank,
  * before a call or between calls; a compressed code only (squallCodecNone is
  * squallInvalidArgument). A reduce-scatter compressor has no all-gather
- * (squallInvalidUsage); one of a communicator from NCCL takes only its own
- * code (squallUnsupported). */
+ * (squallInvalidUsage). One of a communicator from NCCL takes it before
+ * its first call only (its device buffers are sized for it; later:
+ * squallInvalidUsage). */
 SQUALL_API squallResult_t squallCompressorSetGatherCodec(squallCompressor_t compressor,
                                                          const squallCodecSpec_t* spec);
 

@@ -39,8 +39,8 @@ class Report {
     fallback_.compare_exchange_strong(unset, rank);
   }
 
-  // `gatherCodec`: the two-phase allreduce's second-round code on host
-  // communicators (Policy::gather).
+  // `gatherCodec`: the two-phase allreduce's second-round code
+  // (Policy::gather).
   std::string json(const std::string& codec, const std::string& gatherCodec = "") const;
   // Writes the file and the INFO line once (later calls do nothing).
   void finish(const Policy& policy);

@@ -387,7 +387,8 @@ class Compressor:
     rank's reduced chunk, re-encoded for the all-gather); None (default) is
     the compressor's own. "int8" behind "int4" keeps the second encoding's
     error small for (n-1)/n x 12.1 bits per element; the "bytes" choice
-    counts it. Host communicators; the same on every rank.
+    counts it. The same on every rank; a communicator from NCCL takes it
+    here only (its device buffers are sized for it).
     """
 
     def __init__(self, comm=None, numel=None, codec="onebit", kind="allreduce",

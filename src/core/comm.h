@@ -109,8 +109,8 @@ class Compressor {
   // kAuto (the time model), kAutoBytes, or a fixed one.
   virtual Status setAlgorithm(coll::CompressedAlgo algo) = 0;
   // The code the two-phase allreduce's servers re-encode with
-  // (coll::CompressedState::setGatherSpec). A device compressor re-encodes
-  // with spec() and takes only that (kUnsupported otherwise).
+  // (coll::CompressedState::setGatherSpec). A device compressor takes it
+  // before its first call only (coll::device::DeviceCompressedState).
   virtual Status setGatherSpec(const codec::Spec& spec) = 0;
 
   // Handing error feedback from one compressor to another, for a caller that

@@ -42,13 +42,7 @@ class DeviceCompressor final : public Compressor {
                    "squallCompressorAlgoAllGather is for host communicators");
     return Status::kOk;
   }
-  Status setGatherSpec(const codec::Spec& gather) override {
-    SQUALL_REQUIRE(codec::sameEncoding(gather, spec()), Status::kUnsupported, Subsys::kApi,
-                   "a compressor of a communicator from NCCL re-encodes the reduced chunks with "
-                   "its own code (%s); another code for the all-gather is for host communicators",
-                   codec::codecName(spec().codec));
-    return Status::kOk;
-  }
+  Status setGatherSpec(const codec::Spec& gather) override { return state_->setGatherSpec(gather); }
   Status stats(CompressorStats* out) override {
     CompressorStats s;
     s.calls = calls_;

@@ -25,6 +25,7 @@
 
 #include "nccl_emu.h"
 #include "src/bootstrap/bootstrap.h"
+#include "src/codec/codec.h"
 #include "src/core/comm.h"
 #include "tests/gpu/at_exit.h"
 
@@ -171,6 +172,67 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     EXPECT_EQ(ds.skippedCalls, 0u);
     EXPECT_GT(ds.bytesSent, 0u);
     ASSERT_EQ(dev->reset(), Status::kOk) << lastError();
+  });
+}
+
+// The interposer's default at 4 ranks: int4 workers and an int8 second
+// round, the same bits on both engines call after call; the device takes
+// the second round's code before its first call only.
+TEST(CoreNcclEmu, AGatherCodeMatchesTheHostEngine) {
+  const int n = 4;
+  const size_t count = 5000;
+  codec::Spec int4, int8;
+  int4.codec = codec::CodecId::kInt4;
+  int4.block = 256;
+  int8.codec = codec::CodecId::kInt8;
+  runRanks(n, [&](int r, Rank& k) {
+    std::unique_ptr<Compressor> dev, host, same;
+    ASSERT_EQ(k.nccl->createCompressor(count, int4, &dev), Status::kOk) << lastError();
+    ASSERT_EQ(k.host->createCompressor(count, int4, &host), Status::kOk);
+    ASSERT_EQ(k.host->createCompressor(count, int4, &same), Status::kOk);
+    ASSERT_EQ(dev->setGatherSpec(int8), Status::kOk) << lastError();
+    ASSERT_EQ(host->setGatherSpec(int8), Status::kOk) << lastError();
+    cudaStream_t stream = nullptr;
+    const AtExit destroyStream{[&] {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    float* d = nullptr;
+    const AtExit freeBuffer{[&] {
+      if (d != nullptr) cudaFree(d);
+    }};
+    ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<float> x = input(r, call, count);
+      std::vector<float> want(count), got(count), int4Both(count);
+      ASSERT_EQ(
+          k.host->compressedAllReduce(x.data(), want.data(), DataType::kF32, ReduceOp::kAvg, *host),
+          Status::kOk)
+          << lastError();
+      ASSERT_EQ(k.host->compressedAllReduce(x.data(), int4Both.data(), DataType::kF32,
+                                            ReduceOp::kAvg, *same),
+                Status::kOk);
+      cudaMemcpy(d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+      ASSERT_EQ(
+          k.nccl->compressedAllReduceOnStream(d, d, DataType::kF32, ReduceOp::kAvg, *dev, stream),
+          Status::kOk)
+          << lastError();
+      cudaMemcpyAsync(got.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream);
+      cudaStreamSynchronize(stream);
+      EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
+      EXPECT_FALSE(sameBits(got, int4Both)) << "the int8 round changed nothing, call " << call;
+    }
+    EXPECT_EQ(dev->setGatherSpec(int4), Status::kInvalidUsage);
+    EXPECT_NE(lastError().find("before its first call"), std::string::npos) << lastError();
+    // Bytes: 3 int4 pieces out, 3 whole int8 gather slots (1280 elements) out.
+    size_t piece = 0, slot = 0;
+    ASSERT_EQ(codec::encodedSize(int8, 1280, &slot), Status::kOk);
+    ASSERT_EQ(codec::encodedSize(int4, 1280, &piece), Status::kOk);
+    CompressorStats ds;
+    ASSERT_EQ(dev->stats(&ds), Status::kOk) << lastError();
+    if (r == n - 1) {
+      EXPECT_EQ(ds.bytesSent, 3 * (piece + slot));
+    }
   });
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "nccl_emu.h"
+#include "src/codec/codec.h"
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
 #include "src/transport/nccl/device_comm.h"
@@ -35,8 +36,9 @@ struct Case {
   bool average;
   bool inPlace;
   DataType dtype = DataType::kF32;
-  bool graph = false;  // capture the first call, replay it for the others
-  int badCall = -1;    // this call's input on the last rank holds a NaN and an inf
+  bool graph = false;                   // capture the first call, replay it for the others
+  int badCall = -1;                     // this call's input on the last rank holds a NaN and an inf
+  const codec::Spec* gather = nullptr;  // the second round's code (setGatherSpec)
 };
 
 uint32_t bits(float f) {
@@ -52,6 +54,7 @@ void referenceCalls(const Case& c, int calls, std::vector<std::vector<std::vecto
   std::mt19937 rng(1234 + c.n * 7 + static_cast<int>(c.count));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   testing::CompressedReference ref(c.n, c.count, c.spec);
+  if (c.gather != nullptr) ref.setGatherSpec(*c.gather);
   const auto nn = static_cast<size_t>(c.n);
   auto& inputs = *in;
   auto& expected = *want;
@@ -71,6 +74,29 @@ void referenceCalls(const Case& c, int calls, std::vector<std::vector<std::vecto
     }
     expected[t] = ref.twoPhase(inputs[t], c.average);
   }
+}
+
+size_t encodedBytes(const codec::Spec& spec, size_t count) {
+  size_t bytes = 0;
+  EXPECT_EQ(codec::encodedSize(spec, count, &bytes), Status::kOk);
+  return bytes;
+}
+
+// What rank r sends per call with a second-round code: its workers' pieces
+// of every other chunk, then its whole gather slot to every other rank.
+uint64_t gatherBytes(const Case& c, int r) {
+  const size_t unit = codec::usesBlocks(c.spec.codec) ? c.spec.block : 1;
+  const size_t group = unit * static_cast<size_t>(c.n);
+  const size_t chunk = (c.count + group - 1) / group * group / static_cast<size_t>(c.n);
+  uint64_t sent = 0;
+  for (int j = 0; j < c.n; ++j) {
+    if (j == r) continue;
+    const size_t begin = std::min(c.count, static_cast<size_t>(j) * chunk);
+    const size_t m = std::min(chunk, c.count - begin);
+    if (m != 0) sent += encodedBytes(c.spec, m);
+    sent += encodedBytes(*c.gather, chunk);
+  }
+  return sent;
 }
 
 // Runs `calls` calls on n threads and compares every output with the reference.
@@ -105,6 +131,10 @@ void check(const Case& c, int calls) {
     std::unique_ptr<DeviceCompressedState> state;
     if (DeviceCompressedState::create(c.n, r, c.count, c.spec, &state) != Status::kOk)
       return fail("create");
+    if (c.gather != nullptr) {
+      if (state->setGatherSpec(*c.gather) != Status::kOk) return fail("setGatherSpec");
+      if (state->bytesSent() != gatherBytes(c, r)) return fail("bytes sent");
+    }
     cudaMalloc(&in, c.count * esize + 8);
     cudaMalloc(&out, c.count * esize + 8);
     void* target = c.inPlace ? in : out;
@@ -147,7 +177,10 @@ void check(const Case& c, int calls) {
     }
     bool decodeError = false;
     if (state->takeDecodeError(stream, &decodeError) != Status::kOk || decodeError)
-      fail("device decode error flag");
+      return fail("device decode error flag");
+    // The gather slots are sized: no other code once the state was used.
+    if (c.n > 1 && c.count != 0 && state->setGatherSpec(c.spec) != Status::kInvalidUsage)
+      fail("setGatherSpec after a call was not refused");
   };
   std::vector<std::thread> threads;
   threads.reserve(nn);
@@ -290,6 +323,44 @@ TEST(DeviceAllReduceEmu, ANonFiniteCallLeavesEveryRanksResiduals) {
   Case bf16{2, 500, kOnebit64, true, false, DataType::kBf16};
   bf16.badCall = 1;
   check(bf16, 3);
+}
+// A second round with a code of its own (int8 behind int4, the interposer's
+// default at every size on the device): the servers decode and sum the
+// worker pieces, divide, and re-encode with the wider code, whose blocks
+// differ from the workers'; fp32 and bf16 buffers, a captured graph, a
+// non-finite call (int8's output check), and onebit behind int8 (onebit's
+// decode verdict on the gathered chunks).
+const codec::Spec kInt8Wide{codec::CodecId::kInt8, codec::Scale::kMeanAbs, 512};
+TEST(DeviceAllReduceEmu, AGatherCodeReencodesTheReducedChunks) {
+  Case wide{4, 3001, kInt4, true, false};
+  wide.gather = &kInt8Wide;
+  check(wide, 3);
+  Case sum{3, 777, kInt4, false, true, DataType::kBf16};
+  sum.gather = &kInt8Wide;
+  check(sum, 2);
+  Case graph{4, 1000, kInt4, true, false, DataType::kF32, true};
+  graph.gather = &kInt8Wide;
+  check(graph, 3);
+  Case bad{4, 3001, kInt4, true, false};
+  bad.gather = &kInt8Wide;
+  bad.badCall = 1;
+  check(bad, 3);
+  Case onebitGather{3, 1000, kInt8, false, false};
+  onebitGather.gather = &kOnebit64;
+  onebitGather.badCall = 1;
+  check(onebitGather, 3);
+  Case onebitWorkers{4, 1000, kOnebit64, true, false};  // not the fused server kernel
+  onebitWorkers.gather = &kInt8Wide;
+  check(onebitWorkers, 2);
+}
+TEST(DeviceAllReduceEmu, TheGatherCodeIsChosenBeforeTheFirstCall) {
+  std::unique_ptr<DeviceCompressedState> state;
+  ASSERT_EQ(DeviceCompressedState::create(2, 0, 100, kInt4, &state), Status::kOk);
+  EXPECT_EQ(state->setGatherSpec({codec::CodecId::kNone, codec::Scale::kMeanAbs, 0}),
+            Status::kInvalidArgument);
+  EXPECT_EQ(state->gatherSpec().codec, codec::CodecId::kInt4);
+  ASSERT_EQ(state->setGatherSpec(kInt8Wide), Status::kOk);
+  EXPECT_EQ(state->gatherSpec().codec, codec::CodecId::kInt8);
 }
 TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, false}, 1); }
 TEST(DeviceAllReduceEmu, TwoStreamsAreOrderedOnTheDevice) {

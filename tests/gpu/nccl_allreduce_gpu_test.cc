@@ -61,6 +61,7 @@ struct Case {
   squallDataType_t dtype;
   int calls;
   bool graph;
+  const squallCodecSpec_t* gather = nullptr;  // the second round's code
 };
 
 squall::codec::Spec toSpec(const squallCodecSpec_t& s) {
@@ -87,6 +88,10 @@ void runCase(const Case& c, squallComm_t comm, int n, cudaStream_t stream) {
   squall::testing::CompressedReference ref(n, c.count, toSpec(c.spec));
   squallCompressor_t compressor = nullptr;
   SQ_OK(squallCompressorCreate(comm, c.count, &c.spec, &compressor));
+  if (c.gather != nullptr) {
+    ref.setGatherSpec(toSpec(*c.gather));
+    SQ_OK(squallCompressorSetGatherCodec(compressor, c.gather));
+  }
   void* in = nullptr;
   void* out = nullptr;
   CUDA_OK(cudaMalloc(&in, c.count * esize));
@@ -208,6 +213,10 @@ void runChild(const Child& child, cudaStream_t stream) {
   runCase({"nccl-onebit-sum-inplace", 1000, onebit, false, true, squallFloat32, 2, false}, comm, n,
           stream);
   runCase({"nccl-int8-avg", big, int8, true, false, squallFloat32, 2, false}, comm, n, stream);
+  const squallCodecSpec_t int4 = {squallCodecInt4, squallScaleMeanAbs, 256};
+  const squallCodecSpec_t int8Wide = {squallCodecInt8, squallScaleMeanAbs, 2048};
+  runCase({"nccl-int4-int8-gather", big, int4, true, false, squallFloat32, 3, false, &int8Wide},
+          comm, n, stream);
   runCase({"nccl-bf16-buffers", big, onebit, true, false, squallBfloat16, 2, false}, comm, n,
           stream);
   runCase({"nccl-graph-replay", big, onebit, true, false, squallFloat32, 3, true}, comm, n, stream);

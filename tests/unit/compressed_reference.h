@@ -52,7 +52,7 @@ class CompressedReference {
  public:
   // Residual state of one buffer for n virtual ranks.
   CompressedReference(int n, size_t count, const codec::Spec& spec, size_t phase = 0)
-      : n_(n), count_(count), spec_(spec), phase_(phase) {
+      : n_(n), count_(count), spec_(spec), gather_(spec), phase_(phase) {
     unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
     const size_t group = unit_ * static_cast<size_t>(n);
     chunk_ = (phase + count + group - 1) / group;
@@ -62,6 +62,10 @@ class CompressedReference {
       server_.push_back(Residual(chunk_));
     }
   }
+
+  // The servers' code in twoPhase (CompressedState::setGatherSpec): the sum
+  // of the decoded pieces is re-encoded with it and every rank decodes it.
+  void setGatherSpec(const codec::Spec& gather) { gather_ = gather; }
 
   // One two-phase call; inputs[r] holds count floats. Returns the output
   // every rank must produce; workerCommitted/serverCommitted report which
@@ -77,7 +81,7 @@ class CompressedReference {
     for (size_t j = 0; j < n; ++j) {
       for (size_t c = 0; c < n; ++c) {
         const size_t at = first(c);  // virtual
-        encoded[j].push_back(encodePiece(inputs[j].data() + (at - phase_), realCount(c),
+        encoded[j].push_back(encodePiece(spec_, inputs[j].data() + (at - phase_), realCount(c),
                                          worker_[j].current.data() + at,
                                          worker_[j].next.data() + at, head(c), &finite));
       }
@@ -86,11 +90,12 @@ class CompressedReference {
     for (size_t r = 0; r < n; ++r) {
       const size_t m = realCount(r);
       std::vector<float> acc(m);
-      for (size_t j = 0; j < n; ++j) decodePiece(encoded[j][r], acc.data(), m, head(r), j != 0);
+      for (size_t j = 0; j < n; ++j)
+        decodePiece(spec_, encoded[j][r], acc.data(), m, head(r), j != 0);
       if (average)
         for (float& v : acc) v = v / static_cast<float>(n);
       const size_t at = first(r) - r * chunk_;
-      serverEncoded[r] = encodePiece(acc.data(), m, server_[r].current.data() + at,
+      serverEncoded[r] = encodePiece(gather_, acc.data(), m, server_[r].current.data() + at,
                                      server_[r].next.data() + at, head(r), &finite);
     }
     for (size_t r = 0; r < n; ++r) {
@@ -101,8 +106,8 @@ class CompressedReference {
     std::vector<float> out(count_);
     for (size_t c = 0; c < n; ++c)
       if (realCount(c) != 0)
-        decodePiece(serverEncoded[c], out.data() + (first(c) - phase_), realCount(c), head(c),
-                    false);
+        decodePiece(gather_, serverEncoded[c], out.data() + (first(c) - phase_), realCount(c),
+                    head(c), false);
     return out;
   }
 
@@ -116,7 +121,7 @@ class CompressedReference {
     bool finite = true;  // every rank's encode
     const size_t lead = phase_ != 0 ? std::min(unit_ - phase_, count_) : 0;
     for (size_t j = 0; j < n; ++j) {
-      encoded[j] = encodePiece(inputs[j].data(), count_, worker_[j].current.data() + phase_,
+      encoded[j] = encodePiece(spec_, inputs[j].data(), count_, worker_[j].current.data() + phase_,
                                worker_[j].next.data() + phase_, lead < count_ ? lead : 0, &finite);
     }
     for (size_t j = 0; j < n; ++j) {
@@ -125,7 +130,7 @@ class CompressedReference {
     }
     std::vector<float> out(count_);
     for (size_t j = 0; j < n; ++j)
-      decodePiece(encoded[j], out.data(), count_, lead < count_ ? lead : 0, j != 0);
+      decodePiece(spec_, encoded[j], out.data(), count_, lead < count_ ? lead : 0, j != 0);
     if (average)
       for (float& v : out) v = v / static_cast<float>(n);
     return out;
@@ -160,39 +165,32 @@ class CompressedReference {
   }
 
   // A piece: its first `h` elements and the rest as two encodings.
-  std::vector<uint8_t> encodePiece(const float* x, size_t m, const float* residualIn,
-                                   float* residualOut, size_t h, bool* finite) const {
-    if (h == 0) return encode(x, m, residualIn, residualOut, finite);
-    std::vector<uint8_t> bytes = encode(x, h, residualIn, residualOut, finite);
-    const std::vector<uint8_t> rest = encode(x + h, m - h, residualIn + h, residualOut + h, finite);
+  static std::vector<uint8_t> encodePiece(const codec::Spec& spec, const float* x, size_t m,
+                                          const float* residualIn, float* residualOut, size_t h,
+                                          bool* finite) {
+    if (h == 0) return referenceEncode(spec, x, m, residualIn, residualOut, finite);
+    std::vector<uint8_t> bytes = referenceEncode(spec, x, h, residualIn, residualOut, finite);
+    const std::vector<uint8_t> rest =
+        referenceEncode(spec, x + h, m - h, residualIn + h, residualOut + h, finite);
     bytes.insert(bytes.end(), rest.begin(), rest.end());
     return bytes;
   }
-  void decodePiece(const std::vector<uint8_t>& bytes, float* out, size_t m, size_t h,
-                   bool accumulate) const {
-    if (h == 0) return decode(bytes, out, m, accumulate);
+  static void decodePiece(const codec::Spec& spec, const std::vector<uint8_t>& bytes, float* out,
+                          size_t m, size_t h, bool accumulate) {
+    if (h == 0) return referenceDecode(spec, bytes, out, m, accumulate);
     codec::Layout layout;
-    if (codec::layoutFor(spec_, h, &layout) != Status::kOk) std::abort();
+    if (codec::layoutFor(spec, h, &layout) != Status::kOk) std::abort();
     const std::vector<uint8_t> first(bytes.begin(),
                                      bytes.begin() + static_cast<ptrdiff_t>(layout.totalBytes));
     const std::vector<uint8_t> rest(bytes.begin() + static_cast<ptrdiff_t>(layout.totalBytes),
                                     bytes.end());
-    decode(first, out, h, accumulate);
-    decode(rest, out + h, m - h, accumulate);
-  }
-
-  std::vector<uint8_t> encode(const float* x, size_t m, const float* residualIn, float* residualOut,
-                              bool* finite) const {
-    return referenceEncode(spec_, x, m, residualIn, residualOut, finite);
-  }
-
-  void decode(const std::vector<uint8_t>& bytes, float* out, size_t m, bool accumulate) const {
-    referenceDecode(spec_, bytes, out, m, accumulate);
+    referenceDecode(spec, first, out, h, accumulate);
+    referenceDecode(spec, rest, out + h, m - h, accumulate);
   }
 
   int n_;
   size_t count_;
-  codec::Spec spec_;
+  codec::Spec spec_, gather_;
   size_t phase_ = 0;
   size_t unit_ = 1;
   size_t chunk_ = 0;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "src/codec/codec.h"
 #include "src/codec/numeric.h"
 #include "src/coll/device/device_allreduce.h"
 #include "src/common/cuda_status.h"
@@ -81,13 +82,6 @@ Status allocate(T** p, size_t bytes) {
   return Status::kOk;
 }
 
-Status encodedSize(const codec::Spec& spec, size_t count, size_t* bytes) {
-  codec::Layout layout;
-  SQUALL_TRY(codec::layoutFor(spec, count, &layout));
-  *bytes = layout.totalBytes;
-  return Status::kOk;
-}
-
 }  // namespace
 
 Status DeviceCompressedState::create(int nranks, int rank, size_t count, const codec::Spec& spec,
@@ -101,7 +95,7 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
   s->nranks_ = nranks;
   s->rank_ = rank;
   s->count_ = count;
-  s->spec_ = spec;
+  s->spec_ = s->gatherSpec_ = spec;
   const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
   const size_t group = unit * static_cast<size_t>(nranks);
   SQUALL_REQUIRE(count <= SIZE_MAX / 8 - group, Status::kInvalidArgument, Subsys::kColl,
@@ -112,36 +106,66 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
     *out = std::move(s);
     return Status::kOk;
   }
-  SQUALL_TRY(encodedSize(spec, s->chunk_, &s->slot_));
+  SQUALL_TRY(codec::encodedSize(spec, s->chunk_, &s->slot_));
+  s->gslot_ = s->slot_;
   const auto nn = static_cast<size_t>(nranks);
   SQUALL_TRY(codec::cudaResidualCreate(padded, &s->worker_));
   SQUALL_TRY(codec::cudaResidualCreate(s->chunk_, &s->server_));
   SQUALL_TRY(allocate(&s->send_, nn * s->slot_));
   SQUALL_TRY(allocate(&s->recv_, nn * s->slot_));
-  SQUALL_TRY(allocate(&s->gather_, nn * s->slot_));
+  SQUALL_TRY(allocate(&s->gather_, nn * s->gslot_));
   SQUALL_TRY(allocate(&s->acc_, s->chunk_ * sizeof(float)));
   SQUALL_TRY(allocate(&s->error_, sizeof(int)));
   SQUALL_TRY(allocate(&s->nonFinite_, sizeof(int)));
   SQUALL_CUDA_TRY(cudaEventCreateWithFlags(&s->lastUse_, cudaEventDisableTiming));
-  // Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
-  // all-gather moves (n-1) whole slots each way.
-  const size_t r = static_cast<size_t>(rank);
+  SQUALL_TRY(s->tally());
+  *out = std::move(s);
+  return Status::kOk;
+}
+
+// Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
+// all-gather moves (n-1) whole gather slots each way.
+Status DeviceCompressedState::tally() {
+  bytesSent_ = bytesReceived_ = 0;
+  const auto nn = static_cast<size_t>(nranks_);
+  const auto r = static_cast<size_t>(rank_);
   for (size_t j = 0; j < nn; ++j) {
     if (j == r) continue;
     size_t bytes = 0;
-    if (s->realCount(j) != 0) {
-      SQUALL_TRY(encodedSize(spec, s->realCount(j), &bytes));
-      s->bytesSent_ += bytes;
+    if (realCount(j) != 0) {
+      SQUALL_TRY(codec::encodedSize(spec_, realCount(j), &bytes));
+      bytesSent_ += bytes;
     }
-    if (s->realCount(r) != 0) {
-      SQUALL_TRY(encodedSize(spec, s->realCount(r), &bytes));
-      s->bytesReceived_ += bytes;
+    if (realCount(r) != 0) {
+      SQUALL_TRY(codec::encodedSize(spec_, realCount(r), &bytes));
+      bytesReceived_ += bytes;
     }
-    s->bytesSent_ += s->slot_;
-    s->bytesReceived_ += s->slot_;
+    bytesSent_ += gslot_;
+    bytesReceived_ += gslot_;
   }
-  *out = std::move(s);
   return Status::kOk;
+}
+
+Status DeviceCompressedState::setGatherSpec(const codec::Spec& spec) {
+  SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kColl,
+                 "the all-gather's code must be a compressed one; leave it unset for the "
+                 "allreduce's own");
+  SQUALL_REQUIRE(!touched_, Status::kInvalidUsage, Subsys::kColl,
+                 "the all-gather's code of a device compressed allreduce is chosen before its "
+                 "first call (its buffers are sized for it); make a new compressor");
+  gatherSpec_ = spec;
+  if (worker_ == nullptr) return Status::kOk;  // the identity: nothing is sent
+  size_t gslot = 0;
+  SQUALL_TRY(codec::encodedSize(spec, chunk_, &gslot));
+  if (gslot != gslot_) {
+    uint8_t* gather = nullptr;
+    SQUALL_TRY(allocate(&gather, static_cast<size_t>(nranks_) * gslot));
+    cudaFree(gather_);
+    gather_ = gather;
+    gslot_ = gslot;
+  }
+  return tally();
 }
 
 DeviceCompressedState::~DeviceCompressedState() {
@@ -163,6 +187,7 @@ size_t DeviceCompressedState::realCount(size_t c) const {
 }
 
 Status DeviceCompressedState::enter(cudaStream_t stream, bool* captured) {
+  touched_ = true;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   SQUALL_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
   *captured = capture != cudaStreamCaptureStatusNone;
@@ -285,12 +310,14 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   const auto rr = static_cast<size_t>(state->rank_);
   const size_t chunk = state->chunk_;
   const size_t slot = state->slot_;
+  const size_t gslot = state->gslot_;
   const codec::Spec spec = state->spec_;
+  const codec::Spec gspec = state->gatherSpec_;
   const codec::DType inType = dtype == DataType::kF16    ? codec::DType::kF16
                               : dtype == DataType::kBf16 ? codec::DType::kBf16
                                                          : codec::DType::kF32;
   const auto* input = static_cast<const uint8_t*>(in);
-  auto encodedOf = [&](size_t m, size_t* bytes) { return encodedSize(spec, m, bytes); };
+  auto encodedOf = [&](size_t m, size_t* bytes) { return codec::encodedSize(spec, m, bytes); };
   bool captured = false;
   SQUALL_TRY(state->enter(stream, &captured));
 
@@ -326,16 +353,17 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   }
   SQUALL_TRY(comm.groupEnd());
 
-  // 3. Server: sum the pieces of my chunk in rank order, divide, encode,
-  // straight into my slot of the gather buffer. Onebit does it in one kernel
-  // that reads the pieces and writes only the encoding and the residual; the
-  // other codecs go through the fp32 accumulator (the same bits either way).
-  const bool onebit = spec.codec == codec::CodecId::kOnebit;
-  if (mine != 0 && onebit) {
+  // 3. Server: sum the pieces of my chunk in rank order, divide, encode with
+  // the second round's code, straight into my slot of the gather buffer.
+  // Onebit both ways does it in one kernel that reads the pieces and writes
+  // only the encoding and the residual; the rest go through the fp32
+  // accumulator (the same bits either way).
+  const bool fused = spec.codec == codec::CodecId::kOnebit && codec::sameEncoding(spec, gspec);
+  if (mine != 0 && fused) {
     size_t bytes = 0;
     SQUALL_TRY(codec::cudaServeChunk(
         spec, state->recv_, slot, n, mineBytes, mine, op == ReduceOp::kAvg, *state->server_, 0,
-        state->gather_ + rr * slot, slot, stream, &bytes, state->error_));
+        state->gather_ + rr * gslot, gslot, stream, &bytes, state->error_));
   } else if (mine != 0) {
     for (size_t j = 0; j < nn; ++j) {
       const uint8_t* piece = state->recv_ + j * slot;
@@ -350,27 +378,28 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
       SQUALL_TRY(launchFailure("the avg division kernel"));
     }
     size_t bytes = 0;
-    SQUALL_TRY(codec::cudaEncodeChunk(spec, state->acc_, codec::DType::kF32, mine, state->server_,
-                                      0, state->gather_ + rr * slot, slot, stream, &bytes));
+    SQUALL_TRY(codec::cudaEncodeChunk(gspec, state->acc_, codec::DType::kF32, mine, state->server_,
+                                      0, state->gather_ + rr * gslot, gslot, stream, &bytes));
   }
 
   // 4. All-gather the server chunks (in place: mine is already in its slot)
   // and decode them all. The verdict of 5 is whether a decoded fp32 value
   // (before any rounding to fp16/bf16) is not finite: the onebit decode
   // raises it from the scales, the other codecs need a pass over the values.
-  SQUALL_TRY(comm.allGather(state->gather_ + rr * slot, state->gather_, slot, stream));
+  SQUALL_TRY(comm.allGather(state->gather_ + rr * gslot, state->gather_, gslot, stream));
+  const bool onebit = gspec.codec == codec::CodecId::kOnebit;
   int* decodeVerdict = onebit ? state->nonFinite_ : nullptr;
   for (size_t c = 0; c < nn; ++c) {
     const size_t m = state->realCount(c);
     if (m == 0) continue;
     size_t bytes = 0;
-    SQUALL_TRY(encodedOf(m, &bytes));
-    const uint8_t* encoded = state->gather_ + c * slot;
+    SQUALL_TRY(codec::encodedSize(gspec, m, &bytes));
+    const uint8_t* encoded = state->gather_ + c * gslot;
     if (dtype == DataType::kF32) {
-      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, static_cast<float*>(out) + c * chunk, m,
+      SQUALL_TRY(codec::cudaDecode(gspec, encoded, bytes, static_cast<float*>(out) + c * chunk, m,
                                    stream, state->error_, decodeVerdict));
     } else {
-      SQUALL_TRY(codec::cudaDecode(spec, encoded, bytes, state->acc_, m, stream, state->error_,
+      SQUALL_TRY(codec::cudaDecode(gspec, encoded, bytes, state->acc_, m, stream, state->error_,
                                    decodeVerdict));
       uint16_t* halves = static_cast<uint16_t*>(out) + c * chunk;
       if (dtype == DataType::kBf16) {

@@ -12,13 +12,16 @@
 //      j != r;
 //   3. server: for onebit cudaServeChunk (one kernel: sum of the n pieces in
 //      rank order, / n for avg, encoded with the server residual); for the
-//      other codecs cudaDecode of piece 0, cudaDecodeAccumulate of pieces
-//      1..n-1, acc / n for avg, cudaEncodeChunk with the server residual;
+//      other codecs, and whenever the second round has a code of its own
+//      (setGatherSpec), cudaDecode of piece 0, cudaDecodeAccumulate of pieces
+//      1..n-1, acc / n for avg, cudaEncodeChunk with the server residual and
+//      the second round's code;
 //   4. allGather of the server slots (every slot has the size of a whole
-//      chunk's encoding; a shorter last chunk leaves the tail unused), then
-//      cudaDecode of every chunk into the output (fp16/bf16: decode to fp32
-//      scratch, then a rounding kernel); onebit's decode flags a non-finite
-//      scale itself, the other codecs' output is checked by one more pass;
+//      chunk's encoding in the second round's code; a shorter last chunk
+//      leaves the tail unused), then cudaDecode of every chunk into the
+//      output (fp16/bf16: decode to fp32 scratch, then a rounding kernel);
+//      onebit's decode flags a non-finite scale itself, the other codecs'
+//      output is checked by one more pass;
 //   5. cudaResidualCommit of both residuals, skipped on every rank alike when
 //      the decoded output holds a non-finite value (a non-finite block on any
 //      rank reaches every output), as the host algorithm decides.
@@ -64,6 +67,13 @@ class DeviceCompressedState {
   size_t chunk() const { return chunk_; }
   size_t slotBytes() const { return slot_; }
   const codec::Spec& spec() const { return spec_; }
+  // The code the servers re-encode the reduced chunks with: spec() unless
+  // setGatherSpec chose another (a wider one behind a narrow worker code, as
+  // coll::CompressedState::setGatherSpec on the host: the same bits).
+  const codec::Spec& gatherSpec() const { return gatherSpec_; }
+  // Before the first use only (the gather slots are sized for it; later:
+  // kInvalidUsage); "none" is refused.
+  Status setGatherSpec(const codec::Spec& spec);
   const codec::DeviceResidual* worker() const { return worker_; }
   const codec::DeviceResidual* server() const { return server_; }
   // Payload bytes this rank sends per call (headers included).
@@ -88,6 +98,7 @@ class DeviceCompressedState {
                                     void*, DataType, ReduceOp, DeviceCompressedState*);
   DeviceCompressedState() = default;
   size_t realCount(size_t c) const;
+  Status tally();  // bytesSent_ and bytesReceived_ from the specs and slots
   // The stream-order of uses (see above): `enter` before a use on `stream`,
   // `leave` after it, with what `enter` said of capture.
   Status enter(cudaStream_t stream, bool* captured);
@@ -96,19 +107,21 @@ class DeviceCompressedState {
   int rank_ = 0;
   size_t count_ = 0;
   size_t chunk_ = 0;
-  size_t slot_ = 0;
-  codec::Spec spec_;
+  size_t slot_ = 0;   // a chunk's encoding in spec_: the send and receive slots
+  size_t gslot_ = 0;  // in gatherSpec_: the gather slots
+  codec::Spec spec_, gatherSpec_;
   codec::DeviceResidual* worker_ = nullptr;
   codec::DeviceResidual* server_ = nullptr;
   uint8_t* send_ = nullptr;        // n slots: the worker's encoded chunks (slot r unused)
   uint8_t* recv_ = nullptr;        // n slots: the pieces of my chunk, mine included
-  uint8_t* gather_ = nullptr;      // n slots: every server's encoded chunk
+  uint8_t* gather_ = nullptr;      // n gather slots: every server's encoded chunk
   float* acc_ = nullptr;           // chunk floats: server accumulator (not onebit), decode scratch
   int* error_ = nullptr;           // device decode-error flag
   int* nonFinite_ = nullptr;       // device flag: this call's output has a non-finite value
   cudaEvent_t lastUse_ = nullptr;  // recorded at the end of every use outside capture
   cudaStream_t lastStream_ = nullptr;  // the stream of that use (valid when used_)
   bool used_ = false;
+  bool touched_ = false;  // any use yet, captured or not (setGatherSpec's guard)
   uint64_t bytesSent_ = 0;
   uint64_t bytesReceived_ = 0;
 };
