@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 import socket
+import sys
 import tempfile
 import time
 
@@ -53,23 +54,48 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _stage(tmpdir, rank, what):
+    """Marks how far this rank got (run() names it if the rank dies)."""
+    with open(os.path.join(tmpdir, f"stage{rank}"), "w") as f:
+        f.write(what)
+
+
 def _entry(rank, fn, world, port, tmpdir, args, env):
     os.environ.update(env)
     torch.set_num_threads(1)
     import torch.distributed as dist
 
+    _stage(tmpdir, rank, "joining the gloo group")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=60))
+    _stage(tmpdir, rank, "running the test body")
     result = fn(rank, world, *args)
     torch.save(result, os.path.join(tmpdir, f"result{rank}.pt"))
     # Every rank has finished its Squall collectives before any exits: a rank
     # exiting right after a collective can cut a slower peer's short.
+    _stage(tmpdir, rank, "in the final barrier (result saved)")
     dist.barrier()
     # Then the group is destroyed (a local step once every rank is past the
-    # barrier): exiting with it alive lets gloo's threads outlive the
-    # interpreter, and torch 2.15 then aborts now and then at exit
-    # ("terminate called without an active exception").
+    # barrier), and the rank leaves without the interpreter's teardown: with
+    # torch 2.15 a rank whose gloo group (or any thread holding torch state)
+    # outlives the interpreter aborts now and then at exit ("terminate called
+    # without an active exception"), after its work is done and saved.
+    _stage(tmpdir, rank, "destroying the gloo group (result saved)")
     dist.destroy_process_group()
+    _stage(tmpdir, rank, "done")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _stages(tmpdir, world):
+    def read(rank):
+        try:
+            with open(os.path.join(tmpdir, f"stage{rank}")) as f:
+                return f.read()
+        except OSError:
+            return "not started"
+    return "; ".join(f"rank {r}: {read(r)}" for r in range(world))
 
 
 def run(fn, world=2, args=(), timeout=90, env=None):
@@ -83,7 +109,10 @@ def run(fn, world=2, args=(), timeout=90, env=None):
         try:
             while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
                 if time.monotonic() >= deadline:
-                    raise AssertionError(f"{fn.__name__}: ranks still running after {timeout} s")
+                    raise AssertionError(f"{fn.__name__}: ranks still running after {timeout} s "
+                                         f"({_stages(tmpdir, world)})")
+        except mp.ProcessExitedException as e:
+            raise AssertionError(f"{fn.__name__}: {e} ({_stages(tmpdir, world)})") from e
         finally:
             for p in ctx.processes:
                 if p.is_alive():
