@@ -125,6 +125,16 @@ def _flatten_into(flat, tensors):
     return flat
 
 
+def _drift_into(flat, tensors, since):
+    """flat = tensors (flattened) - since, in one pass."""
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        torch.sub(t.detach().reshape(-1), since[off:off + n], out=flat[off:off + n])
+        off += n
+    return flat
+
+
 def _unflatten_from(flat, params, mask=None):
     off = 0
     for i, p in enumerate(params):
@@ -799,13 +809,18 @@ class SlowMo(torch.optim.Optimizer):
     def _launch(self, piece, land):
         if not self._in_flight:
             self._window = self.comm._bytes()
-        x = _flatten_into(torch.empty_like(piece.x_prev), piece.params)
-        launched = x.clone() if self.merge == "carry" and land > self.steps else None
-        if piece.compressor is not None:
+        carry = self.merge == "carry" and land > self.steps
+        if piece.compressor is not None and not carry:
             # The drift since the last sync, not the parameters: it is small
             # and zero-mean-ish, what an error-feedback code carries well;
-            # x_prev is the same on every rank, so x_avg is too.
-            x.sub_(piece.x_prev)
+            # x_prev is the same on every rank, so x_avg is too. One pass.
+            x = _drift_into(torch.empty_like(piece.x_prev), piece.params, piece.x_prev)
+        else:
+            x = _flatten_into(torch.empty_like(piece.x_prev), piece.params)
+        launched = x.clone() if carry else None
+        if piece.compressor is not None:
+            if carry:
+                x.sub_(piece.x_prev)
             request = piece.compressor.allreduce(x, "avg", async_op=True)
         else:
             request = self.comm.allreduce(x, "avg", async_op=True)
@@ -847,8 +862,12 @@ class SlowMo(torch.optim.Optimizer):
         piece, lr = s.piece, s.lr
         x = s.request.wait()
         xp, u = piece.x_prev, piece.u
-        if piece.compressor is not None:
-            x.add_(xp)
+        # d = x_avg - x_prev: what the compressed sync averaged (the drift),
+        # or the average less x_prev. Every update below is one fused pass
+        # over the fragment (at most four in all: SlowMo's arithmetic runs on
+        # the training thread, and a whole-model fragment is tens of MB).
+        exact = self.alpha == 1.0 and self.beta == 0.0  # x_prev becomes the average
+        full = piece.compressor is None
         # A finite sum means every element is finite (NaN and inf carry
         # through it); only a sum that overflowed needs the element-wise
         # check, which costs 8x the sum's time. x is the same on every rank,
@@ -862,16 +881,20 @@ class SlowMo(torch.optim.Optimizer):
                 RuntimeWarning, stacklevel=3)
             _unflatten_from(xp, piece.params)
             return
-        if lr > 0:
-            u.mul_(self.beta).add_((xp - x) / lr)
-            if self.alpha == 1.0 and self.beta == 0.0:
-                xp.copy_(x)  # exactly the average (no rounding through u)
-            elif self.nesterov:
-                xp.sub_((xp - x).add_(u, alpha=self.beta * lr).mul_(self.alpha))
-            else:
-                xp.sub_(u * (self.alpha * lr))
+        if full and (exact or lr <= 0):
+            if lr > 0:  # u = (x_prev - x_avg) / lr
+                torch.sub(xp, x, out=u).div_(lr)
+            xp.copy_(x)  # exactly the average
         else:
-            xp.copy_(x)
+            d = x.sub_(xp) if full else x
+            if lr > 0:
+                u.mul_(self.beta).sub_(d, alpha=1.0 / lr)  # u = beta u + (x_prev - x_avg) / lr
+            if exact or lr <= 0:
+                xp.add_(d)
+            elif self.nesterov:  # x_prev -= alpha ((x_prev - x_avg) + beta lr u)
+                xp.add_(d, alpha=self.alpha).sub_(u, alpha=self.alpha * self.beta * lr)
+            else:  # x_prev -= alpha lr u
+                xp.sub_(u, alpha=self.alpha * lr)
         if s.launched is None:
             _unflatten_from(xp, piece.params)
         else:  # keep the inner steps made while the sync ran
