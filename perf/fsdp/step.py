@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """FSDP2 step time on shaped links: plain FSDP2 (gloo fp32), FSDP2 with a
 bf16 reduce (MixedPrecisionPolicy(reduce_dtype=bfloat16)), squall.fsdp's
 compressed reduce-scatter alone and with quantized parameter all-gathers,

@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """SlowMo's step time on shaped links: local AdamW with no communication at
 all (the floor), SlowMo syncing the whole model every tau steps (blocking),
 streamed SlowMo (fragments on a staggered schedule, each sync overlapped
