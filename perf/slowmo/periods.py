@@ -6,6 +6,7 @@ init, data order and LR schedule; perf/convergence/run_study.py runs them).
 
     perf/slowmo/periods.py run --out perf/results/slowmo-periods     # the runs
     perf/slowmo/periods.py table --out perf/results/slowmo-periods   # OUT/table.md
+    perf/slowmo/periods.py table --doc    # also into docs/convergence.md
 
 Per family and method: held-out loss at the last step against AdamW's, in
 percent (mean over seeds, worst seed in brackets), next-character accuracy
@@ -22,6 +23,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUDY = os.path.join(HERE, "..", "convergence", "run_study.py")
+DOC = os.path.join(HERE, "..", "..", "docs", "convergence.md")
+BEGIN = "<!-- slowmo-periods:begin (perf/slowmo/periods.py table --doc writes this) -->"
+END = "<!-- slowmo-periods:end -->"
 AT_50 = ["adam", "slowmo_default", "slowmo_int2", "diloco", "streamed", "streamed_carry",
          "diloco@100"]
 AT_100 = ["slowmo_default@100", "streamed@100"]
@@ -68,6 +72,21 @@ def table(args):
     print(text)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
+    if args.doc:
+        write_doc(text)
+
+
+def write_doc(text):
+    """Puts the table between docs/convergence.md's markers."""
+    with open(DOC) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{DOC} lacks the markers {BEGIN} ... {END}")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(DOC, "w") as f:
+        f.write(head + BEGIN + "\n\n" + text + "\n" + END + tail)
+    print("wrote", DOC)
 
 
 def main():
@@ -76,6 +95,8 @@ def main():
     ap.add_argument("what", choices=["run", "table"])
     ap.add_argument("--out", default=os.path.join(HERE, "..", "results", "slowmo-periods"))
     ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--doc", action="store_true",
+                    help="also put the table into docs/convergence.md (between its markers)")
     args = ap.parse_args()
     if args.what == "run":
         run(args)
