@@ -319,13 +319,21 @@ size_t ncclTypeBytes(ncclDataType_t type) {
   }
 }
 
-// Bytes one rank sends in the two-phase compressed allreduce of `count`
-// elements: its n-1 encoded chunks out, and its encoded chunk to n-1 peers.
+// Bytes one rank sends in the device two-phase compressed allreduce of
+// `count` elements (src/coll/device): its n-1 encoded chunks out in the
+// call's code, and its reduced chunk to n-1 peers in the second round's, a
+// whole chunk's slot each. Chunks are padded to whole blocks of every rank
+// (the last rank's real chunk may be shorter: counted whole here).
 uint64_t compressedBytes(size_t count, int nranks) {
-  const size_t chunk = (count + static_cast<size_t>(nranks) - 1) / static_cast<size_t>(nranks);
-  size_t bytes = 0;
-  if (codec::encodedSize(policy().codec, chunk, &bytes) != Status::kOk) return 0;
-  return 2ull * static_cast<uint64_t>(nranks - 1) * bytes;
+  const codec::Spec& spec = policy().codec;
+  const size_t n = static_cast<size_t>(nranks);
+  const size_t group = (codec::usesBlocks(spec.codec) ? spec.block : 1) * n;
+  const size_t chunk = (count + group - 1) / group * group / n;
+  size_t worker = 0, gather = 0;
+  if (codec::encodedSize(spec, chunk, &worker) != Status::kOk ||
+      codec::encodedSize(policy().gather, chunk, &gather) != Status::kOk)
+    return 0;
+  return static_cast<uint64_t>(n - 1) * (worker + gather);
 }
 
 // Says once per process, for each thing a config may ask that the
@@ -632,7 +640,7 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
       s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream);
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // A device compressor's statistics wait for its stream; the report takes
-  // what the two-phase algorithm sends instead: 2 (n-1) encoded chunks.
+  // what the two-phase algorithm sends instead (compressedBytes).
   Report::get().compressed(policy().codec.codec, compressedBytes(count, nranks), fullBytes);
   return nccl_abi::kSuccess;
 }
