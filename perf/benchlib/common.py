@@ -21,6 +21,20 @@ LINKS = os.path.join(HERE, "links.sh")
 SKIP = 77  # links.sh's exit status when it cannot shape links here
 
 
+def write_between_markers(path, begin, end, text):
+    """Replaces what lies between the lines `begin` and `end` of the file at
+    `path` (a generated table in a doc) with `text`."""
+    with open(path) as f:
+        doc = f.read()
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{path} lacks the markers {begin} ... {end}")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + "\n\n" + text + "\n" + end + tail)
+    print("wrote", path)
+
+
 class Skip(Exception):
     """The measurement cannot run on this machine (no root, no namespaces);
     the driver exits 77 with the reason."""

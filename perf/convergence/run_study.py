@@ -29,6 +29,8 @@ import torch
 import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from benchlib.common import write_between_markers  # noqa: E402
 METHODS = ["adam", "apmsqueeze", "apmsqueeze_old", "naive_onebit", "periodic_adam",
            "slowmo_adam", "slowmo_adam_1bit", "local_sgd", "slowmo_sgd"]
 LABELS = {
@@ -895,15 +897,7 @@ BEGIN, END = "<!-- study:begin (run_study.py --doc writes this) -->", "<!-- stud
 
 
 def write_doc(res):
-    with open(DOC) as f:
-        text = f.read()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{DOC} lacks the markers {BEGIN} ... {END}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(DOC, "w") as f:
-        f.write(head + BEGIN + "\n\n" + goal_tables(res["runs"]) + "\n" + END + tail)
-    print("wrote", DOC)
+    write_between_markers(DOC, BEGIN, END, goal_tables(res["runs"]))
 
 
 def report(out_path, outdir, doc=False):

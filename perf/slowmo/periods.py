@@ -22,6 +22,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from benchlib.common import write_between_markers  # noqa: E402
 STUDY = os.path.join(HERE, "..", "convergence", "run_study.py")
 DOC = os.path.join(HERE, "..", "..", "docs", "convergence.md")
 BEGIN = "<!-- slowmo-periods:begin (perf/slowmo/periods.py table --doc writes this) -->"
@@ -73,20 +75,7 @@ def table(args):
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     if args.doc:
-        write_doc(text)
-
-
-def write_doc(text):
-    """Puts the table between docs/convergence.md's markers."""
-    with open(DOC) as f:
-        doc = f.read()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{DOC} lacks the markers {BEGIN} ... {END}")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(DOC, "w") as f:
-        f.write(head + BEGIN + "\n\n" + text + "\n" + END + tail)
-    print("wrote", DOC)
+        write_between_markers(DOC, BEGIN, END, text)
 
 
 def main():

@@ -84,6 +84,35 @@ bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// One rank's stream and device buffer of `count` floats, released at scope
+// exit (whatever was made: a failed creation leaves its handle null).
+struct DeviceScratch {
+  explicit DeviceScratch(size_t count) : count(count) {
+    made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess &&
+           cudaMalloc(&d, count * sizeof(float)) == cudaSuccess;
+  }
+  ~DeviceScratch() {
+    if (d != nullptr) cudaFree(d);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  // x through the NCCL engine's compressed allreduce, in place on the device.
+  Status allReduce(Comm& nccl, Compressor& c, const std::vector<float>& x, ReduceOp op,
+                   std::vector<float>* out) {
+    cudaMemcpy(d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+    SQUALL_TRY(nccl.compressedAllReduceOnStream(d, d, DataType::kF32, op, c, stream));
+    out->resize(count);
+    cudaMemcpyAsync(out->data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream);
+    cudaStreamSynchronize(stream);
+    return Status::kOk;
+  }
+  size_t count;
+  cudaStream_t stream = nullptr;
+  float* d = nullptr;
+  bool made = false;
+};
+
 TEST(CoreNcclEmu, EngineIdentityAndRefusals) {
   runRanks(2, [](int r, Rank& k) {
     Comm& c = *k.nccl;
@@ -132,17 +161,8 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     ASSERT_EQ(k.nccl->createCompressor(count, codec::Spec{}, &dev), Status::kOk) << lastError();
     ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &host), Status::kOk);
     ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &staged), Status::kOk);
-    cudaStream_t stream = nullptr;
-    // Armed before the creation, so a stream made but not reported as made is freed too.
-    const AtExit destroyStream{[&] {
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }};
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    float* d = nullptr;
-    const AtExit freeBuffer{[&] {
-      if (d != nullptr) cudaFree(d);
-    }};
-    ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    DeviceScratch device(count);
+    ASSERT_TRUE(device.made);
     for (int call = 0; call < 3; ++call) {
       const std::vector<float> x = input(r, call, count);
       const ReduceOp op = call == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
@@ -150,16 +170,11 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
       ASSERT_EQ(k.host->compressedAllReduce(x.data(), want.data(), DataType::kF32, op, *host),
                 Status::kOk)
           << lastError();
-      cudaMemcpy(d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
-      ASSERT_EQ(k.nccl->compressedAllReduceOnStream(d, d, DataType::kF32, op, *dev, stream),
-                Status::kOk)
-          << lastError();
-      cudaMemcpyAsync(got.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream);
-      cudaStreamSynchronize(stream);
+      ASSERT_EQ(device.allReduce(*k.nccl, *dev, x, op, &got), Status::kOk) << lastError();
       EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
       // The host engine given "device" pointers stages them.
       ASSERT_EQ(k.host->compressedAllReduceOnStream(x.data(), viaStaging.data(), DataType::kF32, op,
-                                                    *staged, stream),
+                                                    *staged, device.stream),
                 Status::kOk)
           << lastError();
       EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
@@ -192,16 +207,8 @@ TEST(CoreNcclEmu, AGatherCodeMatchesTheHostEngine) {
     ASSERT_EQ(k.host->createCompressor(count, int4, &same), Status::kOk);
     ASSERT_EQ(dev->setGatherSpec(int8), Status::kOk) << lastError();
     ASSERT_EQ(host->setGatherSpec(int8), Status::kOk) << lastError();
-    cudaStream_t stream = nullptr;
-    const AtExit destroyStream{[&] {
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }};
-    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-    float* d = nullptr;
-    const AtExit freeBuffer{[&] {
-      if (d != nullptr) cudaFree(d);
-    }};
-    ASSERT_EQ(cudaMalloc(&d, count * sizeof(float)), cudaSuccess);
+    DeviceScratch device(count);
+    ASSERT_TRUE(device.made);
     for (int call = 0; call < 3; ++call) {
       const std::vector<float> x = input(r, call, count);
       std::vector<float> want(count), got(count), int4Both(count);
@@ -212,13 +219,8 @@ TEST(CoreNcclEmu, AGatherCodeMatchesTheHostEngine) {
       ASSERT_EQ(k.host->compressedAllReduce(x.data(), int4Both.data(), DataType::kF32,
                                             ReduceOp::kAvg, *same),
                 Status::kOk);
-      cudaMemcpy(d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
-      ASSERT_EQ(
-          k.nccl->compressedAllReduceOnStream(d, d, DataType::kF32, ReduceOp::kAvg, *dev, stream),
-          Status::kOk)
+      ASSERT_EQ(device.allReduce(*k.nccl, *dev, x, ReduceOp::kAvg, &got), Status::kOk)
           << lastError();
-      cudaMemcpyAsync(got.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream);
-      cudaStreamSynchronize(stream);
       EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
       EXPECT_FALSE(sameBits(got, int4Both)) << "the int8 round changed nothing, call " << call;
     }
