@@ -798,9 +798,11 @@ def cmd_horovod(args):
                 for rep in range(args.repeats or 1):
                     for mode in ("off", "on"):
                         with tempfile.TemporaryDirectory() as work:
-                            env = ["-x", "OMP_NUM_THREADS=1", "-x", "SQUALL_PRELOAD_MIN_BYTES=4096",
-                                   "-x", f"SQUALL_PRELOAD_REPORT={work}/report"]
-                            env += ["-x", f"LD_PRELOAD={lib}"] if mode == "on" else []
+                            env = ["-x", "OMP_NUM_THREADS=1", "-x", f"SQUALL_PRELOAD_REPORT={work}/report"]
+                            if mode == "on":  # the interposer's defaults unless --preload-env
+                                env += ["-x", f"LD_PRELOAD={lib}"]
+                                for kv in args.preload_env or []:
+                                    env += ["-x", kv]
                             C.run(["ip", "netns", "exec", ns, "mpirun", "--allow-run-as-root", "--oversubscribe",
                                    "-np", str(n), "--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca",
                                    "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"] + env +
@@ -1025,6 +1027,8 @@ def parser():
     p = add("horovod", cmd_horovod, "Horovod job with and without libsquall-preload.so, shaped (root)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--hidden", type=int, default=256, help="the MLP's width (256: 77k parameters)")
+    p.add_argument("--preload-env", nargs="*", metavar="NAME=VALUE",
+                   help="variables for the interposed runs (default: none, its defaults)")
 
     p = add("convergence", cmd_convergence, "the optimizer study (run_study.py) as a record")
     p.add_argument("study_args", nargs=argparse.REMAINDER, help="after --: run_study.py's options")
