@@ -6,10 +6,13 @@
 // onebit/int8/fp16, chunks that are short or empty, bf16 buffers, a call
 // captured into a (emulated) CUDA graph and replayed, and one state used
 // from two streams. It checks the
-// orchestration's bytes, not the hardware: see docs/cuda.md.
+// orchestration's bytes, not the hardware: see docs/cuda.md. The compressed
+// reduce-scatter of the same file is checked the same way against
+// testing::ReduceScatterReference.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -366,6 +369,176 @@ TEST(DeviceAllReduceEmu, OneRankIsIdentity) { check({1, 100, kOnebit64, false, f
 TEST(DeviceAllReduceEmu, TwoStreamsAreOrderedOnTheDevice) {
   checkTwoStreams({2, 1000, kOnebit64, false, false}, 2);
   checkTwoStreams({3, 777, kOnebit64, true, false}, 1);
+}
+
+// The compressed reduce-scatter: every rank's piece r of n x R elements, call
+// after call, against testing::ReduceScatterReference bit for bit (so the
+// residuals evolve alike); in place means the output is rank r's piece of
+// the input. c.count is R. A graph captures the first call and replays it.
+void checkReduceScatter(const Case& c, int calls) {
+  const auto nn = static_cast<size_t>(c.n);
+  const size_t total = nn * c.count;
+  std::mt19937 rng(99 + c.n * 5 + static_cast<int>(c.count));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  testing::ReduceScatterReference ref(c.n, c.count, c.spec);
+  std::vector<std::vector<std::vector<float>>> inputs(calls), expected(calls);
+  std::vector<bool> committed(calls);
+  for (int t = 0; t < calls; ++t) {
+    inputs[t].assign(nn, std::vector<float>(total));
+    for (auto& v : inputs[t])
+      for (float& x : v) {
+        x = dist(rng);
+        if (c.dtype == DataType::kBf16) x = codec::bf16ToFloat(codec::floatToBf16(x));
+        if (c.dtype == DataType::kF16) x = codec::halfToFloat(codec::floatToHalf(x));
+      }
+    if (t == c.badCall) inputs[t][nn - 1][total / 3] = std::nanf("");  // reaches one rank only
+    expected[t] = ref.run(inputs[t], c.average);
+    committed[t] = ref.committed;
+  }
+  std::vector<ncclComm_t> comms(nn);
+  squall_emu::ncclCreateWorld(c.n, comms.data());
+  std::vector<std::vector<std::vector<float>>> outputs(calls, std::vector<std::vector<float>>(nn));
+  std::vector<unsigned long long> skipped(nn);
+  std::vector<std::string> errors(nn);
+  const size_t esize = dataTypeSize(c.dtype);
+  auto rank = [&](int r) {
+    auto fail = [&](const char* what) { errors[r] = what; };
+    cudaStream_t stream = nullptr;
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    const testing::AtExit release{[&] {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      if (in != nullptr) cudaFree(in);
+      if (out != nullptr) cudaFree(out);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    transport::nccl::DeviceComm comm;
+    if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
+    std::unique_ptr<DeviceCompressedState> state;
+    if (DeviceCompressedState::createReduceScatter(c.n, r, c.count, c.spec, &state) != Status::kOk)
+      return fail("create");
+    if (c.n > 1 && c.count != 0) {
+      if (state->bytesSent() != (nn - 1) * (encodedBytes(c.spec, c.count) + sizeof(int)))
+        return fail("bytes sent");
+      if (state->setGatherSpec(kInt8Wide) != Status::kInvalidUsage)
+        return fail("a gather code was taken");
+      if (compressedAllReduce(comm, stream, in, in, DataType::kF32, ReduceOp::kSum, state.get()) !=
+          Status::kInvalidUsage)
+        return fail("the allreduce ran on a reduce-scatter state");
+    }
+    cudaMalloc(&in, total * esize + 8);
+    cudaMalloc(&out, c.count * esize + 8);
+    void* target =
+        c.inPlace ? static_cast<uint8_t*>(in) + static_cast<size_t>(r) * c.count * esize : out;
+    const ReduceOp op = c.average ? ReduceOp::kAvg : ReduceOp::kSum;
+    std::vector<uint8_t> staged(total * esize);
+    for (int t = 0; t < calls; ++t) {
+      const std::vector<float>& x = inputs[t][static_cast<size_t>(r)];
+      if (c.dtype == DataType::kF32) {
+        std::memcpy(staged.data(), x.data(), staged.size());
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(staged.data());
+        for (size_t i = 0; i < total; ++i)
+          h[i] = c.dtype == DataType::kBf16 ? codec::floatToBf16(x[i]) : codec::floatToHalf(x[i]);
+      }
+      cudaMemcpy(in, staged.data(), staged.size(), cudaMemcpyHostToDevice);
+      if (c.graph) {
+        if (t == 0) {
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+          const Status s =
+              compressedReduceScatter(comm, stream, in, target, c.dtype, op, state.get());
+          cudaStreamEndCapture(stream, &graph);
+          if (s != Status::kOk) return fail("capture");
+          cudaGraphInstantiate(&exec, graph, 0);
+        }
+        cudaGraphLaunch(exec, stream);
+      } else if (compressedReduceScatter(comm, stream, in, target, c.dtype, op, state.get()) !=
+                 Status::kOk) {
+        return fail("reduce-scatter");
+      }
+      cudaStreamSynchronize(stream);
+      cudaMemcpy(staged.data(), target, c.count * esize, cudaMemcpyDeviceToHost);
+      std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
+      o.resize(c.count);
+      if (c.dtype == DataType::kF32) {
+        std::memcpy(o.data(), staged.data(), c.count * esize);
+      } else {
+        auto* h = reinterpret_cast<uint16_t*>(staged.data());
+        for (size_t i = 0; i < c.count; ++i)
+          o[i] = c.dtype == DataType::kBf16 ? codec::bf16ToFloat(h[i]) : codec::halfToFloat(h[i]);
+      }
+    }
+    bool decodeError = false;
+    if (state->takeDecodeError(stream, &decodeError) != Status::kOk || decodeError)
+      return fail("device decode error flag");
+    if (state->worker() != nullptr) {
+      int current = 0;
+      if (codec::cudaResidualQuery(*state->worker(), stream, &current, &skipped[r]) != Status::kOk)
+        return fail("residual query");
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(nn);
+  for (int r = 0; r < c.n; ++r) threads.emplace_back(rank, r);
+  for (auto& th : threads) th.join();
+  squall_emu::ncclDestroyWorld(c.n, comms.data());
+  for (size_t r = 0; r < nn; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  const auto skips =
+      static_cast<unsigned long long>(std::count(committed.begin(), committed.end(), false));
+  if (c.n > 1 && c.count != 0) {
+    for (size_t r = 0; r < nn; ++r) EXPECT_EQ(skipped[r], skips) << "rank " << r;
+  }
+  for (int t = 0; t < calls; ++t) {
+    if (t == c.badCall) continue;  // NaN on the rank it reaches; the calls after show the rest
+    for (size_t r = 0; r < nn; ++r) {
+      for (size_t i = 0; i < c.count; ++i) {
+        float want = expected[t][r][i];
+        if (c.dtype == DataType::kBf16) want = codec::bf16ToFloat(codec::floatToBf16(want));
+        if (c.dtype == DataType::kF16) want = codec::halfToFloat(codec::floatToHalf(want));
+        ASSERT_EQ(bits(outputs[t][r][i]), bits(want))
+            << "call " << t << " rank " << r << " element " << i << ": " << outputs[t][r][i]
+            << " vs " << want;
+      }
+    }
+  }
+}
+
+TEST(DeviceReduceScatterEmu, TwoRanksOnebitSum) {
+  checkReduceScatter({2, 1000, kOnebit64, false, false}, 3);
+}
+TEST(DeviceReduceScatterEmu, FourRanksInt4AvgInPlace) {
+  checkReduceScatter({4, 777, kInt4, true, true}, 3);
+}
+TEST(DeviceReduceScatterEmu, ThreeRanksEveryCodec) {
+  checkReduceScatter({3, 301, kOnebitRms, true, false}, 2);
+  checkReduceScatter({3, 301, kInt8, false, false}, 2);
+  checkReduceScatter({3, 1001, kInt2, true, true}, 2);
+  checkReduceScatter({3, 301, kFp16, true, false}, 2);
+}
+TEST(DeviceReduceScatterEmu, HalfBuffers) {
+  checkReduceScatter({2, 500, kInt4, true, false, DataType::kBf16}, 2);
+  checkReduceScatter({4, 129, kOnebit64, false, true, DataType::kF16}, 2);
+}
+TEST(DeviceReduceScatterEmu, GraphCaptureAndReplay) {
+  checkReduceScatter({4, 1000, kInt4, true, false, DataType::kF32, true}, 3);
+}
+// A NaN in one piece of one rank's input reaches only the rank that piece
+// goes to; every rank must still keep its residual (the shared verdict).
+TEST(DeviceReduceScatterEmu, ANonFiniteCallLeavesEveryRanksResidual) {
+  Case onebit{3, 1000, kOnebit64, true, false};
+  onebit.badCall = 1;
+  checkReduceScatter(onebit, 3);
+  Case int4{4, 600, kInt4, false, true};
+  int4.badCall = 0;
+  checkReduceScatter(int4, 3);
+}
+TEST(DeviceReduceScatterEmu, OneRankAndEmptyPiecesCopy) {
+  checkReduceScatter({1, 100, kInt4, true, false}, 1);
+  checkReduceScatter({3, 0, kInt4, true, false}, 1);
 }
 
 }  // namespace

@@ -67,6 +67,14 @@ __global__ void shareVerdictKernel(int* verdict, int* workerControl, int* server
   *verdict = 0;
 }
 
+// One thread: any rank's raised non-finite flag (flags[0..n)) raises this
+// rank's worker residual's (control[1]), so its commit keeps the current
+// residual, as every other rank's does.
+__global__ void anyVerdictKernel(const int* flags, int n, int* workerControl) {
+  for (int j = 0; j < n; ++j)
+    if (flags[j] != 0) workerControl[1] = 1;
+}
+
 unsigned gridFor(size_t items) {
   return static_cast<unsigned>(std::clamp<size_t>((items + kThreads - 1) / kThreads, 1, kMaxGrid));
 }
@@ -84,12 +92,33 @@ Status allocate(T** p, size_t bytes) {
 
 }  // namespace
 
+Status DeviceCompressedState::checkRank(int nranks, int rank) {
+  SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kColl,
+                 "rank %d of %d is not a valid position in a communicator", rank, nranks);
+  return Status::kOk;
+}
+
+// The worker residual of count_ (padded to n chunks), the send and receive
+// slots, the fp32 scratch of a chunk and the flags; the caller has set the
+// sizes and makes the rest.
+Status DeviceCompressedState::allocateCommon() {
+  const auto nn = static_cast<size_t>(nranks_);
+  SQUALL_TRY(codec::encodedSize(spec_, chunk_, &slot_));
+  SQUALL_TRY(codec::cudaResidualCreate(chunk_ * nn, &worker_));
+  SQUALL_TRY(allocate(&send_, nn * slot_));
+  SQUALL_TRY(allocate(&recv_, nn * slot_));
+  SQUALL_TRY(allocate(&acc_, chunk_ * sizeof(float)));
+  SQUALL_TRY(allocate(&error_, sizeof(int)));
+  SQUALL_TRY(allocate(&nonFinite_, sizeof(int)));
+  SQUALL_CUDA_TRY(cudaEventCreateWithFlags(&lastUse_, cudaEventDisableTiming));
+  return Status::kOk;
+}
+
 Status DeviceCompressedState::create(int nranks, int rank, size_t count, const codec::Spec& spec,
                                      std::unique_ptr<DeviceCompressedState>* out) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the device compressed-state output pointer is NULL");
-  SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kColl,
-                 "rank %d of %d is not a valid position in a communicator", rank, nranks);
+  SQUALL_TRY(checkRank(nranks, rank));
   SQUALL_TRY(codec::validateSpec(spec));
   std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
   s->nranks_ = nranks;
@@ -106,29 +135,55 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
     *out = std::move(s);
     return Status::kOk;
   }
-  SQUALL_TRY(codec::encodedSize(spec, s->chunk_, &s->slot_));
+  SQUALL_TRY(s->allocateCommon());
   s->gslot_ = s->slot_;
-  const auto nn = static_cast<size_t>(nranks);
-  SQUALL_TRY(codec::cudaResidualCreate(padded, &s->worker_));
   SQUALL_TRY(codec::cudaResidualCreate(s->chunk_, &s->server_));
-  SQUALL_TRY(allocate(&s->send_, nn * s->slot_));
-  SQUALL_TRY(allocate(&s->recv_, nn * s->slot_));
-  SQUALL_TRY(allocate(&s->gather_, nn * s->gslot_));
-  SQUALL_TRY(allocate(&s->acc_, s->chunk_ * sizeof(float)));
-  SQUALL_TRY(allocate(&s->error_, sizeof(int)));
-  SQUALL_TRY(allocate(&s->nonFinite_, sizeof(int)));
-  SQUALL_CUDA_TRY(cudaEventCreateWithFlags(&s->lastUse_, cudaEventDisableTiming));
+  SQUALL_TRY(allocate(&s->gather_, static_cast<size_t>(nranks) * s->gslot_));
+  SQUALL_TRY(s->tally());
+  *out = std::move(s);
+  return Status::kOk;
+}
+
+Status DeviceCompressedState::createReduceScatter(int nranks, int rank, size_t recvcount,
+                                                  const codec::Spec& spec,
+                                                  std::unique_ptr<DeviceCompressedState>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed-state output pointer is NULL");
+  SQUALL_TRY(checkRank(nranks, rank));
+  SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(recvcount <= SIZE_MAX / 8 / static_cast<size_t>(nranks), Status::kInvalidArgument,
+                 Subsys::kColl,
+                 "a compressed reduce-scatter of %d x %zu elements is too large for this machine",
+                 nranks, recvcount);
+  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
+  s->reduceScatter_ = true;
+  s->nranks_ = nranks;
+  s->rank_ = rank;
+  s->chunk_ = recvcount;
+  s->count_ = recvcount * static_cast<size_t>(nranks);
+  s->spec_ = s->gatherSpec_ = spec;
+  if (nranks == 1 || recvcount == 0) {  // a copy: no state on the device
+    *out = std::move(s);
+    return Status::kOk;
+  }
+  SQUALL_TRY(s->allocateCommon());
+  SQUALL_TRY(allocate(&s->verdicts_, static_cast<size_t>(nranks) * sizeof(int)));
   SQUALL_TRY(s->tally());
   *out = std::move(s);
   return Status::kOk;
 }
 
 // Bytes per call: n-1 pieces of my chunk in, chunk j out to every j, and the
-// all-gather moves (n-1) whole gather slots each way.
+// all-gather moves (n-1) whole gather slots each way (the reduce-scatter: its
+// n-1 flags instead).
 Status DeviceCompressedState::tally() {
   bytesSent_ = bytesReceived_ = 0;
   const auto nn = static_cast<size_t>(nranks_);
   const auto r = static_cast<size_t>(rank_);
+  if (reduceScatter_) {
+    bytesSent_ = bytesReceived_ = (nn - 1) * (slot_ + sizeof(int));
+    return Status::kOk;
+  }
   for (size_t j = 0; j < nn; ++j) {
     if (j == r) continue;
     size_t bytes = 0;
@@ -148,6 +203,8 @@ Status DeviceCompressedState::tally() {
 
 Status DeviceCompressedState::setGatherSpec(const codec::Spec& spec) {
   SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(!reduceScatter_, Status::kInvalidUsage, Subsys::kColl,
+                 "a compressed reduce-scatter has no all-gather to choose a code for");
   SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kColl,
                  "the all-gather's code must be a compressed one; leave it unset for the "
                  "allreduce's own");
@@ -178,9 +235,11 @@ DeviceCompressedState::~DeviceCompressedState() {
   cudaFree(acc_);
   cudaFree(error_);
   cudaFree(nonFinite_);
+  cudaFree(verdicts_);
 }
 
 size_t DeviceCompressedState::realCount(size_t c) const {
+  if (reduceScatter_) return chunk_;
   const size_t begin = c * chunk_;
   const size_t end = std::min(begin + chunk_, count_);
   return begin < end ? end - begin : 0;
@@ -210,7 +269,7 @@ Status DeviceCompressedState::reset(cudaStream_t stream) {
   bool captured = false;
   SQUALL_TRY(enter(stream, &captured));
   SQUALL_TRY(codec::cudaResidualReset(*worker_, stream));
-  SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
+  if (server_ != nullptr) SQUALL_TRY(codec::cudaResidualReset(*server_, stream));
   return leave(stream, captured);
 }
 
@@ -223,10 +282,11 @@ Status DeviceCompressedState::drain(cudaStream_t stream, float* owed, float serv
   const float* worker = nullptr;
   const float* server = nullptr;
   SQUALL_TRY(codec::cudaResidualCurrent(*worker_, stream, &worker));
-  SQUALL_TRY(codec::cudaResidualCurrent(*server_, stream, &server));
-  // This rank's chunk: elements [rank * chunk, ...) below count.
+  if (server_ != nullptr) SQUALL_TRY(codec::cudaResidualCurrent(*server_, stream, &server));
+  // This rank's chunk: elements [rank * chunk, ...) below count (none for the
+  // reduce-scatter, which keeps no server residual).
   const size_t first = std::min(static_cast<size_t>(rank_) * chunk_, count_);
-  const size_t served = std::min(chunk_, count_ - first);
+  const size_t served = server == nullptr ? 0 : std::min(chunk_, count_ - first);
   std::vector<float> held(count_ + served);
   if (count_ != 0)
     SQUALL_CUDA_TRY(cudaMemcpyAsync(held.data(), worker, count_ * sizeof(float),
@@ -236,7 +296,8 @@ Status DeviceCompressedState::drain(cudaStream_t stream, float* owed, float serv
                                     cudaMemcpyDeviceToHost, stream));
   SQUALL_CUDA_TRY(cudaMemsetAsync(const_cast<float*>(worker), 0,
                                   chunk_ * static_cast<size_t>(nranks_) * sizeof(float), stream));
-  SQUALL_CUDA_TRY(cudaMemsetAsync(const_cast<float*>(server), 0, chunk_ * sizeof(float), stream));
+  if (server != nullptr)
+    SQUALL_CUDA_TRY(cudaMemsetAsync(const_cast<float*>(server), 0, chunk_ * sizeof(float), stream));
   SQUALL_TRY(leave(stream, captured));
   SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
   for (size_t i = 0; i < count_; ++i) owed[i] += held[i];
@@ -279,21 +340,61 @@ Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) 
   return Status::kOk;
 }
 
+namespace {
+
+// What both collectives check before enqueuing anything: the state's layout,
+// the type, the op and the buffers (`what` names the collective).
+Status checkCall(const char* what, bool reduceScatter, const void* in, const void* out,
+                 DataType dtype, ReduceOp op, const DeviceCompressedState* state) {
+  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed state is NULL");
+  SQUALL_REQUIRE(state->reduceScatter() == reduceScatter, Status::kInvalidUsage, Subsys::kColl,
+                 "the device compressed state was made for the %s; the %s needs one of its own",
+                 state->reduceScatter() ? "reduce-scatter" : "allreduce", what);
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kColl, "the %s takes fp32, fp16 or bf16, not %s",
+                 what, dataTypeName(dtype));
+  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
+                 Subsys::kColl, "the %s supports sum and avg, not %s", what, reduceOpName(op));
+  SQUALL_REQUIRE(state->count() == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
+                 Subsys::kColl, "the send and receive buffers must be set");
+  return Status::kOk;
+}
+
+Status checkComm(const transport::nccl::DeviceComm& comm, const DeviceCompressedState& state) {
+  SQUALL_REQUIRE(comm.size() == state.nranks() && comm.rank() == state.rank(),
+                 Status::kInvalidUsage, Subsys::kColl,
+                 "the device compressed state was made for rank %d of %d but the communicator is "
+                 "rank %d of %d; create the state for the communicator it is used with",
+                 state.rank(), state.nranks(), comm.rank(), comm.size());
+  return Status::kOk;
+}
+
+codec::DType codecTypeOf(DataType dtype) {
+  return dtype == DataType::kF16    ? codec::DType::kF16
+         : dtype == DataType::kBf16 ? codec::DType::kBf16
+                                    : codec::DType::kF32;
+}
+
+// fp32 values of the scratch into `m` fp16 or bf16 elements of the output.
+Status roundInto(DataType dtype, const float* values, void* out, size_t m, cudaStream_t stream) {
+  auto* halves = static_cast<uint16_t*>(out);
+  if (dtype == DataType::kBf16) {
+    launchKernel(roundKernel<true>, gridFor(m), kThreads, stream, values, halves, m);
+  } else {
+    launchKernel(roundKernel<false>, gridFor(m), kThreads, stream, values, halves, m);
+  }
+  return launchFailure("the output rounding kernel");
+}
+
+}  // namespace
+
 Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                            const void* in, void* out, DataType dtype, ReduceOp op,
                            DeviceCompressedState* state) {
-  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the device compressed state is NULL");
-  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
-                 Status::kInvalidArgument, Subsys::kColl,
-                 "the compressed allreduce takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
-  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
-                 Subsys::kColl, "the compressed allreduce supports sum and avg, not %s",
-                 reduceOpName(op));
+  SQUALL_TRY(checkCall("compressed allreduce", false, in, out, dtype, op, state));
   const size_t count = state->count_;
   const size_t esize = dataTypeSize(dtype);
-  SQUALL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
-                 Subsys::kColl, "the send and receive buffers must be set");
   const int n = state->nranks_;
   if (n == 1 || count == 0) {
     if (out != in && count != 0) {
@@ -301,11 +402,7 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
     }
     return Status::kOk;
   }
-  SQUALL_REQUIRE(comm.size() == n && comm.rank() == state->rank_, Status::kInvalidUsage,
-                 Subsys::kColl,
-                 "the device compressed state was made for rank %d of %d but the communicator is "
-                 "rank %d of %d; create the state for the communicator it is used with",
-                 state->rank_, n, comm.rank(), comm.size());
+  SQUALL_TRY(checkComm(comm, *state));
   const auto nn = static_cast<size_t>(n);
   const auto rr = static_cast<size_t>(state->rank_);
   const size_t chunk = state->chunk_;
@@ -313,9 +410,7 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   const size_t gslot = state->gslot_;
   const codec::Spec spec = state->spec_;
   const codec::Spec gspec = state->gatherSpec_;
-  const codec::DType inType = dtype == DataType::kF16    ? codec::DType::kF16
-                              : dtype == DataType::kBf16 ? codec::DType::kBf16
-                                                         : codec::DType::kF32;
+  const codec::DType inType = codecTypeOf(dtype);
   const auto* input = static_cast<const uint8_t*>(in);
   auto encodedOf = [&](size_t m, size_t* bytes) { return codec::encodedSize(spec, m, bytes); };
   bool captured = false;
@@ -401,15 +496,7 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
     } else {
       SQUALL_TRY(codec::cudaDecode(gspec, encoded, bytes, state->acc_, m, stream, state->error_,
                                    decodeVerdict));
-      uint16_t* halves = static_cast<uint16_t*>(out) + c * chunk;
-      if (dtype == DataType::kBf16) {
-        launchKernel(roundKernel<true>, gridFor(m), kThreads, stream,
-                     static_cast<const float*>(state->acc_), halves, m);
-      } else {
-        launchKernel(roundKernel<false>, gridFor(m), kThreads, stream,
-                     static_cast<const float*>(state->acc_), halves, m);
-      }
-      SQUALL_TRY(launchFailure("the output rounding kernel"));
+      SQUALL_TRY(roundInto(dtype, state->acc_, static_cast<uint16_t*>(out) + c * chunk, m, stream));
     }
     if (!onebit) {
       launchKernel(
@@ -430,6 +517,72 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
   SQUALL_TRY(launchFailure("the residual verdict kernel"));
   SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
   SQUALL_TRY(codec::cudaResidualCommit(*state->server_, stream));
+  return state->leave(stream, captured);
+}
+
+Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                               const void* in, void* out, DataType dtype, ReduceOp op,
+                               DeviceCompressedState* state) {
+  SQUALL_TRY(checkCall("compressed reduce-scatter", true, in, out, dtype, op, state));
+  const size_t piece = state->chunk_;
+  const size_t esize = dataTypeSize(dtype);
+  const int n = state->nranks_;
+  if (n == 1 || piece == 0) {
+    if (out != in && piece != 0) {
+      SQUALL_CUDA_TRY(cudaMemcpyAsync(out, in, piece * esize, cudaMemcpyDeviceToDevice, stream));
+    }
+    return Status::kOk;
+  }
+  SQUALL_TRY(checkComm(comm, *state));
+  const auto nn = static_cast<size_t>(n);
+  const auto rr = static_cast<size_t>(state->rank_);
+  const size_t slot = state->slot_;
+  const codec::Spec spec = state->spec_;
+  const auto* input = static_cast<const uint8_t*>(in);
+  bool captured = false;
+  SQUALL_TRY(state->enter(stream, &captured));
+
+  // 1. Encode every piece (my own into my receive slot, beside the pieces
+  // the others send me); a non-finite block raises the worker's flag.
+  for (size_t c = 0; c < nn; ++c) {
+    uint8_t* slotOut = (c == rr ? state->recv_ : state->send_) + c * slot;
+    size_t bytes = 0;
+    SQUALL_TRY(codec::cudaEncodeChunk(spec, input + c * piece * esize, codecTypeOf(dtype), piece,
+                                      state->worker_, c * piece, slotOut, slot, stream, &bytes));
+  }
+
+  // 2. Piece j to rank j; the pieces of mine from every rank.
+  SQUALL_TRY(comm.groupStart());
+  for (size_t j = 0; j < nn; ++j) {
+    if (j == rr) continue;
+    SQUALL_TRY(comm.send(state->send_ + j * slot, slot, static_cast<int>(j), stream));
+    SQUALL_TRY(comm.recv(state->recv_ + j * slot, slot, static_cast<int>(j), stream));
+  }
+  SQUALL_TRY(comm.groupEnd());
+
+  // 3. Every rank's verdict: a non-finite block reaches only its server.
+  SQUALL_TRY(comm.allGather(state->worker_->control + 1, state->verdicts_, sizeof(int), stream));
+
+  // 4. Sum the n encodings of my piece in rank order, then divide; in
+  // place, the input was read in full by the encodes before.
+  float* sum = dtype == DataType::kF32 ? static_cast<float*>(out) : state->acc_;
+  for (size_t j = 0; j < nn; ++j) {
+    const uint8_t* encoded = state->recv_ + j * slot;
+    SQUALL_TRY(j == 0 ? codec::cudaDecode(spec, encoded, slot, sum, piece, stream, state->error_)
+                      : codec::cudaDecodeAccumulate(spec, encoded, slot, sum, piece, stream,
+                                                    state->error_));
+  }
+  if (op == ReduceOp::kAvg) {
+    launchKernel(divideKernel, gridFor(piece), kThreads, stream, sum, piece, static_cast<float>(n));
+    SQUALL_TRY(launchFailure("the avg division kernel"));
+  }
+  if (dtype != DataType::kF32) SQUALL_TRY(roundInto(dtype, sum, out, piece, stream));
+
+  // 5. Commit the worker residual unless some rank's flag was raised.
+  launchKernel(anyVerdictKernel, 1, 1, stream, static_cast<const int*>(state->verdicts_), n,
+               state->worker_->control);
+  SQUALL_TRY(launchFailure("the residual verdict kernel"));
+  SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
   return state->leave(stream, captured);
 }
 

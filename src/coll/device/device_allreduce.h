@@ -35,6 +35,23 @@
 // never shared by two uses at once. A use being captured into a graph neither
 // waits nor records (CUDA refuses a wait on work outside the capture): the
 // replays of a graph are ordered by the stream they are launched on.
+//
+// The compressed reduce-scatter (sharded data parallel) is the first half of
+// the same algorithm, as src/coll/compressed_reducescatter.cc runs it on the
+// host (the same bits): a state of the reduce-scatter layout
+// (createReduceScatter) holds the worker residual of n x R elements and no
+// server residual;
+//   1. cudaEncodeChunk of every piece c (R elements at c R, its blocks
+//      beginning at its first element) with the worker residual, which
+//      raises the residual's non-finite flag for a non-finite block;
+//   2. the same group of sends and receives (piece j to rank j);
+//   3. an all-gather of every rank's non-finite flag (one int each);
+//   4. cudaDecode of piece r from rank 0, cudaDecodeAccumulate of ranks
+//      1..n-1, / n for avg, into the output (fp16/bf16: through the fp32
+//      scratch and the rounding kernel);
+//   5. the worker residual's commit, skipped on every rank when any rank's
+//      flag was raised (a non-finite block reaches only the rank that
+//      serves it, so the flags are shared).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,14 +74,21 @@ class DeviceCompressedState {
   // nranks and rank must be those of the communicator the calls use.
   static Status create(int nranks, int rank, size_t count, const codec::Spec& spec,
                        std::unique_ptr<DeviceCompressedState>* out);
+  // The reduce-scatter layout: inputs of nranks x recvcount elements, each
+  // rank's piece encoded on its own (compressedReduceScatter only).
+  static Status createReduceScatter(int nranks, int rank, size_t recvcount, const codec::Spec& spec,
+                                    std::unique_ptr<DeviceCompressedState>* out);
   ~DeviceCompressedState();
   DeviceCompressedState(const DeviceCompressedState&) = delete;
   DeviceCompressedState& operator=(const DeviceCompressedState&) = delete;
 
   int nranks() const { return nranks_; }
   int rank() const { return rank_; }
+  // The elements of a call's input (n x recvcount for the reduce-scatter).
   size_t count() const { return count_; }
+  // The allreduce's chunk; the reduce-scatter's recvcount.
   size_t chunk() const { return chunk_; }
+  bool reduceScatter() const { return reduceScatter_; }
   size_t slotBytes() const { return slot_; }
   const codec::Spec& spec() const { return spec_; }
   // The code the servers re-encode the reduced chunks with: spec() unless
@@ -72,9 +96,11 @@ class DeviceCompressedState {
   // coll::CompressedState::setGatherSpec on the host: the same bits).
   const codec::Spec& gatherSpec() const { return gatherSpec_; }
   // Before the first use only (the gather slots are sized for it; later:
-  // kInvalidUsage); "none" is refused.
+  // kInvalidUsage); "none" is refused, and so is any code on a state of the
+  // reduce-scatter layout (it has no all-gather: kInvalidUsage).
   Status setGatherSpec(const codec::Spec& spec);
   const codec::DeviceResidual* worker() const { return worker_; }
+  // Null for the reduce-scatter layout.
   const codec::DeviceResidual* server() const { return server_; }
   // Payload bytes this rank sends per call (headers included).
   uint64_t bytesSent() const { return bytesSent_; }
@@ -96,7 +122,12 @@ class DeviceCompressedState {
  private:
   friend Status compressedAllReduce(const transport::nccl::DeviceComm&, cudaStream_t, const void*,
                                     void*, DataType, ReduceOp, DeviceCompressedState*);
+  friend Status compressedReduceScatter(const transport::nccl::DeviceComm&, cudaStream_t,
+                                        const void*, void*, DataType, ReduceOp,
+                                        DeviceCompressedState*);
   DeviceCompressedState() = default;
+  static Status checkRank(int nranks, int rank);
+  Status allocateCommon();  // the buffers both layouts have
   size_t realCount(size_t c) const;
   Status tally();  // bytesSent_ and bytesReceived_ from the specs and slots
   // The stream-order of uses (see above): `enter` before a use on `stream`,
@@ -112,13 +143,15 @@ class DeviceCompressedState {
   codec::Spec spec_, gatherSpec_;
   codec::DeviceResidual* worker_ = nullptr;
   codec::DeviceResidual* server_ = nullptr;
-  uint8_t* send_ = nullptr;        // n slots: the worker's encoded chunks (slot r unused)
-  uint8_t* recv_ = nullptr;        // n slots: the pieces of my chunk, mine included
-  uint8_t* gather_ = nullptr;      // n gather slots: every server's encoded chunk
-  float* acc_ = nullptr;           // chunk floats: server accumulator (not onebit), decode scratch
-  int* error_ = nullptr;           // device decode-error flag
-  int* nonFinite_ = nullptr;       // device flag: this call's output has a non-finite value
-  cudaEvent_t lastUse_ = nullptr;  // recorded at the end of every use outside capture
+  uint8_t* send_ = nullptr;    // n slots: the worker's encoded chunks (slot r unused)
+  uint8_t* recv_ = nullptr;    // n slots: the pieces of my chunk, mine included
+  uint8_t* gather_ = nullptr;  // n gather slots: every server's encoded chunk
+  float* acc_ = nullptr;       // chunk floats: server accumulator (not onebit), decode scratch
+  int* error_ = nullptr;       // device decode-error flag
+  int* nonFinite_ = nullptr;   // device flag: this call's output has a non-finite value
+  int* verdicts_ = nullptr;    // reduce-scatter: n ints, every rank's non-finite flag
+  bool reduceScatter_ = false;
+  cudaEvent_t lastUse_ = nullptr;      // recorded at the end of every use outside capture
   cudaStream_t lastStream_ = nullptr;  // the stream of that use (valid when used_)
   bool used_ = false;
   bool touched_ = false;  // any use yet, captured or not (setGatherSpec's guard)
@@ -134,5 +167,14 @@ class DeviceCompressedState {
 Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                            const void* in, void* out, DataType dtype, ReduceOp op,
                            DeviceCompressedState* state);
+
+// One compressed reduce-scatter with a state of the reduce-scatter layout:
+// `in` holds n x R elements (R = state->chunk()), rank j's piece at j R;
+// `out` gets R elements, the sum of every rank's piece `rank` (kAvg: divided
+// by n). `out` may be this rank's piece of `in`. The same requirements as
+// compressedAllReduce; n = 1 copies piece 0.
+Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                               const void* in, void* out, DataType dtype, ReduceOp op,
+                               DeviceCompressedState* state);
 
 }  // namespace squall::coll::device
