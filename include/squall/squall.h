@@ -291,8 +291,8 @@ SQUALL_API squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t cou
  * elements (squallCompressedReduceScatter), on every rank with the same
  * recvcount and codec: its residual covers the whole input. It runs the
  * reduce-scatter only, and one from squallCompressorCreate the allreduce
- * only (squallInvalidUsage otherwise). Host communicators only for now: on
- * one from NCCL, squallUnsupported. */
+ * only (squallInvalidUsage otherwise). On a communicator from NCCL its
+ * residual lives in device memory (squallCompressedReduceScatterOnStream). */
 SQUALL_API squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t recvcount,
                                                               const squallCodecSpec_t* spec,
                                                               squallCompressor_t* compressor);
@@ -372,7 +372,8 @@ SQUALL_API squallResult_t squallCompressedAllReduce(const void* sendbuf, void* r
  * encoded input. A non-finite input gives NaN in the outputs it reaches and
  * leaves every rank's residual as it was; one rank copies its input. On
  * failure recvbuf and the residual are untouched (also for the Async form).
- * Host communicators only for now. */
+ * Host buffers on a host communicator; device buffers:
+ * squallCompressedReduceScatterOnStream. */
 SQUALL_API squallResult_t squallCompressedReduceScatter(const void* sendbuf, void* recvbuf,
                                                         size_t recvcount, squallDataType_t dtype,
                                                         squallRedOp_t op,
@@ -431,6 +432,20 @@ SQUALL_API squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf,
                                                             squallRedOp_t op,
                                                             squallCompressor_t compressor,
                                                             squallComm_t comm, void* cudaStream);
+
+/* The compressed reduce-scatter of device buffers (as
+ * squallCompressedReduceScatter), enqueued on `cudaStream` the way
+ * squallCompressedAllReduceOnStream is: on a communicator from NCCL entirely
+ * on the stream (capturable; the n non-finite flags travel in one NCCL
+ * all-gather of an int per rank, so every rank keeps its residual when any
+ * rank's input was not finite), with the same bits as the host algorithm;
+ * on a host communicator staged through pinned host memory. recvcount must
+ * be the compressor's (squallCompressorCreateReduceScatter); recvbuf may be
+ * this rank's piece of sendbuf. On failure, recvbuf is untouched on a host
+ * communicator and may be partial on one from NCCL. */
+SQUALL_API squallResult_t squallCompressedReduceScatterOnStream(
+    const void* sendbuf, void* recvbuf, size_t recvcount, squallDataType_t dtype, squallRedOp_t op,
+    squallCompressor_t compressor, squallComm_t comm, void* cudaStream);
 
 #ifdef __cplusplus
 } /* extern "C" */

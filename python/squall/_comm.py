@@ -375,7 +375,7 @@ class Compressor:
     step: the residuals carry what the compression lost into the next call.
     A compressor runs the collective of its kind only. For the reduce-scatter
     `numel` is the whole input's (a multiple of the group size; each rank's
-    output holds numel / size), and host communicators only for now.
+    output holds numel / size).
 
     algorithm: how the allreduce picks between its two-phase and all-gather
     forms: "time" (default: the communicator's time model, or
@@ -428,10 +428,16 @@ class Compressor:
                     f"squall: a reduce-scatter compressor's numel is the whole input, "
                     f"{comm.size} equal shards; {self.numel} is not a multiple of {comm.size} "
                     "(pad the flat buffer to a multiple of the group size)")
+            if comm._nccl is not None and not _lib.HAVE_REDUCE_SCATTER_ON_STREAM:
+                raise _lib.SquallUnsupported(
+                    f"squall: the loaded libsquall ({_lib.path}) has no compressed "
+                    "reduce-scatter of device buffers; build a newer Squall, or use a host "
+                    "communicator")
             self.recvcount = self.numel // comm.size
-            check(lib.squallCompressorCreateReduceScatter(
-                comm.handle, self.recvcount, ctypes.byref(self.spec), ctypes.byref(h)),
-                "squallCompressorCreateReduceScatter")
+            with _cuda.device_guard(comm.device):  # from NCCL: device state on its GPU
+                check(lib.squallCompressorCreateReduceScatter(
+                    comm.handle, self.recvcount, ctypes.byref(self.spec), ctypes.byref(h)),
+                    "squallCompressorCreateReduceScatter")
         else:
             with _cuda.device_guard(comm.device):  # from NCCL: device state on its GPU
                 check(lib.squallCompressorCreate(comm.handle, self.numel, ctypes.byref(self.spec),
@@ -479,11 +485,7 @@ class Compressor:
                 check(lib.squallCompressedAllReduceOnStream(
                     src.ptr, dst.ptr, src.dtype, o, self.handle, comm.handle,
                     _cuda.current_stream(comm.device)), "squallCompressedAllReduceOnStream")
-                # NCCL counts nothing: add the library's figure for this call.
-                st = _lib.CompressorStats()
-                if lib.squallCompressorGetStats(self.handle, ctypes.byref(st)) == 0:
-                    self.traffic.bytes_sent += st.bytesSent
-                    self.traffic.bytes_received += st.bytesReceived
+                self._count_device_call()
             return Request(None, result, None) if async_op else result
         src = host_buffer(tensor, "tensor", FLOATS, writable=out is None)
         if out is None:
@@ -513,20 +515,29 @@ class Compressor:
         the ranks of this rank's shard, divided by size for op 'avg'. Each
         shard is compressed on its own with this compressor's residual and the
         shards are summed in rank order, so the result is the same run to run.
-        CPU and CUDA tensors (staged through host memory) and numpy arrays.
+        `output` may be this rank's shard of `input` (a view of it).
+        On a host communicator: CPU and CUDA tensors (staged through host
+        memory) and numpy arrays. On a communicator from NCCL: CUDA tensors
+        of its GPU, through squallCompressedReduceScatterOnStream on the
+        current stream (no staging; the call returns once the work is
+        enqueued, and async_op=True returns a Request that is already done).
         Returns output (or a Request with async_op=True)."""
         self._require_kind("reduce_scatter", "reduce_scatter")
         o = _op_code(op, ("sum", "avg", "mean"))
         comm = self.comm
+        if comm._nccl is not None:
+            src = device_buffer(input, "input", FLOATS, comm.device)
+            dst = device_buffer(output, "output", FLOATS, comm.device)
+            self._check_shards(src, dst)
+            with _cuda.device_guard(comm.device):
+                check(lib.squallCompressedReduceScatterOnStream(
+                    src.ptr, dst.ptr, self.recvcount, src.dtype, o, self.handle, comm.handle,
+                    _cuda.current_stream(comm.device)), "squallCompressedReduceScatterOnStream")
+                self._count_device_call()
+            return Request(None, output, None) if async_op else output
         src = host_buffer(input, "input", FLOATS, writable=False)
         dst = host_buffer(output, "output", FLOATS, stage_in=False)
-        if dst.dtype != src.dtype:
-            raise SquallInvalidArgument("squall: output must have the input's dtype")
-        if src.numel != self.numel or dst.numel != self.recvcount:
-            raise SquallInvalidArgument(
-                f"squall: reduce_scatter takes an input of {self.numel} elements and an output of "
-                f"{self.recvcount} (the compressor's numel / {comm.size}); got {src.numel} and "
-                f"{dst.numel}")
+        self._check_shards(src, dst)
         if async_op:
             req = ctypes.c_void_p()
             before = comm._bytes()
@@ -542,6 +553,22 @@ class Compressor:
                   "squallCompressedReduceScatter")
         dst.finish()
         return output
+
+    def _check_shards(self, src, dst):
+        if dst.dtype != src.dtype:
+            raise SquallInvalidArgument("squall: output must have the input's dtype")
+        if src.numel != self.numel or dst.numel != self.recvcount:
+            raise SquallInvalidArgument(
+                f"squall: reduce_scatter takes an input of {self.numel} elements and an output of "
+                f"{self.recvcount} (the compressor's numel / {self.comm.size}); got {src.numel} "
+                f"and {dst.numel}")
+
+    def _count_device_call(self):
+        # NCCL counts nothing: add the library's figure for this call.
+        st = _lib.CompressorStats()
+        if lib.squallCompressorGetStats(self.handle, ctypes.byref(st)) == 0:
+            self.traffic.bytes_sent += st.bytesSent
+            self.traffic.bytes_received += st.bytesReceived
 
     def _require_kind(self, kind, what):
         if self.kind != kind:

@@ -311,6 +311,11 @@ if HAVE_REDUCE_SCATTER:
     for _name, (_res, _args) in _REDUCE_SCATTER.items():
         _f = getattr(lib, _name)
         _f.restype, _f.argtypes = _res, _args
+# Its device form (communicators from NCCL), newer still.
+HAVE_REDUCE_SCATTER_ON_STREAM = hasattr(lib, "squallCompressedReduceScatterOnStream")
+if HAVE_REDUCE_SCATTER_ON_STREAM:
+    lib.squallCompressedReduceScatterOnStream.restype = c_result
+    lib.squallCompressedReduceScatterOnStream.argtypes = [P, P, SZ, c_enum, c_enum, P, P, P]
 
 # Saving and loading a compressor's residuals (squall.h).
 _COMPRESSOR_STATE = {

@@ -232,7 +232,8 @@ def _fake_gpu_world(rank, nccl):
     _nccl.load = lambda: nccl
     lib = _lib.lib
     real = {n: getattr(lib, n) for n in ("squallCommInitFromNccl", "squallCommDestroy",
-                                         "squallCompressedAllReduce", "squallOptimizerStep")}
+                                         "squallCompressedAllReduce", "squallOptimizerStep",
+                                         "squallCompressedReduceScatter")}
 
     def init_from_nccl(out, comm):
         out._obj.value = nccl.hosts[comm.value].value
@@ -248,6 +249,11 @@ def _fake_gpu_world(rank, nccl):
         calls.append(("compressed", send, recv, stream))
         return real["squallCompressedAllReduce"](send, recv, dtype, op, compressor, comm)
 
+    def reduce_scatter(send, recv, recvcount, dtype, op, compressor, comm, stream):
+        calls.append(("reduce_scatter", send, recv, recvcount, stream))
+        return real["squallCompressedReduceScatter"](send, recv, recvcount, dtype, op, compressor,
+                                                     comm)
+
     def optimizer(opt, params, grads, lr, stream):
         calls.append(("optimizer", params, grads, stream))
         return real["squallOptimizerStep"](opt, params, grads, lr)
@@ -255,6 +261,7 @@ def _fake_gpu_world(rank, nccl):
     lib.squallCommInitFromNccl = init_from_nccl
     lib.squallCommDestroy = destroy
     lib.squallCompressedAllReduceOnStream = compressed
+    lib.squallCompressedReduceScatterOnStream = reduce_scatter
     lib.squallOptimizerStepOnStream = optimizer
     return calls
 
@@ -322,6 +329,27 @@ def _collectives(rank, world):
     ch.allreduce(torch.ones(5000))  # a host communicator never takes the OnStream path
     host.allreduce(torch.ones(5000))
     assert len(calls) == n_calls
+
+    # the compressed reduce-scatter: the tensors' own memory to its OnStream
+    # entry point, the bits of a host communicator's, CUDA tensors only
+    n = 1001
+    rg = squall.Compressor(gpu, world * n, "int4:block=256", kind="reduce_scatter")
+    rh = squall.Compressor(host, world * n, "int4:block=256", kind="reduce_scatter")
+    for t in range(3):
+        x = torch.randn(world * n, generator=torch.Generator().manual_seed(20 * t + rank))
+        xg, og, oh = cuda(x.clone()), cuda(torch.empty(n)), torch.empty(n)
+        del calls[:]
+        assert rg.reduce_scatter(xg, og, op="avg" if t != 1 else "sum") is og
+        rh.reduce_scatter(x, oh, op="avg" if t != 1 else "sum")
+        assert torch.equal(og, oh), t
+        assert calls == [("reduce_scatter", xg.data_ptr(), og.data_ptr(), n, STREAM)]
+    assert rg.stats["calls"] == 3 and rg.traffic.bytes_sent > 0
+    req = rg.reduce_scatter(xg, og, async_op=True)
+    assert req.test() and req.wait() is og
+    with pytest.raises(squall.SquallInvalidUsage, match="from NCCL on cuda:0"):
+        rg.reduce_scatter(torch.ones(world * n), og)
+    with pytest.raises(squall.SquallInvalidArgument, match="an output of 1001"):
+        rg.reduce_scatter(xg, cuda(torch.empty(n + 1)))
 
     # closing: GPU idle first, compressors before the communicator, the squall
     # communicator before the NCCL one it wraps

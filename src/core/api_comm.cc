@@ -1,8 +1,8 @@
 // The C API of communicators, collectives and compressors: translation of
 // handles, enums and the config into core::Comm (comm.h), which does the
 // rest. Also the GPU entry points (squallCommInitFromNccl,
-// squallCompressedAllReduceOnStream), which core refuses, saying why, in a
-// build without CUDA and NCCL.
+// squallCompressedAllReduceOnStream and ...ReduceScatterOnStream), which core refuses, saying why,
+// in a build without CUDA and NCCL.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -568,6 +568,24 @@ squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recv
     SQUALL_TRY(toDataType(dtype, &t));
     SQUALL_TRY(toReduceOp(op, &o));
     return c->compressedAllReduceOnStream(sendbuf, recvbuf, t, o, *k, cudaStream);
+  });
+}
+
+squallResult_t squallCompressedReduceScatterOnStream(const void* sendbuf, void* recvbuf,
+                                                     size_t recvcount, squallDataType_t dtype,
+                                                     squallRedOp_t op,
+                                                     squallCompressor_t compressor,
+                                                     squallComm_t comm, void* cudaStream) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    SQUALL_TRY(collectiveCommOf(comm, &c));
+    core::Compressor* k = nullptr;
+    SQUALL_TRY(compressorOf(compressor, &k));
+    DataType t = DataType::kF32;
+    ReduceOp o = ReduceOp::kSum;
+    SQUALL_TRY(toDataType(dtype, &t));
+    SQUALL_TRY(toReduceOp(op, &o));
+    return c->compressedReduceScatterOnStream(sendbuf, recvbuf, recvcount, t, o, *k, cudaStream);
   });
 }
 

@@ -131,7 +131,8 @@ Status Comm::hostEngine(coll::Communicator** out) {
   *out = engine_->host();
   SQUALL_REQUIRE(*out != nullptr, Status::kInvalidUsage, Subsys::kApi,
                  "this communicator was built from NCCL (squallCommInitFromNccl); it runs "
-                 "squallCompressedAllReduceOnStream and squallOptimizerStepOnStream only (use "
+                 "squallCompressedAllReduceOnStream, squallCompressedReduceScatterOnStream and "
+                 "squallOptimizerStepOnStream only (use "
                  "NCCL itself for the other collectives)");
   return Status::kOk;
 }
@@ -164,25 +165,12 @@ Status Comm::checkCompressor(const Compressor& c, CompressorLayout layout) const
   return Status::kOk;
 }
 
-namespace {
-
-Status reduceScatterOnHostOnly() {
-  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
-                     "the compressed reduce-scatter runs on host communicators only for now "
-                     "(tcp, ucx, mpi); this one comes from NCCL (squallCommInitFromNccl): use "
-                     "a host communicator for it, or NCCL's own reduce-scatter");
-}
-
-}  // namespace
-
-Status Engine::createReduceScatterCompressor(const Comm*, size_t, const codec::Spec&,
-                                             coll::Feedback, std::unique_ptr<Compressor>*) {
-  return reduceScatterOnHostOnly();
-}
-
 Status Engine::compressedReduceScatter(const void*, void*, size_t, DataType, ReduceOp, Compressor&,
                                        coll::OperationPtr*) {
-  return reduceScatterOnHostOnly();
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                     "a communicator from NCCL (squallCommInitFromNccl) runs the compressed "
+                     "reduce-scatter of device buffers only, on a stream: call "
+                     "squallCompressedReduceScatterOnStream, or use a host communicator");
 }
 
 Status Comm::refuse(Status check) {
@@ -337,6 +325,38 @@ Status Comm::startCompressedReduceScatter(const void* in, void* out, size_t recv
   SQUALL_REQUIRE(operation != nullptr, Status::kInvalidArgument, Subsys::kApi,
                  "the request output pointer is NULL");
   return engine_->compressedReduceScatter(in, out, recvcount, dtype, op, c, operation);
+}
+
+Status Comm::compressedReduceScatterOnStream(const void* in, void* out, size_t recvcount,
+                                             DataType dtype, ReduceOp op, Compressor& c,
+                                             void* cudaStream) {
+  SQUALL_TRY(checkCompressor(c, CompressorLayout::kReduceScatter));
+  const auto n = static_cast<size_t>(size());
+  SQUALL_REQUIRE(recvcount * n == c.count(), Status::kInvalidArgument, Subsys::kApi,
+                 "compressed reduce-scatter: recvcount is %zu but the compressor was made for "
+                 "%zu elements per rank (an input of %zu x %zu); make one compressor per buffer",
+                 recvcount, c.count() / n, n, c.count() / n);
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "the compressed reduce-scatter takes fp32, fp16 or bf16, not %s",
+                 dataTypeName(dtype));
+  SQUALL_REQUIRE(op == ReduceOp::kSum || op == ReduceOp::kAvg, Status::kInvalidArgument,
+                 Subsys::kApi, "the compressed reduce-scatter supports sum and avg, not %s",
+                 reduceOpName(op));
+  const size_t esize = dataTypeSize(dtype);
+  const auto from = reinterpret_cast<uintptr_t>(in);
+  const auto to = reinterpret_cast<uintptr_t>(out);
+  const bool inPlace = to == from + static_cast<size_t>(rank()) * recvcount * esize;
+  const bool apart = to + recvcount * esize <= from || from + c.count() * esize <= to;
+  SQUALL_REQUIRE(c.count() == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
+                 Subsys::kApi,
+                 "compressed reduce-scatter: the send and receive buffers must be set");
+  SQUALL_REQUIRE(c.count() == 0 || inPlace || apart, Status::kInvalidArgument, Subsys::kApi,
+                 "compressed reduce-scatter: the receive buffer overlaps the send buffer but is "
+                 "not this rank's piece of it (rank %d at element %zu); use separate buffers or "
+                 "exactly that piece",
+                 rank(), static_cast<size_t>(rank()) * recvcount);
+  return engine_->compressedReduceScatterOnStream(in, out, recvcount, dtype, op, c, cudaStream);
 }
 
 Status Comm::createOptimizer(size_t count, const optim::Config& config,

@@ -270,18 +270,23 @@ class Comm {
   // A compressor for the compressed reduce-scatter of n x recvcount elements
   // (n = size()), every rank's piece of recvcount encoded on its own
   // (coll::CompressedState::createReduceScatter); every rank makes one alike.
-  // Host engines only: kUnsupported on a communicator from NCCL.
+  // On a communicator from NCCL its state is on the device.
   Status createReduceScatterCompressor(size_t recvcount, const codec::Spec& spec,
                                        std::unique_ptr<Compressor>* out,
                                        coll::Feedback feedback = coll::Feedback::kKept);
   // The compressed reduce-scatter of c.count() elements of fp32, fp16 or
   // bf16 in `in` into recvcount (c's) in `out`, sum or avg, on host buffers
-  // (host engine; kUnsupported on one from NCCL). `out` may be this rank's
-  // piece of `in`.
+  // (host engine; kUnsupported on one from NCCL, whose buffers are on the
+  // device). `out` may be this rank's piece of `in`.
   Status compressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
                                  ReduceOp op, Compressor& c);
   Status startCompressedReduceScatter(const void* in, void* out, size_t recvcount, DataType dtype,
                                       ReduceOp op, Compressor& c, coll::OperationPtr* operation);
+  // Device buffers on a CUDA stream, as compressedAllReduceOnStream: on the
+  // NCCL engine on the device; on a host engine staged through pinned memory.
+  Status compressedReduceScatterOnStream(const void* in, void* out, size_t recvcount,
+                                         DataType dtype, ReduceOp op, Compressor& c,
+                                         void* cudaStream);
 
   // An optimizer of `count` parameters; every rank makes one alike.
   Status createOptimizer(size_t count, const optim::Config& config,

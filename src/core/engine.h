@@ -34,15 +34,19 @@ class Engine {
                                      Compressor& c, coll::OperationPtr* operation) = 0;
   virtual Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                              Compressor& c, void* stream) = 0;
-  // The compressed reduce-scatter: by default (the NCCL engine) refused
-  // with kUnsupported, host communicators only.
+  // The compressed reduce-scatter.
   virtual Status createReduceScatterCompressor(const Comm* owner, size_t recvcount,
                                                const codec::Spec& spec, coll::Feedback feedback,
-                                               std::unique_ptr<Compressor>* out);
-  // Host buffers; `operation` null: blocking. c belongs to this engine.
+                                               std::unique_ptr<Compressor>* out) = 0;
+  // Host buffers; `operation` null: blocking. c belongs to this engine. By
+  // default (the NCCL engine) refused with kUnsupported: device buffers only.
   virtual Status compressedReduceScatter(const void* in, void* out, size_t recvcount,
                                          DataType dtype, ReduceOp op, Compressor& c,
                                          coll::OperationPtr* operation);
+  // Device buffers on a CUDA stream.
+  virtual Status compressedReduceScatterOnStream(const void* in, void* out, size_t recvcount,
+                                                 DataType dtype, ReduceOp op, Compressor& c,
+                                                 void* stream) = 0;
   // The schedule over this engine's backend (host or device memory).
   virtual Status createOptimizer(size_t count, const optim::Config& config,
                                  std::unique_ptr<optim::Optimizer>* out) = 0;
@@ -71,6 +75,11 @@ class Staging {
 Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState& state,
                                  std::unique_ptr<Staging>* staging, const void* in, void* out,
                                  DataType dtype, ReduceOp op, void* stream);
+// The compressed reduce-scatter of state.count() elements into
+// state.chunk(), staged the same way.
+Status stagedCompressedReduceScatter(coll::Communicator& comm, coll::CompressedState& state,
+                                     std::unique_ptr<Staging>* staging, const void* in, void* out,
+                                     DataType dtype, ReduceOp op, void* stream);
 // One step of a host optimizer on device buffers.
 Status stagedOptimizerStep(optim::Optimizer& optimizer, float* params, const float* grads, float lr,
                            void* stream);

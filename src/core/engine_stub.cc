@@ -26,6 +26,12 @@ Status stagedCompressedAllReduce(coll::Communicator&, coll::CompressedState&,
   return gpuPathMissing("squallCompressedAllReduceOnStream");
 }
 
+Status stagedCompressedReduceScatter(coll::Communicator&, coll::CompressedState&,
+                                     std::unique_ptr<Staging>*, const void*, void*, DataType,
+                                     ReduceOp, void*) {
+  return gpuPathMissing("squallCompressedReduceScatterOnStream");
+}
+
 Status stagedOptimizerStep(optim::Optimizer&, float*, const float*, float, void*) {
   return gpuPathMissing("squallOptimizerStepOnStream");
 }

@@ -186,6 +186,15 @@ class HostEngine final : public Engine {
     return Status::kOk;
   }
 
+  Status compressedReduceScatterOnStream(const void* in, void* out, size_t, DataType dtype,
+                                         ReduceOp op, Compressor& c, void* stream) override {
+    auto& h = static_cast<HostCompressor&>(c);
+    SQUALL_TRY(
+        stagedCompressedReduceScatter(*coll_, h.state(), &h.staging(), in, out, dtype, op, stream));
+    h.called();
+    return Status::kOk;
+  }
+
   Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,
                                      Compressor& c, void* stream) override {
     auto& h = static_cast<HostCompressor&>(c);

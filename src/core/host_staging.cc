@@ -4,6 +4,7 @@
 // stream-ordered path.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "src/common/cuda_status.h"
@@ -39,26 +40,49 @@ class PinnedStaging final : public Staging {
   size_t bytes_ = 0;
 };
 
+// Copies inBytes of `in` into the pinned input, waits, runs `collective` on
+// the pinned buffers, copies outBytes of the pinned output to `out`, waits.
+template <typename Collective>
+Status staged(std::unique_ptr<Staging>* staging, const void* in, size_t inBytes, void* out,
+              size_t outBytes, cudaStream_t stream, Collective collective) {
+  if (*staging == nullptr) *staging = std::make_unique<PinnedStaging>();
+  auto* pinned = static_cast<PinnedStaging*>(staging->get());
+  SQUALL_TRY(pinned->reserve(std::max(inBytes, outBytes)));
+  if (inBytes != 0) {
+    SQUALL_CUDA_TRY(cudaMemcpyAsync(pinned->in(), in, inBytes, cudaMemcpyDefault, stream));
+    SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  SQUALL_TRY(collective(pinned->in(), pinned->out()));
+  if (outBytes != 0) {
+    SQUALL_CUDA_TRY(cudaMemcpyAsync(out, pinned->out(), outBytes, cudaMemcpyDefault, stream));
+    SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  return Status::kOk;
+}
+
 }  // namespace
 
 Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState& state,
                                  std::unique_ptr<Staging>* staging, const void* in, void* out,
                                  DataType dtype, ReduceOp op, void* cudaStream) {
-  auto stream = static_cast<cudaStream_t>(cudaStream);
   const size_t bytes = state.count() * dataTypeSize(dtype);
-  if (*staging == nullptr) *staging = std::make_unique<PinnedStaging>();
-  auto* pinned = static_cast<PinnedStaging*>(staging->get());
-  SQUALL_TRY(pinned->reserve(bytes));
-  if (bytes != 0) {
-    SQUALL_CUDA_TRY(cudaMemcpyAsync(pinned->in(), in, bytes, cudaMemcpyDefault, stream));
-    SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
-  }
-  SQUALL_TRY(comm.compressedAllReduce(pinned->in(), pinned->out(), dtype, op, &state));
-  if (bytes != 0) {
-    SQUALL_CUDA_TRY(cudaMemcpyAsync(out, pinned->out(), bytes, cudaMemcpyDefault, stream));
-    SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
-  }
-  return Status::kOk;
+  return staged(staging, in, bytes, out, bytes, static_cast<cudaStream_t>(cudaStream),
+                [&](const void* pinnedIn, void* pinnedOut) {
+                  return comm.compressedAllReduce(pinnedIn, pinnedOut, dtype, op, &state);
+                });
+}
+
+// The pinned output is a buffer of its own (never the input's piece), so
+// the device's in-place call is out of place here.
+Status stagedCompressedReduceScatter(coll::Communicator& comm, coll::CompressedState& state,
+                                     std::unique_ptr<Staging>* staging, const void* in, void* out,
+                                     DataType dtype, ReduceOp op, void* cudaStream) {
+  const size_t esize = dataTypeSize(dtype);
+  return staged(staging, in, state.count() * esize, out, state.chunk() * esize,
+                static_cast<cudaStream_t>(cudaStream), [&](const void* pinnedIn, void* pinnedOut) {
+                  return comm.compressedReduceScatter(pinnedIn, pinnedOut, state.chunk(), dtype, op,
+                                                      &state);
+                });
 }
 
 // Copy in, wait, step on the host, copy back, wait. Two pageable copies and

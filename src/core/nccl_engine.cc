@@ -27,9 +27,12 @@ using transport::nccl::DeviceComm;
 
 class DeviceCompressor final : public Compressor {
  public:
-  DeviceCompressor(const Comm* comm, size_t count, const codec::Spec& spec,
+  DeviceCompressor(const Comm* comm, const codec::Spec& spec,
                    std::unique_ptr<coll::device::DeviceCompressedState> state)
-      : Compressor(comm, count, spec, 0), state_(std::move(state)) {}
+      : Compressor(comm, state->count(), spec, 0,
+                   state->reduceScatter() ? CompressorLayout::kReduceScatter
+                                          : CompressorLayout::kAllReduce),
+        state_(std::move(state)) {}
 
   Status reset() override {
     SQUALL_TRY(state_->reset(lastStream_));
@@ -37,6 +40,14 @@ class DeviceCompressor final : public Compressor {
     return Status::kOk;
   }
   Status setAlgorithm(coll::CompressedAlgo algo) override {
+    if (state_->reduceScatter()) {
+      SQUALL_REQUIRE(
+          algo == coll::CompressedAlgo::kAuto || algo == coll::CompressedAlgo::kAutoBytes,
+          Status::kInvalidUsage, Subsys::kApi,
+          "a reduce-scatter compressor has one algorithm; it takes "
+          "squallCompressorAlgoTime or squallCompressorAlgoBytes only");
+      return Status::kOk;
+    }
     SQUALL_REQUIRE(algo != coll::CompressedAlgo::kAllGather, Status::kInvalidUsage, Subsys::kApi,
                    "a compressor of a communicator from NCCL runs the two-phase allreduce only; "
                    "squallCompressorAlgoAllGather is for host communicators");
@@ -54,7 +65,8 @@ class DeviceCompressor final : public Compressor {
     }
     s.bytesSent = calls_ != 0 ? state_->bytesSent() : 0;
     s.bytesReceived = calls_ != 0 ? state_->bytesReceived() : 0;
-    s.algorithm = calls_ != 0 ? "twophase" : "none";  // the device path is always flat
+    // The device path is always flat.
+    s.algorithm = calls_ == 0 ? "none" : state_->reduceScatter() ? "reducescatter" : "twophase";
     s.sliceCount = count();
     *out = s;
     return Status::kOk;
@@ -76,7 +88,10 @@ class DeviceCompressor final : public Compressor {
 
   Status run(const DeviceComm& comm, const void* in, void* out, DataType dtype, ReduceOp op,
              cudaStream_t stream) {
-    SQUALL_TRY(coll::device::compressedAllReduce(comm, stream, in, out, dtype, op, state_.get()));
+    SQUALL_TRY(
+        state_->reduceScatter()
+            ? coll::device::compressedReduceScatter(comm, stream, in, out, dtype, op, state_.get())
+            : coll::device::compressedAllReduce(comm, stream, in, out, dtype, op, state_.get()));
     lastStream_ = stream;
     ++calls_;
     return Status::kOk;
@@ -106,8 +121,27 @@ class NcclEngine final : public Engine {
     std::unique_ptr<coll::device::DeviceCompressedState> state;
     SQUALL_TRY(coll::device::DeviceCompressedState::create(comm_.size(), comm_.rank(), count, spec,
                                                            &state));
-    *out = std::make_unique<DeviceCompressor>(owner, count, spec, std::move(state));
+    *out = std::make_unique<DeviceCompressor>(owner, spec, std::move(state));
     return Status::kOk;
+  }
+
+  Status createReduceScatterCompressor(const Comm* owner, size_t recvcount, const codec::Spec& spec,
+                                       coll::Feedback feedback,
+                                       std::unique_ptr<Compressor>* out) override {
+    SQUALL_REQUIRE(feedback == coll::Feedback::kKept, Status::kUnsupported, Subsys::kApi,
+                   "the device compressed reduce-scatter always keeps error feedback; make the "
+                   "compressor with feedback kept, or on a host communicator");
+    std::unique_ptr<coll::device::DeviceCompressedState> state;
+    SQUALL_TRY(coll::device::DeviceCompressedState::createReduceScatter(comm_.size(), comm_.rank(),
+                                                                        recvcount, spec, &state));
+    *out = std::make_unique<DeviceCompressor>(owner, spec, std::move(state));
+    return Status::kOk;
+  }
+
+  Status compressedReduceScatterOnStream(const void* in, void* out, size_t, DataType dtype,
+                                         ReduceOp op, Compressor& c, void* stream) override {
+    return static_cast<DeviceCompressor&>(c).run(comm_, in, out, dtype, op,
+                                                 static_cast<cudaStream_t>(stream));
   }
 
   Status compressedAllReduce(const void*, void*, DataType, ReduceOp, Compressor&,

@@ -7,7 +7,8 @@
 // tests/gpu/meson.build), the staged compressed allreduce, and a sync-mode
 // optimizer step. The host collectives and split are refused on the NCCL
 // engine with kInvalidUsage, and the host step of a device optimizer too;
-// the compressed reduce-scatter with kUnsupported (host communicators only).
+// the compressed reduce-scatter of host buffers with kUnsupported (its
+// device form matches the host engine's, and the host engine's staged one).
 // Releasing an engine's state off the caller's thread never waits for the
 // device, and the capture query asks the runtime.
 #include <cuda_runtime_api.h>
@@ -139,16 +140,30 @@ TEST(CoreNcclEmu, EngineIdentityAndRefusals) {
     EXPECT_EQ(c.compressedAllReduceOnStream(v.data(), v.data(), DataType::kF32, ReduceOp::kSum,
                                             *hostComp, nullptr),
               Status::kInvalidUsage);
-    // The compressed reduce-scatter runs on host communicators only for now.
+    // The compressed reduce-scatter takes device buffers only, and its own
+    // compressor, recvcount and layout.
     std::unique_ptr<Compressor> rs;
-    EXPECT_EQ(c.createReduceScatterCompressor(32, codec::Spec{}, &rs), Status::kUnsupported);
-    EXPECT_NE(lastError().find("host communicators only"), std::string::npos) << lastError();
-    EXPECT_EQ(rs, nullptr);
+    ASSERT_EQ(c.createReduceScatterCompressor(32, codec::Spec{}, &rs), Status::kOk) << lastError();
+    EXPECT_EQ(rs->layout(), CompressorLayout::kReduceScatter);
+    EXPECT_EQ(rs->count(), 64u);
     std::vector<float> shard(32);
-    EXPECT_EQ(c.compressedReduceScatter(v.data(), shard.data(), 32, DataType::kF32, ReduceOp::kSum,
-                                        *comp),
-              Status::kUnsupported);
-    EXPECT_NE(lastError().find("host communicators only"), std::string::npos) << lastError();
+    EXPECT_EQ(
+        c.compressedReduceScatter(v.data(), shard.data(), 32, DataType::kF32, ReduceOp::kSum, *rs),
+        Status::kUnsupported);
+    EXPECT_NE(lastError().find("squallCompressedReduceScatterOnStream"), std::string::npos)
+        << lastError();
+    EXPECT_EQ(c.compressedReduceScatterOnStream(v.data(), shard.data(), 32, DataType::kF32,
+                                                ReduceOp::kSum, *comp, nullptr),
+              Status::kInvalidUsage);
+    EXPECT_EQ(c.compressedReduceScatterOnStream(v.data(), shard.data(), 31, DataType::kF32,
+                                                ReduceOp::kSum, *rs, nullptr),
+              Status::kInvalidArgument);
+    EXPECT_EQ(c.compressedReduceScatterOnStream(v.data(), v.data() + 1, 32, DataType::kF32,
+                                                ReduceOp::kSum, *rs, nullptr),
+              Status::kInvalidArgument);
+    EXPECT_NE(lastError().find("overlaps"), std::string::npos) << lastError();
+    EXPECT_EQ(rs->setGatherSpec(codec::Spec{}), Status::kInvalidUsage);
+    EXPECT_EQ(rs->setAlgorithm(coll::CompressedAlgo::kTwoPhase), Status::kInvalidUsage);
   });
 }
 
@@ -187,6 +202,59 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
     EXPECT_EQ(ds.skippedCalls, 0u);
     EXPECT_GT(ds.bytesSent, 0u);
     ASSERT_EQ(dev->reset(), Status::kOk) << lastError();
+  });
+}
+
+// The compressed reduce-scatter: the NCCL engine's (in place on the device:
+// the output is this rank's piece of the input) and the host engine's staged
+// one equal the host engine's, call after call, with pieces that are not a
+// whole number of blocks.
+TEST(CoreNcclEmu, CompressedReduceScatterMatchesTheHostEngine) {
+  const int n = 3;
+  const size_t recvcount = 1001;
+  const size_t count = n * recvcount;
+  codec::Spec int4;
+  int4.codec = codec::CodecId::kInt4;
+  int4.block = 256;
+  runRanks(n, [&](int r, Rank& k) {
+    std::unique_ptr<Compressor> dev, host, staged;
+    ASSERT_EQ(k.nccl->createReduceScatterCompressor(recvcount, int4, &dev), Status::kOk)
+        << lastError();
+    ASSERT_EQ(k.host->createReduceScatterCompressor(recvcount, int4, &host), Status::kOk);
+    ASSERT_EQ(k.host->createReduceScatterCompressor(recvcount, int4, &staged), Status::kOk);
+    DeviceScratch device(count);
+    ASSERT_TRUE(device.made);
+    float* mine = device.d + static_cast<size_t>(r) * recvcount;
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<float> x = input(r, call, count);
+      const ReduceOp op = call == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
+      std::vector<float> want(recvcount), got(recvcount), viaStaging(recvcount);
+      ASSERT_EQ(k.host->compressedReduceScatter(x.data(), want.data(), recvcount, DataType::kF32,
+                                                op, *host),
+                Status::kOk)
+          << lastError();
+      cudaMemcpy(device.d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+      ASSERT_EQ(k.nccl->compressedReduceScatterOnStream(device.d, mine, recvcount, DataType::kF32,
+                                                        op, *dev, device.stream),
+                Status::kOk)
+          << lastError();
+      cudaMemcpyAsync(got.data(), mine, recvcount * sizeof(float), cudaMemcpyDeviceToHost,
+                      device.stream);
+      cudaStreamSynchronize(device.stream);
+      EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
+      ASSERT_EQ(k.host->compressedReduceScatterOnStream(x.data(), viaStaging.data(), recvcount,
+                                                        DataType::kF32, op, *staged, device.stream),
+                Status::kOk)
+          << lastError();
+      EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
+    }
+    CompressorStats ds;
+    ASSERT_EQ(dev->stats(&ds), Status::kOk) << lastError();
+    EXPECT_EQ(ds.calls, 3u);
+    EXPECT_STREQ(ds.algorithm, "reducescatter");
+    size_t piece = 0;
+    ASSERT_EQ(codec::encodedSize(int4, recvcount, &piece), Status::kOk);
+    EXPECT_EQ(ds.bytesSent, (n - 1) * (piece + sizeof(int)));
   });
 }
 

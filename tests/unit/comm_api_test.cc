@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -866,6 +867,26 @@ TEST(CommDevice, EntryPointsFailCleanlyOrWork) {
     EXPECT_STRNE(squallGetLastError(), "");
     std::printf("device path unavailable here: %s\n", squallGetLastError());
   }
+  // The reduce-scatter's device form the same way (one rank: a copy).
+  squallCompressor_t scatter = nullptr;
+  ASSERT_EQ(squallCompressorCreateReduceScatter(comm, 16, &spec, &scatter), squallSuccess);
+  std::fill(out.begin(), out.end(), 0.0f);
+  const squallResult_t rs = squallCompressedReduceScatterOnStream(
+      in.data(), out.data(), 16, squallFloat32, squallAvg, scatter, comm, nullptr);
+  if (rs == squallSuccess) {
+    EXPECT_EQ(out, in);
+  } else {
+    EXPECT_TRUE(rs == squallUnsupported || rs == squallSystemError) << rs;
+    EXPECT_STRNE(squallGetLastError(), "");
+  }
+  // Its arguments are checked before any device work.
+  EXPECT_EQ(squallCompressedReduceScatterOnStream(in.data(), out.data(), 15, squallFloat32,
+                                                  squallAvg, scatter, comm, nullptr),
+            squallInvalidArgument);
+  EXPECT_EQ(squallCompressedReduceScatterOnStream(in.data(), out.data(), 16, squallFloat32,
+                                                  squallAvg, compressor, comm, nullptr),
+            squallInvalidUsage);
+  EXPECT_EQ(squallCompressorDestroy(scatter), squallSuccess);
   EXPECT_EQ(squallCompressorDestroy(compressor), squallSuccess);
   EXPECT_EQ(squallCommDestroy(comm), squallSuccess);
 }
