@@ -14,15 +14,21 @@ size_t phaseOf(int64_t offset, const codec::Spec& spec) {
 
 Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& policy,
                      const ResidualKey& key, int nranks, ReduceOp op, void* cudaStream,
-                     core::Compressor** out) {
+                     core::Compressor** out, Coll coll) {
   struct Ops {
     core::Comm& engine;
     const Policy& policy;
     const ResidualKey& key;
     ReduceOp op;
     void* stream;
+    Coll coll;
+    int nranks;
     Status make(std::unique_ptr<core::Compressor>* fresh) const {
       const codec::Spec& spec = policy.codec;
+      // Each piece is encoded from its own first element: no phase.
+      if (coll == Coll::kReduceScatter)
+        return engine.createReduceScatterCompressor(key.count / static_cast<size_t>(nranks), spec,
+                                                    fresh);
       SQUALL_TRY(engine.createCompressor(key.count, spec, fresh, phaseOf(key.offset, spec)));
       // The device path always runs two-phase: the second round's code keeps
       // its second encoding's error as small as the host's (at 2 ranks that
@@ -38,7 +44,7 @@ Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& p
     }
     Status drain(core::Compressor& c, float* owed) const { return c.drain(owed, op, stream); }
     Status seed(core::Compressor& c, const float* owed) const { return c.seed(owed, stream); }
-  } ops{engine, policy, key, op, cudaStream};
+  } ops{engine, policy, key, op, cudaStream, coll, nranks};
   Compressors::Outcome outcome;
   SQUALL_TRY(residuals.acquire(key, residualBytes(key.count, nranks), ops, &outcome));
   if (outcome.recut) Report::get().recut();

@@ -20,12 +20,13 @@ size_t phaseOf(int64_t offset, const codec::Spec& spec);
 
 // The compressor for `key` with the policy's code on `engine` (nranks ranks,
 // reducing with `op`, on `cudaStream` for a device engine), in *out; null
-// when its state alone exceeds the cap, and the call passes through. A host
-// compressor takes the algorithm that sends fewer bytes (unless
-// SQUALL_COMPRESSED_ALGO names one) and the policy's all-gather code. Counts
-// recut calls and evictions in the report.
+// when its state alone exceeds the cap, and the call passes through. An
+// allreduce's takes the policy's all-gather code, and on a host engine the
+// algorithm that sends fewer bytes (unless SQUALL_COMPRESSED_ALGO names
+// one); a reduce-scatter's (key.count = nranks x recvcount) has neither.
+// Counts recut calls and evictions in the report.
 Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& policy,
                      const ResidualKey& key, int nranks, ReduceOp op, void* cudaStream,
-                     core::Compressor** out);
+                     core::Compressor** out, Coll coll = Coll::kAllReduce);
 
 }  // namespace squall::preload

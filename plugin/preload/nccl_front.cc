@@ -1,10 +1,10 @@
-// The NCCL front end: ncclAllReduce (and ncclAllReduceConfig with no config,
-// or one left at NCCL's defaults) of fp32/fp16/bf16 sums and averages on a
-// communicator this process created through the interposed ncclCommInit* /
-// ncclCommSplit / ncclCommShrink / ncclCommGrow runs as Squall's compressed
-// allreduce on the caller's stream; everything else goes to the real NCCL
-// unchanged: calls inside ncclGroupStart/ncclGroupEnd (NCCL fuses a group
-// into one launch and the caller expects it so), other reductions (prod, min,
+// The NCCL front end: ncclAllReduce and ncclReduceScatter (and their Config
+// forms with no config, or one left at NCCL's defaults) of fp32/fp16/bf16
+// sums and averages on a communicator this process created through the
+// interposed ncclCommInit* / ncclCommSplit / ncclCommShrink / ncclCommGrow
+// run as Squall's compressed allreduce and reduce-scatter on the caller's
+// stream; everything else goes to the real NCCL unchanged: calls inside ncclGroupStart/ncclGroupEnd
+// (NCCL fuses a group into one launch and the caller expects it so), other reductions (prod, min,
 // max, ncclRedOpCreate* ops), other types, small buffers, communicators
 // created elsewhere, non-blocking, revoked or suspended communicators, calls
 // on a stream being captured into a CUDA graph, and calls whose
@@ -38,14 +38,23 @@ namespace {
 struct DeviceState {
   std::unique_ptr<core::Comm> engine;
   Compressors residuals;
+  Compressors scatterResiduals;
+};
+
+// What a communicator keeps per collective: its calls are placed in steps
+// of their own (a step's reduce-scatters are not its allreduces), with
+// residuals of their own.
+struct CollState {
+  explicit CollState(const Policy& p)
+      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
+  int64_t eligible = 0;
+  StepTracker steps;
+  Compressors residuals;
 };
 
 struct CommState {
   CommState(const Policy& p, bool nonBlocking, bool revoked = false)
-      : nonBlocking(nonBlocking),
-        revoked(revoked),
-        steps(p.stepElements, p.stepLearnCalls),
-        residuals(p.residualCapBytes) {}
+      : nonBlocking(nonBlocking), revoked(revoked), colls{CollState(p), CollState(p)} {}
   // A state whose communicator was aborted or revoked frees its device
   // memory off this thread (releaseDevice).
   ~CommState() { releaseDevice(releaseOffThread.load()); }
@@ -55,9 +64,12 @@ struct CommState {
   // its step and counters, and makes a new engine if it compresses again.
   void releaseDevice(bool offThread) {
     if (engine == nullptr) return;  // compressors are made on the engine only
-    auto doomed =
-        std::make_shared<DeviceState>(DeviceState{std::move(engine), std::move(residuals)});
-    residuals = Compressors(policy().residualCapBytes);
+    CollState& all = of(Coll::kAllReduce);
+    CollState& scatter = of(Coll::kReduceScatter);
+    auto doomed = std::make_shared<DeviceState>(
+        DeviceState{std::move(engine), std::move(all.residuals), std::move(scatter.residuals)});
+    all.residuals = Compressors(policy().residualCapBytes);
+    scatter.residuals = Compressors(policy().residualCapBytes);
     const int device = doomed->engine->device();
     InsideSquall inside;
     if (offThread) {
@@ -77,12 +89,12 @@ struct CommState {
   // until then.
   int nranks = 0;
   bool pending = true;
-  bool suspended = false;  // between ncclCommSuspend and ncclCommResume
-  int64_t eligible = 0;
-  StepTracker steps;
-  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
-  Compressors residuals;
+  bool suspended = false;              // between ncclCommSuspend and ncclCommResume
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors of `colls`
+  CollState colls[static_cast<int>(Coll::kCount)];
   bool engineFailed = false;
+
+  CollState& of(Coll coll) { return colls[static_cast<int>(coll)]; }
 };
 
 // The registry's lock, held only to look a state up: each state has its own,
@@ -323,10 +335,17 @@ size_t ncclTypeBytes(ncclDataType_t type) {
 // `count` elements (src/coll/device): its n-1 encoded chunks out in the
 // call's code, and its reduced chunk to n-1 peers in the second round's, a
 // whole chunk's slot each. Chunks are padded to whole blocks of every rank
-// (the last rank's real chunk may be shorter: counted whole here).
-uint64_t compressedBytes(size_t count, int nranks) {
+// (the last rank's real chunk may be shorter: counted whole here). The
+// reduce-scatter of n x `count`: its n-1 encoded pieces and its non-finite
+// flag to each peer.
+uint64_t compressedBytes(Coll coll, size_t count, int nranks) {
   const codec::Spec& spec = policy().codec;
   const size_t n = static_cast<size_t>(nranks);
+  if (coll == Coll::kReduceScatter) {
+    size_t piece = 0;
+    if (codec::encodedSize(spec, count, &piece) != Status::kOk) return 0;
+    return static_cast<uint64_t>(n - 1) * (piece + sizeof(int));
+  }
   const size_t group = (codec::usesBlocks(spec.codec) ? spec.block : 1) * n;
   const size_t chunk = (count + group - 1) / group * group / n;
   size_t worker = 0, gather = 0;
@@ -334,6 +353,15 @@ uint64_t compressedBytes(size_t count, int nranks) {
       codec::encodedSize(policy().gather, chunk, &gather) != Status::kOk)
     return 0;
   return static_cast<uint64_t>(n - 1) * (worker + gather);
+}
+
+// What NCCL's ring sends per rank at full precision: an allreduce of `count`
+// elements 2 (n-1)/n of them, a reduce-scatter of n x `count` (n-1) x count.
+uint64_t fullBytes(Coll coll, size_t count, ncclDataType_t type, int nranks) {
+  if (nranks <= 1) return 0;
+  const double bytes = static_cast<double>(count) * static_cast<double>(ncclTypeBytes(type));
+  return static_cast<uint64_t>(coll == Coll::kReduceScatter ? (nranks - 1) * bytes
+                                                            : 2.0 * (nranks - 1) / nranks * bytes);
 }
 
 // Says once per process, for each thing a config may ask that the
@@ -346,8 +374,9 @@ void warnOnce(CollConfigIssue issue) {
       : issue == CollConfigIssue::kSize ? "is of a size the interposer does not know"
                                         : std::string("sets ") + collConfigIssueName(issue);
   SQUALL_WARN(Subsys::kApi,
-              "the interposer passes ncclAllReduceConfig calls whose ncclCollConfig_t %s to NCCL "
-              "unchanged, uncompressed (the report's coll_config_passed counts them)",
+              "the interposer passes ncclAllReduceConfig and ncclReduceScatterConfig calls whose "
+              "ncclCollConfig_t %s to NCCL unchanged, uncompressed (the report's "
+              "coll_config_passed counts them)",
               what.c_str());
 }
 
@@ -531,45 +560,51 @@ SQUALL_EXPORT ncclResult_t ncclCommResume(ncclComm_t comm) {
 
 namespace {
 
-// An allreduce that came through ncclAllReduce (`viaConfig` false) or
-// ncclAllReduceConfig (with `config`, perhaps null): what passes through goes
-// to the entry point it came through, with its arguments unchanged. A config
-// the interposer cannot honour makes an otherwise compressed call pass
-// through; the call still takes its place in the step, as a warmup call does,
-// so a config set on some steps only (a profiler's tag) moves no offset.
-ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                       ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, bool viaConfig,
-                       const ncclCollConfig_t* config) {
-  const RealNccl& real = realNccl();
-  const auto forward = [&] {
-    return viaConfig
-               ? real.allReduceConfig(sendbuff, recvbuff, count, datatype, op, comm, stream, config)
-               : real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
-  };
+// A compressible collective as it came through one of its entry points.
+struct Call {
+  Coll coll;
+  const void* send;
+  void* recv;
+  size_t count;  // NCCL's: the allreduce's elements, the reduce-scatter's recvcount
+  ncclDataType_t datatype;
+  ncclRedOp_t op;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  const ncclCollConfig_t* config;  // of the Config entry point, perhaps null
+};
+
+// An allreduce or reduce-scatter; `forward` passes it to the entry point it
+// came through, with its arguments unchanged. A config the interposer
+// cannot honour makes an otherwise compressed call pass through; the call
+// still takes its place in the step, as a warmup call does, so a config set
+// on some steps only (a profiler's tag) moves no offset.
+template <class Forward>
+ncclResult_t intercept(const Call& call, Forward forward) {
+  const Coll coll = call.coll;
   if (insideSquall()) {  // Squall's own call, were its NCCL table ever to reach this library
-    Report::get().passed(Verdict::kReentry, 0);
+    Report::get().passed(Verdict::kReentry, 0, coll);
     return forward();
   }
-  const CollConfigIssue configIssue = collConfigIssue(config);
-  CallFacts facts;
-  factsOf(datatype, op, count, &facts);
-  Verdict verdict = policy().judge(facts);
-  if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
-
-  std::shared_ptr<CommState> held = peek(comm);
+  const CollConfigIssue configIssue = collConfigIssue(call.config);
+  std::shared_ptr<CommState> held = peek(call.comm);
   std::unique_lock<std::mutex> lock;  // released before `held`
   if (held != nullptr) lock = std::unique_lock<std::mutex>(held->mutex);
   CommState* s = held.get();
-  if (s != nullptr && s->pending) resolvePending(comm, s);
+  if (s != nullptr && s->pending) resolvePending(call.comm, s);
   const int nranks = s != nullptr ? s->nranks : 0;
-  const uint64_t fullBytes =
-      nranks > 1
-          ? static_cast<uint64_t>(2.0 * (nranks - 1) / nranks * count * ncclTypeBytes(datatype))
-          : 0;
+  // The elements of the input, in which the call is placed and judged.
+  const size_t count = coll == Coll::kReduceScatter
+                           ? call.count * static_cast<size_t>(std::max(nranks, 1))
+                           : call.count;
+  CallFacts facts;
+  factsOf(call.datatype, call.op, count, &facts);
+  Verdict verdict = policy().judge(facts, coll);
+  if (verdict == Verdict::kCompress && tGroupDepth > 0) verdict = Verdict::kGroup;
+  const uint64_t full = fullBytes(coll, call.count, call.datatype, nranks);
   // Small calls of a compressible type and op are placed in the step too.
   bool placed = verdict == Verdict::kCompress || (verdict == Verdict::kSmall && count > 0);
   if (placed) {
-    const Verdict standing = standingOf(s, nranks, stream);
+    const Verdict standing = standingOf(s, nranks, call.stream);
     if (standing != Verdict::kCompress) {
       verdict = standing;
       placed = false;
@@ -577,14 +612,15 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
   }
   int64_t offset = 0;
   if (placed) {
-    StepTracker::Placement at = s->steps.place(count);
+    CollState& st = s->of(coll);
+    StepTracker::Placement at = st.steps.place(count);
     if (at.agree) {
       int64_t proposal[2];
-      s->steps.proposal(proposal);
-      s->steps.adopt(proposal);
+      st.steps.proposal(proposal);
+      st.steps.adopt(proposal);
     }
     if (at.relearn) {
-      s->residuals.clear();
+      st.residuals.clear();
       Report::get().relearned();
     }
     offset = at.offset;
@@ -592,11 +628,11 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
       // placed, and passed through
     } else if (configIssue != CollConfigIssue::kNone) {
       verdict = Verdict::kCollConfig;
-    } else if (s->eligible++ < policy().warmupCalls) {
+    } else if (st.eligible++ < policy().warmupCalls) {
       verdict = Verdict::kWarmup;
     } else if (!at.known) {
       verdict = Verdict::kLearning;
-    } else if (!s->residuals.fits(residualBytes(count, nranks))) {
+    } else if (!st.residuals.fits(residualBytes(count, nranks))) {
       verdict = Verdict::kResidualCap;
     } else if (s->engineFailed) {
       verdict = Verdict::kEngine;
@@ -604,10 +640,10 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
   }
   if (verdict == Verdict::kCompress && !s->engine) {
     InsideSquall inside;
-    if (core::Comm::fromNccl(comm, &s->engine) != Status::kOk) {
+    if (core::Comm::fromNccl(call.comm, &s->engine) != Status::kOk) {
       SQUALL_WARN(Subsys::kApi,
-                  "the interposer passes this NCCL communicator's allreduces "
-                  "through unchanged: %s",
+                  "the interposer passes this NCCL communicator's collectives through "
+                  "unchanged: %s",
                   lastError().c_str());
       s->engineFailed = true;
       verdict = Verdict::kEngine;
@@ -617,9 +653,9 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
     if (lock.owns_lock()) lock.unlock();
     if (verdict == Verdict::kCollConfig) {
       warnOnce(configIssue);
-      Report::get().passedForConfig(configIssue, fullBytes);
+      Report::get().passedForConfig(configIssue, full, coll);
     } else {
-      Report::get().passed(verdict, fullBytes);
+      Report::get().passed(verdict, full, coll);
     }
     return forward();
   }
@@ -627,21 +663,26 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
   InsideSquall inside;
   const ResidualKey key{facts.dtype, offset, count};
   core::Compressor* c = nullptr;
-  const Status found =
-      compressorFor(s->residuals, *s->engine, policy(), key, nranks, facts.op, stream, &c);
+  const Status found = compressorFor(s->of(coll).residuals, *s->engine, policy(), key, nranks,
+                                     facts.op, call.stream, &c, coll);
   if (found != Status::kOk) return transport::nccl::ncclResultOf(found);
   if (c == nullptr) {
     // The state alone exceeds the cap (decide() normally says so first); the
     // cap and the count are the same on every rank, so all pass it through.
-    Report::get().passed(Verdict::kResidualCap, fullBytes);
+    Report::get().passed(Verdict::kResidualCap, full, coll);
     return forward();
   }
   const Status ran =
-      s->engine->compressedAllReduceOnStream(sendbuff, recvbuff, facts.dtype, facts.op, *c, stream);
+      coll == Coll::kReduceScatter
+          ? s->engine->compressedReduceScatterOnStream(call.send, call.recv, call.count,
+                                                       facts.dtype, facts.op, *c, call.stream)
+          : s->engine->compressedAllReduceOnStream(call.send, call.recv, facts.dtype, facts.op, *c,
+                                                   call.stream);
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // A device compressor's statistics wait for its stream; the report takes
-  // what the two-phase algorithm sends instead (compressedBytes).
-  Report::get().compressed(policy().codec.codec, compressedBytes(count, nranks), fullBytes);
+  // what the algorithm sends instead (compressedBytes).
+  Report::get().compressed(policy().codec.codec, compressedBytes(coll, call.count, nranks), full,
+                           coll);
   return nccl_abi::kSuccess;
 }
 
@@ -650,8 +691,11 @@ ncclResult_t allReduce(const void* sendbuff, void* recvbuff, size_t count, ncclD
 SQUALL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                          cudaStream_t stream) {
-  if (realNccl().allReduce == nullptr) return missing("ncclAllReduce");
-  return allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream, false, nullptr);
+  const RealNccl& real = realNccl();
+  if (real.allReduce == nullptr) return missing("ncclAllReduce");
+  return intercept(
+      Call{Coll::kAllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream, nullptr},
+      [&] { return real.allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); });
 }
 
 // NCCL 2.31+: the allreduce with a per-call config. No config is the plain
@@ -662,6 +706,44 @@ SQUALL_EXPORT ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvb
                                                ncclDataType_t datatype, ncclRedOp_t op,
                                                ncclComm_t comm, cudaStream_t stream,
                                                const ncclCollConfig_t* config) {
-  if (realNccl().allReduceConfig == nullptr) return missing("ncclAllReduceConfig", "2.31");
-  return allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream, true, config);
+  const RealNccl& real = realNccl();
+  if (real.allReduceConfig == nullptr) return missing("ncclAllReduceConfig", "2.31");
+  return intercept(
+      Call{Coll::kAllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream, config}, [&] {
+        return real.allReduceConfig(sendbuff, recvbuff, count, datatype, op, comm, stream, config);
+      });
+}
+
+// The reduce-scatter (sharded data parallelism's gradients: FSDP, ZeRO):
+// sendbuff holds nranks x recvcount elements, and recvbuff may be this
+// rank's piece of it (NCCL's in-place form). Compressed with the allreduce's
+// code and residual rules, in steps of its own.
+SQUALL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                             ncclDataType_t datatype, ncclRedOp_t op,
+                                             ncclComm_t comm, cudaStream_t stream) {
+  const RealNccl& real = realNccl();
+  if (real.reduceScatter == nullptr) return missing("ncclReduceScatter");
+  return intercept(Call{Coll::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                        stream, nullptr},
+                   [&] {
+                     return real.reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm,
+                                               stream);
+                   });
+}
+
+// NCCL 2.31+: the reduce-scatter with a per-call config, as
+// ncclAllReduceConfig.
+SQUALL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff,
+                                                   size_t recvcount, ncclDataType_t datatype,
+                                                   ncclRedOp_t op, ncclComm_t comm,
+                                                   cudaStream_t stream,
+                                                   const ncclCollConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.reduceScatterConfig == nullptr) return missing("ncclReduceScatterConfig", "2.31");
+  return intercept(
+      Call{Coll::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm, stream, config},
+      [&] {
+        return real.reduceScatterConfig(sendbuff, recvbuff, recvcount, datatype, op, comm, stream,
+                                        config);
+      });
 }

@@ -1,5 +1,6 @@
 #include "plugin/preload/policy.h"
 
+#include <iterator>
 #include <sstream>
 
 #include "src/common/log.h"
@@ -27,6 +28,7 @@ const char* verdictName(Verdict verdict) {
     case Verdict::kRevoked: return "revoked";
     case Verdict::kSuspended: return "suspended";
     case Verdict::kCollConfig: return "coll_config";
+    case Verdict::kCollective: return "collective";
     case Verdict::kCount: break;
   }
   return "?";
@@ -131,6 +133,13 @@ Policy Policy::fromEnvironment() {
   }
   p.sum = ops[0];
   p.avg = ops[1];
+  static const char* const kCollectives[] = {"allreduce", "reduce_scatter"};
+  static_assert(std::size(kCollectives) == static_cast<size_t>(Coll::kCount));
+  if (!parseList(paramString(Param::kPreloadCollectives), kCollectives, p.collectives)) {
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_PRELOAD_COLLECTIVES lists a collective other than allreduce, "
+                "reduce_scatter; compressing both");
+  }
   p.warmupCalls = std::max<int64_t>(0, paramInt(Param::kPreloadWarmup));
   p.stepElements = std::max<int64_t>(0, paramInt(Param::kPreloadStepElements));
   p.stepLearnCalls = std::max<int64_t>(2, paramInt(Param::kPreloadStepLearnCalls));
@@ -141,8 +150,13 @@ Policy Policy::fromEnvironment() {
   return p;
 }
 
-Verdict Policy::judge(const CallFacts& facts) const {
+const char* collName(Coll coll) {
+  return coll == Coll::kReduceScatter ? "reduce_scatter" : "allreduce";
+}
+
+Verdict Policy::judge(const CallFacts& facts, Coll coll) const {
   if (!enabled) return Verdict::kDisabled;
+  if (!collectives[static_cast<int>(coll)]) return Verdict::kCollective;
   if (!facts.dtypeKnown) return Verdict::kType;
   const int type = facts.dtype == DataType::kF32    ? 0
                    : facts.dtype == DataType::kF16  ? 1

@@ -36,9 +36,16 @@ enum class Verdict : uint8_t {
   kRevoked,       // ncclCommRevoke was called on the communicator
   kSuspended,     // between ncclCommSuspend and ncclCommResume
   kCollConfig,    // ncclAllReduceConfig with a config the interposer cannot honour
+  kCollective,    // a collective not in SQUALL_PRELOAD_COLLECTIVES
   kCount
 };
 const char* verdictName(Verdict verdict);
+
+// The collectives the interposer may compress.
+enum class Coll : uint8_t { kAllReduce = 0, kReduceScatter, kCount };
+// As SQUALL_PRELOAD_COLLECTIVES and the report name it: "allreduce",
+// "reduce_scatter".
+const char* collName(Coll coll);
 
 // The static facts of one call. `dtype`/`op` are meaningful only when known.
 struct CallFacts {
@@ -72,6 +79,7 @@ struct Policy {
   size_t minBytes = 8192;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;
+  bool collectives[static_cast<int>(Coll::kCount)] = {true, true};
   int64_t warmupCalls = 0;
   int64_t stepElements = 0;  // 0: learnt
   int64_t stepLearnCalls = 48;
@@ -83,8 +91,10 @@ struct Policy {
   // reported and its default kept.
   static Policy fromEnvironment();
 
-  // The decision from the call's own facts (before warmup, step and memory).
-  Verdict judge(const CallFacts& facts) const;
+  // The decision from the call's own facts (before warmup, step and memory):
+  // `facts.count` is the elements of the call's input (a reduce-scatter's
+  // whole input, n x recvcount).
+  Verdict judge(const CallFacts& facts, Coll coll = Coll::kAllReduce) const;
 };
 
 size_t elementBytes(DataType dtype);

@@ -50,6 +50,7 @@ RealNccl load() {
     if (*out == nullptr) missing += std::string(missing.empty() ? "" : ", ") + name;
   };
   resolve("ncclAllReduce", &t.allReduce);
+  resolve("ncclReduceScatter", &t.reduceScatter);
   resolve("ncclCommInitRank", &t.commInitRank);
   resolve("ncclCommInitRankConfig", &t.commInitRankConfig);
   resolve("ncclCommInitRankScalable", &t.commInitRankScalable);
@@ -81,6 +82,7 @@ RealNccl load() {
     }
   };
   resolveOptional("ncclAllReduceConfig", "2.31", &t.allReduceConfig);
+  resolveOptional("ncclReduceScatterConfig", "2.31", &t.reduceScatterConfig);
   t.found = t.allReduce != nullptr;
 
   Dl_info where{};

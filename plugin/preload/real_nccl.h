@@ -16,6 +16,9 @@ namespace squall::preload {
 struct RealNccl {
   ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t) = nullptr;
+  // send, recv, recvcount (elements each rank receives), type, op, comm, stream.
+  ncclResult_t (*reduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                                cudaStream_t) = nullptr;
   ncclResult_t (*commInitRank)(ncclComm_t*, int, ncclUniqueId, int) = nullptr;
   ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = nullptr;
   ncclResult_t (*commInitRankScalable)(ncclComm_t*, int, int, int, ncclUniqueId*,
@@ -44,6 +47,8 @@ struct RealNccl {
   // Optional: NCCL 2.31+. The config is passed on unchanged.
   ncclResult_t (*allReduceConfig)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                   ncclComm_t, cudaStream_t, const ncclCollConfig_t*) = nullptr;
+  ncclResult_t (*reduceScatterConfig)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                      ncclComm_t, cudaStream_t, const ncclCollConfig_t*) = nullptr;
   bool found = false;  // ncclAllReduce was resolved
   int version = 0;     // ncclGetVersion's answer (major * 10000 + minor * 100 + patch), else 0
 };

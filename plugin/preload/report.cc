@@ -15,7 +15,11 @@ Report& Report::get() {
   return *report;
 }
 
-void Report::compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull) {
+void Report::compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull, Coll coll) {
+  PerColl& c = byColl_[static_cast<int>(coll)];
+  ++c.compressed;
+  c.bytesSent += bytesSent;
+  c.bytesFull += bytesFull;
   ++callsCompressed_;
   ++callsByCodec_[static_cast<int>(codec)];
   bytesByCodec_[static_cast<int>(codec)] += bytesSent;
@@ -25,16 +29,20 @@ void Report::compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytes
   bytesFull_ += bytesFull;
 }
 
-void Report::passed(Verdict why, uint64_t bytesFull) {
+void Report::passed(Verdict why, uint64_t bytesFull, Coll coll) {
+  PerColl& c = byColl_[static_cast<int>(coll)];
+  ++c.passed;
+  c.bytesSent += bytesFull;
+  c.bytesFull += bytesFull;
   ++callsPassed_;
   ++reasons_[static_cast<int>(why)];
   bytesSent_ += bytesFull;
   bytesFull_ += bytesFull;
 }
 
-void Report::passedForConfig(CollConfigIssue why, uint64_t bytesFull) {
+void Report::passedForConfig(CollConfigIssue why, uint64_t bytesFull, Coll coll) {
   ++configIssues_[static_cast<int>(why)];
-  passed(Verdict::kCollConfig, bytesFull);
+  passed(Verdict::kCollConfig, bytesFull, coll);
 }
 
 void Report::setRank(int rank) {
@@ -93,6 +101,19 @@ std::string Report::json(const std::string& codec, const std::string& gatherCode
   perCodec("calls_by_codec", callsByCodec_);
   perCodec("bytes_by_codec", bytesByCodec_);
   perCodec("bytes_full_precision_by_codec", fullByCodec_);
+  // The same totals per collective (a reduce-scatter's full-precision bytes
+  // are NCCL's reduce-scatter's, (n - 1) / n of its input).
+  out += ",\n  \"by_collective\": {";
+  for (int i = 0; i < static_cast<int>(Coll::kCount); ++i) {
+    const PerColl& c = byColl_[i];
+    std::snprintf(buffer, sizeof(buffer),
+                  "%s\"%s\": {\"calls_compressed\": %" PRIu64 ", \"calls_passed\": %" PRIu64
+                  ", \"bytes_sent\": %" PRIu64 ", \"bytes_full_precision\": %" PRIu64 "}",
+                  i == 0 ? "" : ", ", collName(static_cast<Coll>(i)), c.compressed.load(),
+                  c.passed.load(), c.bytesSent.load(), c.bytesFull.load());
+    out += buffer;
+  }
+  out += "}";
   out += "\n}\n";
   return out;
 }
@@ -118,8 +139,8 @@ void Report::finish(const Policy& policy) {
   const uint64_t full = bytesFull_.load();
   SQUALL_INFO(
       Subsys::kApi,
-      "preload rank %d: %" PRIu64 " allreduces compressed (%s), %" PRIu64
-      " passed through; %" PRIu64 " bytes sent of %" PRIu64 " at full precision (%.1fx)",
+      "preload rank %d: %" PRIu64 " calls compressed (%s), %" PRIu64 " passed through; %" PRIu64
+      " bytes sent of %" PRIu64 " at full precision (%.1fx)",
       rank, callsCompressed_.load(), policy.codecText.c_str(), callsPassed_.load(),
       bytesSent_.load(), full,
       bytesSent_.load() ? static_cast<double>(full) / static_cast<double>(bytesSent_.load()) : 1.0);

@@ -16,14 +16,15 @@ class Report {
  public:
   static Report& get();
 
-  // A call that ran compressed with `codec`: what it sent, and what a
-  // full-precision allreduce of it would have sent.
-  void compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull);
+  // A call of `coll` that ran compressed with `codec`: what it sent, and what
+  // the same collective at full precision would have sent.
+  void compressed(codec::CodecId codec, uint64_t bytesSent, uint64_t bytesFull,
+                  Coll coll = Coll::kAllReduce);
   // A call passed through (sent at full precision).
-  void passed(Verdict why, uint64_t bytesFull);
+  void passed(Verdict why, uint64_t bytesFull, Coll coll = Coll::kAllReduce);
   // A call passed through for its ncclCollConfig_t (Verdict::kCollConfig),
   // counted by what in the config could not be honoured.
-  void passedForConfig(CollConfigIssue why, uint64_t bytesFull);
+  void passedForConfig(CollConfigIssue why, uint64_t bytesFull, Coll coll = Coll::kAllReduce);
   void evicted(uint64_t entries) { evictions_ += entries; }
   void relearned() { ++relearns_; }
   // A call cut differently from before: it took over what other residuals owed.
@@ -55,6 +56,12 @@ class Report {
   std::atomic<uint64_t> callsByCodec_[codec::kNumCodecs] = {};
   std::atomic<uint64_t> bytesByCodec_[codec::kNumCodecs] = {};
   std::atomic<uint64_t> fullByCodec_[codec::kNumCodecs] = {};
+  // Per collective: calls compressed and passed, bytes sent and at full
+  // precision.
+  struct PerColl {
+    std::atomic<uint64_t> compressed{0}, passed{0}, bytesSent{0}, bytesFull{0};
+  };
+  PerColl byColl_[static_cast<int>(Coll::kCount)];
   std::atomic<int> rank_{-1}, fallback_{-1};
   std::atomic<bool> finished_{false};
 };

@@ -21,14 +21,14 @@
 #   SQUALL_GPU_STEPS   comma-separated steps to run after the build (default: all):
 #                      cpu-unit-tests, gpu-codec-tests, gpu-bench, nccl-allreduce-tests,
 #                      python-gpu-tests, gpu-allreduce-bench, nccl-plugin, preload-ddp,
-#                      ddp-net-plugin
+#                      preload-fsdp, ddp-net-plugin
 # Budget: configure + build take at most 180 s; the other steps' limits add up
-# to 810 s (190 of them the NCCL plugin's, 120 each the two DDP steps over
+# to 930 s (190 of them the NCCL plugin's, 120 each the three torch steps over
 # torch's own NCCL), plus 90 s for the torch checks. A device call is capped at
 # 600 s, so on a cold machine split the run in two calls that reuse the build
 # directory, e.g.
 #   SQUALL_GPU_STEPS=cpu-unit-tests,gpu-codec-tests,gpu-bench,nccl-allreduce-tests,gpu-allreduce-bench
-#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp,ddp-net-plugin
+#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp,preload-fsdp,ddp-net-plugin
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -198,6 +198,14 @@ elif timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/
   grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-ddp.log" | tee -a "$summary" || true
 else
   note "SKIP: preload-ddp: $py has no CUDA torch with a GPU"
+fi
+# The same model sharded with FSDP2 (fully_shard): its gradient
+# reduce-scatters compressed (ncclReduceScatter), loss within the same bound.
+if [[ -f $preload_lib ]] && timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  step preload-fsdp 120 "$py" tests/plugin/preload/ddp_gpu.py --fsdp "$preload_lib" "$out" || true
+  grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-fsdp.log" | tee -a "$summary" || true
+else
+  note "SKIP: preload-fsdp: no interposer or no CUDA torch with a GPU"
 fi
 # ---- end of the interposer step
 

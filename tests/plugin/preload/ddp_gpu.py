@@ -2,6 +2,7 @@
 """torch DDP over NCCL under libsquall-preload-nccl.so: 2 processes sharing GPU 0.
 
   ddp_gpu.py LIB OUT_DIR                      (the driver; run by tests/gpu/run.sh)
+  ddp_gpu.py --fsdp LIB OUT_DIR               (the same model under FSDP2's fully_shard)
   ddp_gpu.py --net-plugin PLUGIN OUT_DIR      (the same job over libnccl-net-squall.so)
 
 Both use the NCCL that torch bundles (its nvidia-nccl wheel), with nothing on
@@ -15,6 +16,12 @@ non-empty, calls_compressed > 0 and fewer bytes than at full precision), that
 its final loss is within 3% (plus 0.005 for a loss near zero) of the
 uncompressed run's with the interposer's default codec, and that both ranks
 hold bit-identical parameters. Prints PASS/FAIL lines; exit 0 only on PASS.
+
+With --fsdp the model is sharded with fully_shard (each Linear, then the
+root): its gradients travel in ncclReduceScatter, which the interposer must
+compress (the report's by_collective.reduce_scatter.calls_compressed > 0, with
+fewer bytes than at full precision), at the same loss bound; the parameters
+are gathered whole (full_tensor) for the finiteness check.
 
 With --net-plugin the job runs once with NCCL_NET_PLUGIN=PLUGIN and
 NCCL_NET=squall (Squall's net transport carries every byte between the two
@@ -30,7 +37,7 @@ import subprocess
 import sys
 
 
-def worker(out):
+def worker(out, fsdp=False):
     import torch
     import torch.distributed as dist
     dist.init_process_group("nccl")
@@ -40,7 +47,14 @@ def worker(out):
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 512), torch.nn.ReLU(),
                                 torch.nn.Linear(512, 10)).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     centers = torch.randn(10, 64, generator=g)
@@ -54,7 +68,8 @@ def worker(out):
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([(p.full_tensor() if fsdp else p).detach().reshape(-1)
+                      for p in model.parameters()])
     both = [torch.empty_like(flat) for _ in range(2)]
     dist.all_gather(both, flat)
     identical = torch.equal(both[0], both[1])
@@ -71,7 +86,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(lib, out_dir, tag, extra_env=None):
+def run(lib, out_dir, tag, extra_env=None, fsdp=False):
     out = pathlib.Path(out_dir) / f"ddp-{tag}.json"
     port = free_port()
     procs, logs = [], []
@@ -86,8 +101,9 @@ def run(lib, out_dir, tag, extra_env=None):
         log = pathlib.Path(out_dir) / f"ddp-{tag}.{rank}.log"
         logs.append(log)
         with open(log, "w") as f:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(out)],
-                                          env=env, stdout=f, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--fsdp-worker" if fsdp else "--worker", str(out)],
+                env=env, stdout=f, stderr=subprocess.STDOUT))
     codes = [p.wait(timeout=240) for p in procs]
     for log in logs:
         sys.stdout.write(log.read_text()[-4000:])
@@ -128,19 +144,23 @@ def net_plugin(plugin, out_dir):
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
-        return worker(sys.argv[2])
+    if len(sys.argv) > 2 and sys.argv[1] in ("--worker", "--fsdp-worker"):
+        return worker(sys.argv[2], fsdp=sys.argv[1] == "--fsdp-worker")
     if len(sys.argv) > 3 and sys.argv[1] == "--net-plugin":
         return net_plugin(os.path.abspath(sys.argv[2]), sys.argv[3])
-    lib, out_dir = os.path.abspath(sys.argv[1]), sys.argv[2]
-    base = run(None, out_dir, "off")
-    mine = run(lib, out_dir, "on")
+    fsdp = len(sys.argv) > 3 and sys.argv[1] == "--fsdp"
+    args = sys.argv[2:] if fsdp else sys.argv[1:]
+    lib, out_dir = os.path.abspath(args[0]), args[1]
+    name = "preload-fsdp" if fsdp else "preload-ddp"
+    prefix = "fsdp-" if fsdp else ""
+    base = run(None, out_dir, prefix + "off", fsdp=fsdp)
+    mine = run(lib, out_dir, prefix + "on", fsdp=fsdp)
     base.pop("logs")
     mine.pop("logs")
     print(f"uncompressed: {base}\ninterposed: {mine}")
     failed = []
     for rank in range(2):
-        path = pathlib.Path(out_dir) / f"report-on.{rank}.json"
+        path = pathlib.Path(out_dir) / f"report-{prefix}on.{rank}.json"
         if not path.exists():
             failed.append(f"rank {rank} wrote no report")
             continue
@@ -151,6 +171,10 @@ def main():
                           f"{rep['calls_by_reason']})")
         elif not rep["bytes_sent"] < rep["bytes_full_precision"]:
             failed.append(f"rank {rank} sent no fewer bytes than at full precision")
+        scatter = rep.get("by_collective", {}).get("reduce_scatter", {})
+        if fsdp and not (scatter.get("calls_compressed", 0) > 0 and
+                         scatter["bytes_sent"] < scatter["bytes_full_precision"]):
+            failed.append(f"rank {rank} compressed no reduce-scatter: {scatter}")
     if not (mine["identical"] and mine["finite"]):
         failed.append(f"ranks' parameters differ or are not finite: {mine}")
     rel = 100 * (mine["final_loss"] - base["final_loss"]) / base["final_loss"]
@@ -160,9 +184,9 @@ def main():
         failed.append(f"final loss {mine['final_loss']:.4f} vs {base['final_loss']:.4f} "
                       f"uncompressed ({rel:+.2f}%, more than 3%)")
     for f in failed:
-        print("FAIL: preload-ddp:", f)
+        print(f"FAIL: {name}:", f)
     if not failed:
-        print("PASS: preload-ddp")
+        print(f"PASS: {name}")
     return 1 if failed else 0
 
 

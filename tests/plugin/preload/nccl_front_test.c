@@ -8,9 +8,12 @@
  * Child processes make the calls under LD_PRELOAD (each writes its report at
  * exit); the parent then checks the reports' reasons. One child per
  * environment: the main one, one with NCCL_COMM_BLOCKING=0, and one with a
- * warmup whose first calls are captured into a CUDA graph. With the argument
- * nccl-2.30 (and the NCCL 2.30.7 stand-in first on LD_LIBRARY_PATH), one
- * child checks that ncclAllReduceConfig, which that NCCL lacks, fails. */
+ * warmup whose first calls are captured into a CUDA graph, and the
+ * reduce-scatter's (ncclReduceScatter and ncclReduceScatterConfig) by default
+ * and with SQUALL_PRELOAD_COLLECTIVES=allreduce. With the argument nccl-2.30
+ * (and the NCCL 2.30.7 stand-in first on LD_LIBRARY_PATH), one child checks
+ * that ncclAllReduceConfig and ncclReduceScatterConfig, which that NCCL
+ * lacks, fail. */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <pthread.h>
@@ -32,10 +35,13 @@ typedef struct {
   void* stream;
   int viaConfig;
   const void* config;
+  int scatter;
 } Logged;
 
 int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
 int ncclAllReduceConfig(const void*, void*, size_t, int, int, void*, void*, const void*);
+int ncclReduceScatter(const void*, void*, size_t, int, int, void*, void*);
+int ncclReduceScatterConfig(const void*, void*, size_t, int, int, void*, void*, const void*);
 int ncclGetVersion(int*);
 int ncclCommInitRank(void**, int, UniqueId, int);
 int ncclCommInitRankConfig(void**, int, UniqueId, int, void*);
@@ -141,9 +147,29 @@ static void callVia(int viaConfig, const CollConfig* config, size_t count, int d
   const Logged* l = standinCall(made_);
   CHECK(l->send == buf && l->recv == out && l->count == count && l->dtype == dtype && l->op == op &&
             l->comm == comm && l->stream == stream && l->viaConfig == viaConfig &&
-            l->config == (const void*)config,
+            l->config == (const void*)config && !l->scatter,
         "call %d reached NCCL with other arguments", made_);
   ++made_;
+}
+/* The same for a reduce-scatter of recvcount elements per rank, through
+ * ncclReduceScatter or, `viaConfig`, ncclReduceScatterConfig. */
+static void scatterVia(int viaConfig, const CollConfig* config, size_t recvcount, int dtype, int op,
+                       void* comm, int want) {
+  void* stream = (void*)(size_t)(0x2000 + made_);
+  const int r = viaConfig
+                    ? ncclReduceScatterConfig(buf, out, recvcount, dtype, op, comm, stream, config)
+                    : ncclReduceScatter(buf, out, recvcount, dtype, op, comm, stream);
+  CHECK(r == want, "reduce-scatter %d returned %d, not %d", made_, r, want);
+  CHECK(standinLogged() == made_ + 1, "reduce-scatter %d did not reach NCCL", made_);
+  const Logged* l = standinCall(made_);
+  CHECK(l->send == buf && l->recv == out && l->count == recvcount && l->dtype == dtype &&
+            l->op == op && l->comm == comm && l->stream == stream && l->viaConfig == viaConfig &&
+            l->config == (const void*)config && l->scatter,
+        "reduce-scatter %d reached NCCL with other arguments", made_);
+  ++made_;
+}
+static void scatter(size_t recvcount, int dtype, int op, void* comm) {
+  scatterVia(0, NULL, recvcount, dtype, op, comm, kSuccess);
 }
 static void callOn(size_t count, int dtype, int op, void* comm, void* stream, int want) {
   callVia(0, NULL, count, dtype, op, comm, stream, want);
@@ -340,6 +366,41 @@ static int child(void) {
   return 0;
 }
 
+/* Reduce-scatters (FSDP's gradients): judged by their whole input (n x
+ * recvcount), placed in steps of their own, passed through for the same
+ * reasons as allreduces and, under SQUALL_PRELOAD_COLLECTIVES=allreduce, as
+ * `collective`; the report counts them apart. */
+static int childScatter(void) {
+  UniqueId id;
+  memset(&id, 0, sizeof id);
+  void *a, *one, *untracked;
+  CHECK(ncclCommInitRank(&a, 2, id, 1) == 0, "init");
+  CHECK(ncclCommInitRank(&one, 1, id, 0) == 0, "init");
+  CHECK(standinMakeComm(&untracked, 2) == 0, "stand-in comm");
+  for (int i = 0; i < 8192; ++i) buf[i] = (float)i;
+  scatter(2048, kFloat32, kSum, a); /* eligible: no engine without CUDA */
+  CHECK(out[0] == 2048.0f && out[2047] == 4095.0f, "not rank 1's piece");
+  scatter(2048, kFloat32, kAvg, a);  /* eligible */
+  scatter(4096, kBfloat16, kAvg, a); /* eligible */
+  scatter(600, kFloat32, kSum, a);   /* eligible: 4800 bytes in, 2400 out */
+  scatter(400, kFloat32, kSum, a);   /* small */
+  scatter(2048, kFloat32, kMax, a);  /* op */
+  scatter(2048, kInt32, kSum, a);    /* dtype */
+  CHECK(ncclGroupStart() == 0, "group");
+  scatter(2048, kFloat32, kSum, a); /* group */
+  CHECK(ncclGroupEnd() == 0, "group end");
+  scatter(2048, kFloat32, kSum, untracked); /* communicator */
+  scatter(4096, kFloat32, kSum, one);       /* communicator: one rank */
+  CollConfig unset = collConfig(), tag = collConfig();
+  tag.profilerTag = 7;
+  scatterVia(1, NULL, 2048, kFloat32, kSum, a, kSuccess);   /* eligible */
+  scatterVia(1, &unset, 2048, kFloat32, kSum, a, kSuccess); /* eligible */
+  scatterVia(1, &tag, 2048, kFloat32, kSum, a, kSuccess);   /* coll_config: userProfilerTag */
+  call(4096, kFloat32, kSum, a);                            /* an allreduce: eligible */
+  CHECK(ncclCommDestroy(a) == 0 && ncclCommDestroy(one) == 0, "destroy");
+  return 0;
+}
+
 /* NCCL_COMM_BLOCKING=0 makes every communicator non-blocking, whatever its
  * config says. */
 static int childEnvNonBlocking(void) {
@@ -393,7 +454,9 @@ static int childNccl230(void) {
   CHECK(ncclAllReduceConfig(buf, out, 4096, kFloat32, kSum, a, NULL, NULL) == kInvalidUsage &&
             ncclAllReduceConfig(buf, out, 4096, kFloat32, kSum, a, NULL, &unset) == kInvalidUsage,
         "ncclAllReduceConfig did not fail");
-  CHECK(standinLogged() == 0, "ncclAllReduceConfig reached NCCL");
+  CHECK(ncclReduceScatterConfig(buf, out, 2048, kFloat32, kSum, a, NULL, NULL) == kInvalidUsage,
+        "ncclReduceScatterConfig did not fail");
+  CHECK(standinLogged() == 0, "ncclAllReduceConfig or ncclReduceScatterConfig reached NCCL");
   call(4096, kFloat32, kSum, a); /* eligible */
   CHECK(ncclCommDestroy(a) == 0, "destroy");
   return 0;
@@ -474,6 +537,25 @@ int main(int argc, char** argv) {
                                          "\"communicator\": 1", "\"rank\": 7"};
   runChild(childCapture, "SQUALL_PRELOAD_WARMUP", "2", 7, kCapture,
            sizeof kCapture / sizeof kCapture[0]);
+  static const char* const kScatter[] = {
+      "\"calls_passed\": 14",
+      "\"no_engine\": 7",
+      "\"small\": 1",
+      "\"op\": 1",
+      "\"dtype\": 1",
+      "\"group\": 1",
+      "\"communicator\": 2",
+      "\"coll_config\": 1",
+      "\"collective\": 0",
+      "\"allreduce\": {\"calls_compressed\": 0, \"calls_passed\": 1",
+      "\"reduce_scatter\": {\"calls_compressed\": 0, \"calls_passed\": 13",
+      "\"rank\": 9"};
+  runChild(childScatter, NULL, NULL, 9, kScatter, sizeof kScatter / sizeof kScatter[0]);
+  static const char* const kAllreduceOnly[] = {
+      "\"calls_passed\": 14", "\"no_engine\": 1", "\"collective\": 13",
+      "\"reduce_scatter\": {\"calls_compressed\": 0, \"calls_passed\": 13", "\"rank\": 10"};
+  runChild(childScatter, "SQUALL_PRELOAD_COLLECTIVES", "allreduce", 10, kAllreduceOnly,
+           sizeof kAllreduceOnly / sizeof kAllreduceOnly[0]);
   printf("nccl_front: ok\n");
   return 0;
 }

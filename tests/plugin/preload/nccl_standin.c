@@ -3,8 +3,10 @@
  * its input and logs its arguments, so the test can check that every call it
  * made arrived unchanged. Only the entry points the interposer resolves.
  *
- * Built as NCCL 2.32.3 (with ncclAllReduceConfig), or with
- * -DSTANDIN_NCCL_VERSION=23007 as NCCL 2.30.7, which lacks it. */
+ * ncclReduceScatter gives each rank its own piece of the input the same way.
+ * Built as NCCL 2.32.3 (with ncclAllReduceConfig and
+ * ncclReduceScatterConfig), or with -DSTANDIN_NCCL_VERSION=23007 as NCCL
+ * 2.30.7, which lacks them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -29,8 +31,9 @@ typedef struct {
   int blocking;
 } ConfigHead;
 
-/* A call as it arrived; `viaConfig`: through ncclAllReduceConfig, with
- * `config`. */
+/* A call as it arrived; `viaConfig`: through ncclAllReduceConfig (or
+ * ncclReduceScatterConfig), with `config`; `scatter`: a reduce-scatter, whose
+ * `count` is its recvcount. */
 typedef struct {
   const void* send;
   void* recv;
@@ -40,6 +43,7 @@ typedef struct {
   void* stream;
   int viaConfig;
   const void* config;
+  int scatter;
 } Logged;
 
 #ifndef STANDIN_NCCL_VERSION
@@ -60,15 +64,25 @@ static size_t typeBytes(int t) {
 
 /* A non-blocking communicator's collective returns ncclInProgress (7): NCCL
  * finishes it in the background. */
-static int allReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
-                     void* stream, int viaConfig, const void* config) {
+static int collective(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                      void* stream, int viaConfig, const void* config, int scatter) {
   const Comm* c = comm;
   if (!c->ready) return 5; /* ncclInvalidUsage */
   if (logged_ < 256)
-    log_[logged_++] = (Logged){send, recv, count, dtype, op, comm, stream, viaConfig, config};
+    log_[logged_++] =
+        (Logged){send, recv, count, dtype, op, comm, stream, viaConfig, config, scatter};
   if (c->revoked || c->suspended) return 5;
-  if (send != recv) memcpy(recv, send, count * typeBytes(dtype));
+  const char* from = (const char*)send + (scatter ? (size_t)c->rank * count * typeBytes(dtype) : 0);
+  if (from != recv) memcpy(recv, from, count * typeBytes(dtype));
   return c->nonBlocking ? 7 : 0;
+}
+static int allReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
+                     void* stream, int viaConfig, const void* config) {
+  return collective(send, recv, count, dtype, op, comm, stream, viaConfig, config, 0);
+}
+EXPORT int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int dtype, int op,
+                             void* comm, void* stream) {
+  return collective(send, recv, recvcount, dtype, op, comm, stream, 0, NULL, 1);
 }
 EXPORT int ncclAllReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
                          void* stream) {
@@ -81,6 +95,12 @@ EXPORT int ncclAllReduceConfig(const void* send, void* recv, size_t count, int d
                                void* comm, void* stream, const void* config) {
   const ConfigHead* h = config;
   const int r = allReduce(send, recv, count, dtype, op, comm, stream, 1, config);
+  return h != NULL && h->magic != 0xcafebeefu ? 4 : r;
+}
+EXPORT int ncclReduceScatterConfig(const void* send, void* recv, size_t recvcount, int dtype,
+                                   int op, void* comm, void* stream, const void* config) {
+  const ConfigHead* h = config;
+  const int r = collective(send, recv, recvcount, dtype, op, comm, stream, 1, config, 1);
   return h != NULL && h->magic != 0xcafebeefu ? 4 : r;
 }
 #endif
