@@ -42,6 +42,12 @@ TEST(PreloadPolicy, JudgesFromTheCallsFactsOnly) {
   f.opKnown = false;
   f.dtype = DataType::kF32;
   EXPECT_EQ(p.judge(f), Verdict::kOp);
+  // A collective left out of SQUALL_PRELOAD_COLLECTIVES, whatever else.
+  f.opKnown = true;
+  EXPECT_EQ(p.judge(f, Coll::kReduceScatter), Verdict::kCompress);
+  p.collectives[static_cast<int>(Coll::kReduceScatter)] = false;
+  EXPECT_EQ(p.judge(f, Coll::kReduceScatter), Verdict::kCollective);
+  EXPECT_EQ(p.judge(f, Coll::kAllReduce), Verdict::kCompress);
   p.enabled = false;
   EXPECT_EQ(p.judge(f), Verdict::kDisabled);
 }
@@ -51,7 +57,10 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
   setenv("SQUALL_PRELOAD_DTYPES", "fp32", 1);
   setenv("SQUALL_PRELOAD_OPS", "sum", 1);
   setenv("SQUALL_PRELOAD_RESIDUAL_MB", "3", 1);
+  setenv("SQUALL_PRELOAD_COLLECTIVES", "allreduce", 1);
   Policy p = Policy::fromEnvironment();
+  EXPECT_TRUE(p.collectives[static_cast<int>(Coll::kAllReduce)]);
+  EXPECT_FALSE(p.collectives[static_cast<int>(Coll::kReduceScatter)]);
   EXPECT_EQ(p.codec.codec, codec::CodecId::kInt8);
   EXPECT_EQ(p.codec.block, 256u);
   EXPECT_TRUE(p.dtypes[0]);
@@ -61,12 +70,14 @@ TEST(PreloadPolicy, ReadsTheEnvironment) {
   EXPECT_EQ(p.residualCapBytes, size_t{3} << 20);
   setenv("SQUALL_PRELOAD_CODEC", "none", 1);  // not a compression: the default stays
   setenv("SQUALL_PRELOAD_DTYPES", "fp32,int4", 1);
+  setenv("SQUALL_PRELOAD_COLLECTIVES", "allreduce,allgather", 1);  // unknown: both
   p = Policy::fromEnvironment();
+  EXPECT_TRUE(p.collectives[0] && p.collectives[1]);
   EXPECT_EQ(p.codec.codec, codec::CodecId::kInt4);
   EXPECT_EQ(p.codec.block, 256u);
   EXPECT_TRUE(p.dtypes[0] && p.dtypes[1] && p.dtypes[2]);
   for (const char* v : {"SQUALL_PRELOAD_CODEC", "SQUALL_PRELOAD_DTYPES", "SQUALL_PRELOAD_OPS",
-                        "SQUALL_PRELOAD_RESIDUAL_MB"})
+                        "SQUALL_PRELOAD_RESIDUAL_MB", "SQUALL_PRELOAD_COLLECTIVES"})
     unsetenv(v);
 }
 
@@ -418,6 +429,17 @@ TEST(PreloadReport, JsonHasTheFields) {
                             "\"cgaClusterSize\": 0, \"algSelection\": 1, \"CTAPolicy\": 0, "
                             "\"userProfilerTag\": 0, \"launchCompletionEvent\": 0}"})
     EXPECT_NE(k.find(field), std::string::npos) << field << " in " << k;
+  // Each collective's calls and bytes apart; the totals hold both.
+  r.compressed(codec::CodecId::kInt4, 5, 64, Coll::kReduceScatter);
+  r.passed(Verdict::kOp, 16, Coll::kReduceScatter);
+  const std::string m = r.json("int4");
+  for (const char* field :
+       {"\"calls_compressed\": 3", "\"calls_passed\": 3",
+        "\"allreduce\": {\"calls_compressed\": 2, \"calls_passed\": 2, \"bytes_sent\": 46, "
+        "\"bytes_full_precision\": 656}",
+        "\"reduce_scatter\": {\"calls_compressed\": 1, \"calls_passed\": 1, \"bytes_sent\": 21, "
+        "\"bytes_full_precision\": 80}"})
+    EXPECT_NE(m.find(field), std::string::npos) << field << " in " << m;
 }
 
 }  // namespace
