@@ -331,30 +331,6 @@ size_t ncclTypeBytes(ncclDataType_t type) {
   }
 }
 
-// Bytes one rank sends in the device two-phase compressed allreduce of
-// `count` elements (src/coll/device): its n-1 encoded chunks out in the
-// call's code, and its reduced chunk to n-1 peers in the second round's, a
-// whole chunk's slot each. Chunks are padded to whole blocks of every rank
-// (the last rank's real chunk may be shorter: counted whole here). The
-// reduce-scatter of n x `count`: its n-1 encoded pieces and its non-finite
-// flag to each peer.
-uint64_t compressedBytes(Coll coll, size_t count, int nranks) {
-  const codec::Spec& spec = policy().codec;
-  const size_t n = static_cast<size_t>(nranks);
-  if (coll == Coll::kReduceScatter) {
-    size_t piece = 0;
-    if (codec::encodedSize(spec, count, &piece) != Status::kOk) return 0;
-    return static_cast<uint64_t>(n - 1) * (piece + sizeof(int));
-  }
-  const size_t group = (codec::usesBlocks(spec.codec) ? spec.block : 1) * n;
-  const size_t chunk = (count + group - 1) / group * group / n;
-  size_t worker = 0, gather = 0;
-  if (codec::encodedSize(spec, chunk, &worker) != Status::kOk ||
-      codec::encodedSize(policy().gather, chunk, &gather) != Status::kOk)
-    return 0;
-  return static_cast<uint64_t>(n - 1) * (worker + gather);
-}
-
 // What NCCL's ring sends per rank at full precision: an allreduce of `count`
 // elements 2 (n-1)/n of them, a reduce-scatter of n x `count` (n-1) x count.
 uint64_t fullBytes(Coll coll, size_t count, ncclDataType_t type, int nranks) {
@@ -679,10 +655,9 @@ ncclResult_t intercept(const Call& call, Forward forward) {
           : s->engine->compressedAllReduceOnStream(call.send, call.recv, facts.dtype, facts.op, *c,
                                                    call.stream);
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
-  // A device compressor's statistics wait for its stream; the report takes
-  // what the algorithm sends instead (compressedBytes).
-  Report::get().compressed(policy().codec.codec, compressedBytes(coll, call.count, nranks), full,
-                           coll);
+  // The bytes the algorithm sends, known without waiting for the stream
+  // (the compressor's statistics would).
+  Report::get().compressed(policy().codec.codec, c->bytesSentPerCall(), full, coll);
   return nccl_abi::kSuccess;
 }
 

@@ -105,6 +105,10 @@ class Compressor {
   virtual Status reset() = 0;
   // A device compressor waits for its last stream.
   virtual Status stats(CompressorStats* out) = 0;
+  // The payload bytes this rank sends in one call, without waiting for
+  // anything: a device compressor's from its sizes (the same every call), a
+  // host compressor's of its last call (0 before one).
+  virtual uint64_t bytesSentPerCall() const = 0;
   // How the allreduce picks its algorithm (squallCompressorSetAlgorithm):
   // kAuto (the time model), kAutoBytes, or a fixed one.
   virtual Status setAlgorithm(coll::CompressedAlgo algo) = 0;

@@ -37,6 +37,7 @@ class HostCompressor final : public Compressor {
     return Status::kOk;
   }
   Status setGatherSpec(const codec::Spec& spec) override { return state_->setGatherSpec(spec); }
+  uint64_t bytesSentPerCall() const override { return state_->lastStats().bytesSent; }
   Status stats(CompressorStats* out) override {
     out->calls = calls_;
     out->skippedCalls = keepsFeedback() ? state_->worker().skipped() : 0;

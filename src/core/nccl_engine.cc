@@ -72,6 +72,8 @@ class DeviceCompressor final : public Compressor {
     return Status::kOk;
   }
 
+  uint64_t bytesSentPerCall() const override { return state_->bytesSent(); }
+
   Status drain(float* owed, ReduceOp op, void* stream) override {
     const auto s = static_cast<cudaStream_t>(stream);
     SQUALL_TRY(

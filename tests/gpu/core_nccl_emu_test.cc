@@ -255,6 +255,7 @@ TEST(CoreNcclEmu, CompressedReduceScatterMatchesTheHostEngine) {
     size_t piece = 0;
     ASSERT_EQ(codec::encodedSize(int4, recvcount, &piece), Status::kOk);
     EXPECT_EQ(ds.bytesSent, (n - 1) * (piece + sizeof(int)));
+    EXPECT_EQ(dev->bytesSentPerCall(), ds.bytesSent);  // the same, without waiting
   });
 }
 
@@ -303,6 +304,7 @@ TEST(CoreNcclEmu, AGatherCodeMatchesTheHostEngine) {
     if (r == n - 1) {
       EXPECT_EQ(ds.bytesSent, 3 * (piece + slot));
     }
+    EXPECT_EQ(dev->bytesSentPerCall(), ds.bytesSent);  // the same, without waiting
   });
 }
 
