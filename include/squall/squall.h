@@ -343,8 +343,11 @@ SQUALL_API squallResult_t squallCompressorSetGatherCodec(squallCompressor_t comp
  * writes (`written`). LoadState takes only a state of this rank, group size,
  * layout, count, phase and codec (squallInvalidArgument naming the
  * difference otherwise) and checks its length and checksum
- * (squallCorruptData); on any failure the residuals are untouched. Host
- * communicators only for now: on one from NCCL, squallUnsupported. */
+ * (squallCorruptData); on any failure the residuals are untouched. On a
+ * communicator from NCCL the residuals are copied through host memory after
+ * the stream the compressor last ran on has finished (not on a stream being
+ * captured); its states have the host layout, so one saved there loads on a
+ * host communicator of the same shape and the other way round. */
 SQUALL_API squallResult_t squallCompressorStateSize(squallCompressor_t compressor, size_t* bytes);
 SQUALL_API squallResult_t squallCompressorSaveState(squallCompressor_t compressor, void* buffer,
                                                     size_t capacity, size_t* written);

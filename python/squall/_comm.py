@@ -594,8 +594,8 @@ class Compressor:
         """This rank's residuals (the error still owed) as bytes, for a
         checkpoint: load them with :meth:`load_state` into a compressor made
         the same way on the same rank and group, and the next call sends what
-        this one's would have. Call with no async call in flight. Host
-        communicators only for now."""
+        this one's would have. Call with no async call in flight. On a
+        communicator from NCCL it waits for the compressor's last stream."""
         self._require_state("save_state")
         size, written = ctypes.c_size_t(), ctypes.c_size_t()
         check(lib.squallCompressorStateSize(self.handle, ctypes.byref(size)),

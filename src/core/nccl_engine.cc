@@ -74,6 +74,19 @@ class DeviceCompressor final : public Compressor {
 
   uint64_t bytesSentPerCall() const override { return state_->bytesSent(); }
 
+  // Checkpoints: through host memory, waiting for the last stream used.
+  Status residualCounts(size_t* worker, size_t* server) override {
+    *worker = state_->workerCount();
+    *server = state_->serverCount();
+    return Status::kOk;
+  }
+  Status readResiduals(void* worker, void* server) override {
+    return state_->readResiduals(lastStream_, worker, server);
+  }
+  Status writeResiduals(const void* worker, const void* server) override {
+    return state_->writeResiduals(lastStream_, worker, server);
+  }
+
   Status drain(float* owed, ReduceOp op, void* stream) override {
     const auto s = static_cast<cudaStream_t>(stream);
     SQUALL_TRY(

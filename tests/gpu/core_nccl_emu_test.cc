@@ -28,6 +28,7 @@
 #include "src/bootstrap/bootstrap.h"
 #include "src/codec/codec.h"
 #include "src/core/comm.h"
+#include "src/core/compressor_state.h"
 #include "tests/gpu/at_exit.h"
 
 namespace squall::core {
@@ -83,6 +84,17 @@ std::vector<float> input(int rank, int call, size_t count) {
 
 bool sameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A checkpoint of `from`'s residuals loaded into `into` (the same layout on
+// either engine), at an odd offset of the buffer (states load at any
+// alignment).
+Status copyState(Compressor& from, Compressor& into) {
+  size_t bytes = 0, written = 0;
+  SQUALL_TRY(compressorStateSize(from, &bytes));
+  std::vector<uint8_t> buffer(bytes + 1);
+  SQUALL_TRY(saveCompressorState(from, buffer.data() + 1, bytes, &written));
+  return loadCompressorState(into, buffer.data() + 1, written);
 }
 
 // One rank's stream and device buffer of `count` floats, released at scope
@@ -194,10 +206,30 @@ TEST(CoreNcclEmu, CompressedAllReduceMatchesTheHostEngine) {
           << lastError();
       EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
     }
+    // A checkpoint of the device residuals carries on where they were, on
+    // either engine: the next call of a fresh compressor loaded from it
+    // equals the next call of the one that made it.
+    std::unique_ptr<Compressor> devLoaded, hostLoaded;
+    ASSERT_EQ(k.nccl->createCompressor(count, codec::Spec{}, &devLoaded), Status::kOk);
+    ASSERT_EQ(k.host->createCompressor(count, codec::Spec{}, &hostLoaded), Status::kOk);
+    ASSERT_EQ(copyState(*dev, *devLoaded), Status::kOk) << lastError();
+    ASSERT_EQ(copyState(*dev, *hostLoaded), Status::kOk) << lastError();
+    {
+      const std::vector<float> x = input(r, 3, count);
+      std::vector<float> want(count), got(count), fromDevice(count), fromHost(count);
+      ASSERT_EQ(device.allReduce(*k.nccl, *dev, x, ReduceOp::kAvg, &want), Status::kOk);
+      ASSERT_EQ(device.allReduce(*k.nccl, *devLoaded, x, ReduceOp::kAvg, &fromDevice), Status::kOk);
+      ASSERT_EQ(k.host->compressedAllReduce(x.data(), fromHost.data(), DataType::kF32,
+                                            ReduceOp::kAvg, *hostLoaded),
+                Status::kOk)
+          << lastError();
+      EXPECT_TRUE(sameBits(fromDevice, want)) << "rank " << r;
+      EXPECT_TRUE(sameBits(fromHost, want)) << "rank " << r;
+    }
     CompressorStats ds, hs;
     ASSERT_EQ(dev->stats(&ds), Status::kOk) << lastError();
     ASSERT_EQ(host->stats(&hs), Status::kOk);
-    EXPECT_EQ(ds.calls, 3u);
+    EXPECT_EQ(ds.calls, 4u);
     EXPECT_EQ(hs.calls, 3u);
     EXPECT_EQ(ds.skippedCalls, 0u);
     EXPECT_GT(ds.bytesSent, 0u);
@@ -248,9 +280,30 @@ TEST(CoreNcclEmu, CompressedReduceScatterMatchesTheHostEngine) {
           << lastError();
       EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
     }
+    // The checkpoint of the device residual, loaded into a host compressor,
+    // gives the host engine's next call the device's own next result.
+    std::unique_ptr<Compressor> hostLoaded;
+    ASSERT_EQ(k.host->createReduceScatterCompressor(recvcount, int4, &hostLoaded), Status::kOk);
+    ASSERT_EQ(copyState(*dev, *hostLoaded), Status::kOk) << lastError();
+    {
+      const std::vector<float> x = input(r, 3, count);
+      std::vector<float> want(recvcount), got(recvcount);
+      ASSERT_EQ(k.host->compressedReduceScatter(x.data(), got.data(), recvcount, DataType::kF32,
+                                                ReduceOp::kAvg, *hostLoaded),
+                Status::kOk)
+          << lastError();
+      cudaMemcpy(device.d, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+      ASSERT_EQ(k.nccl->compressedReduceScatterOnStream(device.d, mine, recvcount, DataType::kF32,
+                                                        ReduceOp::kAvg, *dev, device.stream),
+                Status::kOk);
+      cudaMemcpyAsync(want.data(), mine, recvcount * sizeof(float), cudaMemcpyDeviceToHost,
+                      device.stream);
+      cudaStreamSynchronize(device.stream);
+      EXPECT_TRUE(sameBits(got, want)) << "rank " << r;
+    }
     CompressorStats ds;
     ASSERT_EQ(dev->stats(&ds), Status::kOk) << lastError();
-    EXPECT_EQ(ds.calls, 3u);
+    EXPECT_EQ(ds.calls, 4u);
     EXPECT_STREQ(ds.algorithm, "reducescatter");
     size_t piece = 0;
     ASSERT_EQ(codec::encodedSize(int4, recvcount, &piece), Status::kOk);

@@ -326,6 +326,47 @@ Status DeviceCompressedState::seed(cudaStream_t stream, const float* owed) {
   return Status::kOk;
 }
 
+size_t DeviceCompressedState::workerCount() const {
+  return worker_ != nullptr ? worker_->count : 0;
+}
+size_t DeviceCompressedState::serverCount() const {
+  return server_ != nullptr ? server_->count : 0;
+}
+
+Status DeviceCompressedState::copyResiduals(cudaStream_t stream, void* worker, void* server,
+                                            bool toHost) {
+  if (worker_ == nullptr) return Status::kOk;  // the identity keeps no state
+  bool captured = false;
+  SQUALL_TRY(enter(stream, &captured));
+  SQUALL_REQUIRE(!captured, Status::kInvalidUsage, Subsys::kColl,
+                 "a compressor's residuals cannot be saved or loaded on a stream being captured");
+  const codec::DeviceResidual* residuals[2] = {worker_, server_};
+  void* host[2] = {worker, server};
+  for (int i = 0; i < 2; ++i) {
+    if (residuals[i] == nullptr || residuals[i]->count == 0) continue;
+    const float* current = nullptr;
+    SQUALL_TRY(codec::cudaResidualCurrent(*residuals[i], stream, &current));
+    const size_t bytes = residuals[i]->count * sizeof(float);
+    SQUALL_CUDA_TRY(toHost
+                        ? cudaMemcpyAsync(host[i], current, bytes, cudaMemcpyDeviceToHost, stream)
+                        : cudaMemcpyAsync(const_cast<float*>(current), host[i], bytes,
+                                          cudaMemcpyHostToDevice, stream));
+  }
+  SQUALL_TRY(leave(stream, captured));
+  // The host side is the caller's pageable memory: done before returning.
+  SQUALL_CUDA_TRY(cudaStreamSynchronize(stream));
+  return Status::kOk;
+}
+
+Status DeviceCompressedState::readResiduals(cudaStream_t stream, void* worker, void* server) {
+  return copyResiduals(stream, worker, server, true);
+}
+
+Status DeviceCompressedState::writeResiduals(cudaStream_t stream, const void* worker,
+                                             const void* server) {
+  return copyResiduals(stream, const_cast<void*>(worker), const_cast<void*>(server), false);
+}
+
 Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) {
   *error = false;
   if (error_ == nullptr) return Status::kOk;

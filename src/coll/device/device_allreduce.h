@@ -115,6 +115,15 @@ class DeviceCompressedState {
   // worker residual. Refused on a stream being captured.
   Status drain(cudaStream_t stream, float* owed, float serverScale);
   Status seed(cudaStream_t stream, const float* owed);
+  // Checkpoints: the current residuals, the worker's (workerCount() values:
+  // the padded buffer, or n x R) and the server's (serverCount(): a chunk;
+  // none for the reduce-scatter), to or from host memory at any alignment,
+  // waiting for `stream`; the host state's layout, so a state saved from
+  // one loads into the other. Refused on a stream being captured.
+  size_t workerCount() const;
+  size_t serverCount() const;
+  Status readResiduals(cudaStream_t stream, void* worker, void* server);
+  Status writeResiduals(cudaStream_t stream, const void* worker, const void* server);
   // 1 when a decode saw a header that did not match (device flag; waits for
   // `stream`, diagnostics only), and clears it.
   Status takeDecodeError(cudaStream_t stream, bool* error);
@@ -130,6 +139,8 @@ class DeviceCompressedState {
   Status allocateCommon();  // the buffers both layouts have
   size_t realCount(size_t c) const;
   Status tally();  // bytesSent_ and bytesReceived_ from the specs and slots
+  // The copies of read/writeResiduals (toHost: read).
+  Status copyResiduals(cudaStream_t stream, void* worker, void* server, bool toHost);
   // The stream-order of uses (see above): `enter` before a use on `stream`,
   // `leave` after it, with what `enter` said of capture.
   Status enter(cudaStream_t stream, bool* captured);
