@@ -34,12 +34,18 @@ AT_100 = ["slowmo_default@100", "streamed@100"]
 METHODS = [m for m in AT_50 + AT_100 if m != "adam"]
 # name: (tasks, seeds, steps, methods): what fit in about an hour on 2 cores, 4 ranks
 PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000, AT_50),
-         "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100)}
+         "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100),
+         # 40 syncs at tau 100, against AdamW over the same 4000 steps.
+         "long100": ("charcnn,charlm", 3, 4000, ["adam", "slowmo_default@100"])}
+# The plans whose runs are as long as the others (the table's first block).
+SHORT = ("lm", "tf", "lm100", "tf100")
 
 
 def run(args):
     env = dict(os.environ)
     for name, (tasks, seeds, steps, methods) in PLANS.items():
+        if args.plans and name not in args.plans.split(","):
+            continue
         out = os.path.join(args.out, name)
         subprocess.run([sys.executable, STUDY, "--world", str(args.world), "--tasks", tasks,
                         "--methods", ",".join(methods), "--seeds", str(seeds),
@@ -47,29 +53,50 @@ def run(args):
                         "--eval-every", "100", "--out", out], check=True, env=env)
 
 
+def rows(runs, steps_column):
+    """Table rows of one block of runs: each method paired seed by seed with
+    AdamW of the same task (and, in a block of several lengths, the same
+    number of steps)."""
+    lines = []
+    for task in sorted({r["task"] for r in runs}):
+        adam = {(r["seed"], r["steps"]): r for r in runs
+                if r["task"] == task and r["method"] == "adam"}
+        for m in METHODS:
+            rs = [r for r in runs if r["task"] == task and r["method"] == m and
+                  (r["seed"], r["steps"]) in adam]
+            for steps in sorted({r["steps"] for r in rs}):
+                at = [r for r in rs if r["steps"] == steps]
+                base = [adam[(r["seed"], steps)] for r in at]
+                loss = [100 * (r["evals"][-1]["val_loss"] / b["evals"][-1]["val_loss"] - 1)
+                        for r, b in zip(at, base)]
+                acc = [r["evals"][-1]["val_acc"] - b["evals"][-1]["val_acc"]
+                       for r, b in zip(at, base)]
+                ratio = [statistics.mean(b["bytes_per_rank_final"]) /
+                         statistics.mean(r["bytes_per_rank_final"]) for r, b in zip(at, base)]
+                extra = f" {steps} |" if steps_column else ""
+                lines.append(f"| {task} | {m} |{extra} {len(at)} | {statistics.mean(loss):+.2f}% "
+                             f"[{max(loss):+.2f}%] | {statistics.mean(acc):+.2f} "
+                             f"[{min(acc):+.2f}] | {statistics.mean(ratio):.0f}x |")
+    return lines
+
+
 def table(args):
-    runs = []
+    blocks = {True: [], False: []}  # short plans, long ones
     for name in PLANS:
         path = os.path.join(args.out, name, "results.json")
         if os.path.exists(path):
             with open(path) as f:
-                runs += json.load(f)["runs"]
+                for r in json.load(f)["runs"]:
+                    r["steps"] = PLANS[name][2]
+                    blocks[name in SHORT].append(r)
     lines = ["| family | method | seeds | loss vs AdamW | accuracy vs AdamW | AdamW bytes / "
              "method bytes |", "|---|---|---|---|---|---|"]
-    for task in sorted({r["task"] for r in runs}):
-        adam = {r["seed"]: r for r in runs if r["task"] == task and r["method"] == "adam"}
-        for m in METHODS:
-            rs = [r for r in runs if r["task"] == task and r["method"] == m and r["seed"] in adam]
-            if not rs:
-                continue
-            loss = [100 * (r["evals"][-1]["val_loss"] / adam[r["seed"]]["evals"][-1]["val_loss"]
-                           - 1) for r in rs]
-            acc = [r["evals"][-1]["val_acc"] - adam[r["seed"]]["evals"][-1]["val_acc"] for r in rs]
-            ratio = [statistics.mean(adam[r["seed"]]["bytes_per_rank_final"]) /
-                     statistics.mean(r["bytes_per_rank_final"]) for r in rs]
-            lines.append(f"| {task} | {m} | {len(rs)} | {statistics.mean(loss):+.2f}% "
-                         f"[{max(loss):+.2f}%] | {statistics.mean(acc):+.2f} [{min(acc):+.2f}] | "
-                         f"{statistics.mean(ratio):.0f}x |")
+    lines += rows(blocks[True], False)
+    if blocks[False]:
+        lines += ["", "Longer runs (40 syncs at tau 100), paired with AdamW over the same steps:",
+                  "", "| family | method | steps | seeds | loss vs AdamW | accuracy vs AdamW | "
+                  "AdamW bytes / method bytes |", "|---|---|---|---|---|---|---|"]
+        lines += rows(blocks[False], True)
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(args.out, "table.md"), "w") as f:
@@ -84,6 +111,8 @@ def main():
     ap.add_argument("what", choices=["run", "table"])
     ap.add_argument("--out", default=os.path.join(HERE, "..", "results", "slowmo-periods"))
     ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--plans", default="",
+                    help=f"run only these plans (comma-separated, of {', '.join(PLANS)})")
     ap.add_argument("--doc", action="store_true",
                     help="also put the table into docs/convergence.md (between its markers)")
     args = ap.parse_args()
