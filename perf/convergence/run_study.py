@@ -970,6 +970,8 @@ def parser():
     ap.add_argument("--delay", type=int, default=2, help="streamed SlowMo's delay (steps)")
     ap.add_argument("--eval-every", type=int, default=48)
     ap.add_argument("--quick", action="store_true", help="1 seed, 48 steps: smoke test")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the seeds are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--resume", action="store_true",
                     help="keep runs already in results.json (others are replaced)")
     ap.add_argument("--plots-only", action="store_true")
@@ -1009,7 +1011,7 @@ def main():
         plan = []
         for t in args.tasks.split(","):
             steps = steps_of(args.steps, t)
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 for m in args.methods.split(","):
                     plan.append((t, m, seed, steps))
         with socket.socket() as s:

@@ -31,12 +31,15 @@ END = "<!-- slowmo-periods:end -->"
 AT_50 = ["adam", "slowmo_default", "slowmo_int2", "diloco", "streamed", "streamed_carry",
          "diloco@100"]
 AT_100 = ["slowmo_default@100", "streamed@100"]
-METHODS = [m for m in AT_50 + AT_100 if m != "adam"]
+METHODS = [m for m in AT_50 + AT_100 + ["slowmo_default@250"] if m != "adam"]
 # name: (tasks, seeds, steps, methods): what fit in about an hour on 2 cores, 4 ranks
 PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000, AT_50),
          "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100),
-         # 40 syncs at tau 100, against AdamW over the same 4000 steps.
-         "long100": ("charcnn,charlm", 3, 4000, ["adam", "slowmo_default@100"])}
+         # 40 syncs at tau 100 and at tau 250, against AdamW over the same
+         # steps (seeds 0-2 and 3-4 of tau 100 in two plans).
+         "long100": ("charcnn,charlm", 3, 4000, ["adam", "slowmo_default@100"]),
+         "long100b": ("charcnn,charlm", (3, 2), 4000, ["adam", "slowmo_default@100"]),
+         "long250": ("charcnn,charlm", 2, 10000, ["adam", "slowmo_default@250"])}
 # The plans whose runs are as long as the others (the table's first block).
 SHORT = ("lm", "tf", "lm100", "tf100")
 
@@ -47,8 +50,10 @@ def run(args):
         if args.plans and name not in args.plans.split(","):
             continue
         out = os.path.join(args.out, name)
+        first, seeds = seeds if isinstance(seeds, tuple) else (0, seeds)
         subprocess.run([sys.executable, STUDY, "--world", str(args.world), "--tasks", tasks,
                         "--methods", ",".join(methods), "--seeds", str(seeds),
+                        "--first-seed", str(first),
                         "--steps", str(steps), "--tau", "50", "--fragments", "4", "--delay", "2",
                         "--eval-every", "100", "--out", out], check=True, env=env)
 
@@ -93,7 +98,8 @@ def table(args):
              "method bytes |", "|---|---|---|---|---|---|"]
     lines += rows(blocks[True], False)
     if blocks[False]:
-        lines += ["", "Longer runs (40 syncs at tau 100), paired with AdamW over the same steps:",
+        lines += ["", "Longer runs (40 syncs at tau 100 and 250), paired with AdamW over the same "
+                  "steps:",
                   "", "| family | method | steps | seeds | loss vs AdamW | accuracy vs AdamW | "
                   "AdamW bytes / method bytes |", "|---|---|---|---|---|---|---|"]
         lines += rows(blocks[False], True)

@@ -36,6 +36,16 @@ Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
 parameter all-gathers too (:class:`AllGather`; off unless given). With HSDP
 only the reduce-scatter inside each shard group is compressed; the
 all-reduce across replicas stays FSDP's.
+
+CUDA gradients: with ``transport="auto"`` (the default) and a libsquall
+built with its GPU path, the reduce-scatter runs on the GPU over an NCCL
+communicator of Squall's own per group (``squall.init(transport="nccl")``):
+encode, exchange and decode are enqueued on the stream FSDP reduces on, so
+the call returns at once and the compressed exchange overlaps the rest of
+the backward as FSDP's own reduce-scatter does. ``transport="host"`` stages
+CUDA gradients through host memory over a host communicator instead (the
+call then waits for the exchange); CPU gradients always take that one. The
+parameter all-gathers use the host communicator either way.
 """
 
 import ctypes
@@ -43,7 +53,7 @@ import ctypes
 import torch
 import torch.distributed as dist
 
-from . import _lib
+from . import _cuda, _lib
 from ._comm import Compressor, Traffic, init
 from ._lib import SquallInvalidArgument, check, lib
 
@@ -74,22 +84,41 @@ def _fsdp_modules(model):
             [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)])
 
 
+_TRANSPORTS = ("auto", "host", "nccl")
+
+
 class _Comms:
-    """One Squall communicator per process group FSDP reduce-scatters over,
-    made at the group's first compressed call (every member makes it: FSDP
-    runs the same modules' backward in the same order on every rank)."""
+    """One Squall communicator per process group FSDP reduce-scatters over
+    (and per kind: host, or NCCL for CUDA tensors), made at the group's first
+    compressed call (every member makes it: FSDP runs the same modules'
+    backward in the same order on every rank, with the same devices)."""
 
-    def __init__(self, timeout):
-        self._by_group, self._timeout = {}, timeout
+    def __init__(self, timeout, transport="auto"):
+        if transport not in _TRANSPORTS:
+            raise SquallInvalidArgument(
+                f"squall.fsdp: transport is one of {', '.join(_TRANSPORTS)}, not {transport!r}")
+        self._by_group, self._timeout, self.transport = {}, timeout, transport
 
-    def get(self, group):
-        comm = self._by_group.get(group)
+    def on_device(self, tensor):
+        """Whether `tensor`'s collective runs on the GPU (an NCCL
+        communicator): a CUDA tensor, with transport 'nccl', or 'auto' and a
+        libsquall with the device reduce-scatter."""
+        if self.transport == "host" or _cuda.device_of(tensor).type != "cuda":
+            return False
+        if self.transport == "nccl":
+            return True
+        return _lib.HAVE_GPU and _lib.HAVE_REDUCE_SCATTER_ON_STREAM
+
+    def get(self, group, nccl=False):
+        key = (group, nccl)
+        comm = self._by_group.get(key)
         if comm is None:
             world = group is None or group is dist.group.WORLD or (
                 group.size() == dist.get_world_size())
-            comm = init(process_group=None if world else group, timeout=self._timeout,
-                        set_as_default=False)
-            self._by_group[group] = comm
+            comm = init(process_group=None if world else group,
+                        transport="nccl" if nccl else None,
+                        timeout=None if nccl else self._timeout, set_as_default=False)
+            self._by_group[key] = comm
         return comm
 
 
@@ -117,9 +146,9 @@ class ReduceScatter:
             self.full_calls += 1
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                               async_op=async_op)
-        comm = self._comms.get(group)
+        comm = self._comms.get(group, nccl=self._comms.on_device(input_tensor))
         c = self._compressor
-        if c is None or c.numel != input_tensor.numel():
+        if c is None or c.numel != input_tensor.numel() or c.comm is not comm:
             if c is not None:
                 c.close()  # the module's parameters changed size: start over
             c = self._compressor = Compressor(comm, input_tensor.numel(), self.codec,
@@ -343,14 +372,17 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
     return rs
 
 
-def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None):
+def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None,
+             transport="auto"):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
     (after ``fully_shard``; before the first backward). `warmup`: the
     full-precision reduce-scatters of each module first. `params`: a code
     for FSDP2's parameter all-gathers too (e.g. "int8:block=256"; None, the
     default, leaves them at full precision; FSDP1 has no all-gather hook).
-    Returns a :class:`Compressed` with the per-module objects and their
-    counters."""
+    `transport`: where CUDA gradients are reduced: "auto" (on the GPU over
+    NCCL when libsquall has its GPU path, else staged through host memory),
+    "nccl" or "host" (see the module's docstring). Returns a
+    :class:`Compressed` with the per-module objects and their counters."""
     modules, units = _fsdp_modules(model)
     if params is not None and units:
         raise SquallInvalidArgument(
@@ -364,7 +396,7 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
             "FullyShardedDataParallel, first")
     if int(warmup) != warmup or warmup < 0:
         raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
-    comms = _Comms(timeout)
+    comms = _Comms(timeout, transport)
     made, gathers = [], []
     ids2, ids1 = {id(m) for m in modules}, {id(m) for m in units}
     for name, m in model.named_modules():

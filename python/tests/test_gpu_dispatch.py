@@ -351,6 +351,31 @@ def _collectives(rank, world):
     with pytest.raises(squall.SquallInvalidArgument, match="an output of 1001"):
         rg.reduce_scatter(xg, cuda(torch.empty(n + 1)))
 
+    # squall.fsdp: CUDA gradients reduce-scatter on the device path (an NCCL
+    # communicator of its own, the OnStream entry point), with the bits of the
+    # host path; its checkpoint comes from the device residual
+    from squall import fsdp
+    avg = torch.distributed.ReduceOp.AVG
+    on_gpu, on_host = fsdp._Comms(None, "nccl"), fsdp._Comms(None, "host")
+    assert fsdp._Comms(None).on_device(cuda(torch.ones(1))) == (
+        _lib.HAVE_GPU and _lib.HAVE_REDUCE_SCATTER_ON_STREAM)
+    assert not on_gpu.on_device(torch.ones(1)) and not on_host.on_device(cuda(torch.ones(1)))
+    rs_gpu = fsdp.ReduceScatter("int4:block=256", 0, on_gpu, "m")
+    rs_host = fsdp.ReduceScatter("int4:block=256", 0, on_host, "m")
+    for t in range(2):
+        x = torch.randn(world * n, generator=torch.Generator().manual_seed(40 * t + rank))
+        og, oh = cuda(torch.empty(n)), torch.empty(n)
+        del calls[:]
+        rs_gpu(og, cuda(x.clone()), None, avg)
+        rs_host(oh, x.clone(), None, avg)
+        assert torch.equal(og, oh), t
+        assert [c[0] for c in calls] == ["squallCommInitFromNccl", "reduce_scatter"][-len(calls):]
+    saved = rs_gpu.state_dict()
+    assert saved["residual"] == rs_host.state_dict()["residual"]
+    rs_gpu.load_state_dict(saved)
+    for comm in list(on_gpu._by_group.values()) + list(on_host._by_group.values()):
+        comm.close()
+
     # closing: GPU idle first, compressors before the communicator, the squall
     # communicator before the NCCL one it wraps
     del calls[:]
@@ -363,6 +388,7 @@ def _collectives(rank, world):
     # and the error reported
     from squall import _cuda
 
+    second = 0x1000 + len(nccl.hosts)  # the NCCL handle the fake hands out next
     gpu2 = squall.init(transport="nccl", set_as_default=False)
 
     def broken(device):
@@ -371,7 +397,7 @@ def _collectives(rank, world):
     _cuda.synchronize = broken
     with pytest.raises(RuntimeError, match="illegal memory access"):
         gpu2.close()
-    assert gpu2.closed and nccl.log[-1] == ("ncclCommAbort", 0x1001)
+    assert gpu2.closed and nccl.log[-1] == ("ncclCommAbort", second)
     host.close()
     return True
 
