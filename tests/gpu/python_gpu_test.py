@@ -13,6 +13,12 @@ algorithm the device runs) it checks:
     communicator's on the same inputs, over several calls (residuals carry
     over), for onebit and int8, fp32 and bf16 buffers, in and out of place;
     CUDA tensors on the host communicator (staged by Python) too;
+  * reduce-scatter: the compressed reduce-scatter of CUDA tensors on the NCCL
+    communicator (squallCompressedReduceScatterOnStream) has the bits of the
+    host communicator's, call after call, for int4 (fp32, in place: the
+    output a view of the rank's piece) and onebit (bf16), and a residual
+    saved on the GPU loads into a host compressor that then gives the
+    device's next result (each rank's shard differs: compared per rank);
   * optimizer: APMSqueeze on CUDA parameters over NCCL
     (squallOptimizerStepOnStream), and on CUDA parameters over TCP (device
     buffers staged through the host), has the bits of APMSqueeze on the same
@@ -139,6 +145,35 @@ def check_compressed(squall, gpu, host, check, rank, out):
         check(ok and cg.stats["calls"] == 4, name, detail)
         out[name] = results
         for c in (cg, ch, cs):
+            c.close()
+
+
+def check_reduce_scatter(squall, gpu, host, check, rank):
+    n = WORLD * 50_001
+    piece = n // WORLD
+    for codec, dtype, in_place in (("int4:block=256", torch.float32, True),
+                                   ("onebit", torch.bfloat16, False)):
+        name = f"reduce-scatter-{codec.split(':')[0]}-{str(dtype)[6:]}"
+        cg = squall.Compressor(gpu, n, codec, kind="reduce_scatter")
+        ch = squall.Compressor(host, n, codec, kind="reduce_scatter")
+        ok, detail = True, ""
+        for call in range(4):
+            g = torch.Generator().manual_seed(77 * call + rank)
+            x = torch.randn(n, generator=g).to(dtype)
+            xg = to_gpu(x)
+            og = xg[rank * piece:(rank + 1) * piece] if in_place else to_gpu(
+                torch.empty(piece, dtype=dtype))
+            oh = torch.empty(piece, dtype=dtype)
+            if call == 3:  # the device residual, checkpointed into the host compressor
+                synchronize()
+                ch.load_state(cg.save_state())
+            cg.reduce_scatter(xg, og, "avg")
+            ch.reduce_scatter(x, oh, "avg")
+            synchronize()
+            if not same_bits(og, oh):
+                ok, detail = False, f"call {call}: the NCCL result differs from the host one"
+        check(ok and cg.stats["calls"] == 4, name, detail)
+        for c in (cg, ch):
             c.close()
 
 
@@ -269,6 +304,7 @@ def _worker(rank, port, outdir):
               (gpu.rank, gpu.size) == (rank, WORLD), "init-nccl", repr(gpu))
         check_allreduce(squall, gpu, check, rank)
         check_compressed(squall, gpu, host, check, rank, out)
+        check_reduce_scatter(squall, gpu, host, check, rank)
         check_optimizer(squall, gpu, host, check, rank, out)
         check_slowmo_streamed(squall, host, check, rank, out)
         gpu.close()
