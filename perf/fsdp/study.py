@@ -39,7 +39,10 @@ METHODS = {
     "plain": None,
     "squall": {},  # squall.fsdp.compress's defaults
     "squall_params": {"params": "int8:block=256"},
+    "squall_bf16res": {},  # the defaults with residuals kept at bf16 precision (ENV)
 }
+# Variables a method runs under (read when its compressors are made).
+ENV = {"squall_bf16res": {"SQUALL_RESIDUAL_PRECISION": "bf16"}}
 TASKS = "transformer,charcnn,digits_cnn,digits"
 
 
@@ -71,6 +74,19 @@ def fp32_bytes(model, world):
 
 
 def train(rank, world, task, method, seed, steps):
+    saved_env = {k: os.environ.get(k) for k in ENV.get(method, {})}
+    os.environ.update(ENV.get(method, {}))
+    try:
+        return _train(rank, world, task, method, seed, steps)
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _train(rank, world, task, method, seed, steps):
     import squall.fsdp
 
     torch.manual_seed(seed)

@@ -1,8 +1,33 @@
 #include "src/coll/compressed_state.h"
 
 #include <algorithm>
+#include <string>
+
+#include "src/codec/numeric.h"
+#include "src/common/log.h"
+#include "src/common/params.h"
 
 namespace squall::coll {
+namespace {
+
+// SQUALL_RESIDUAL_PRECISION: whether committed residuals are rounded to bf16.
+bool roundsToBf16() {
+  const std::string precision = paramString(Param::kResidualPrecision);
+  if (precision == "bf16") return true;
+  if (precision != "fp32") {
+    SQUALL_WARN(Subsys::kEnv, "SQUALL_RESIDUAL_PRECISION=%s is not fp32 or bf16; using fp32",
+                precision.c_str());
+  }
+  return false;
+}
+
+void roundToBf16(codec::Residual& r) {
+  float* values = r.current();
+  for (size_t i = 0; i < r.count(); ++i)
+    values[i] = codec::bf16ToFloat(codec::floatToBf16(values[i]));
+}
+
+}  // namespace
 
 Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec,
                                std::unique_ptr<CompressedState>* out, size_t phase,
@@ -30,6 +55,7 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   if (feedback == Feedback::kKept) {
     SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
     SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));
+    s->roundBf16_ = roundsToBf16();
   }
   *out = std::move(s);
   return Status::kOk;
@@ -54,7 +80,10 @@ Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const 
   s->spec_ = s->gatherSpec_ = spec;
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
   s->reduceScatter_ = true;
-  if (feedback == Feedback::kKept) SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_));
+  if (feedback == Feedback::kKept) {
+    SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_));
+    s->roundBf16_ = roundsToBf16();
+  }
   *out = std::move(s);
   return Status::kOk;
 }
@@ -120,6 +149,9 @@ void CompressedState::commit(bool finite, bool serverUsed) {
   if (worker_ == nullptr) return;
   worker_->commit(finite);
   if (serverUsed && server_ != nullptr) server_->commit(finite);
+  if (!finite || !roundBf16_) return;
+  roundToBf16(*worker_);
+  if (serverUsed && server_ != nullptr) roundToBf16(*server_);
 }
 
 }  // namespace squall::coll

@@ -178,6 +178,7 @@ class CompressedState {
   codec::Spec spec_, gatherSpec_;
   CompressedAlgo algo_{};                             // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;  // null without feedback
+  bool roundBf16_ = false;  // SQUALL_RESIDUAL_PRECISION=bf16: commits round to bf16
   // Hierarchical only.
   std::unique_ptr<CompressedState> cross_;
   int local_ = 1;

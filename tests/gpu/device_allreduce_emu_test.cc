@@ -541,5 +541,155 @@ TEST(DeviceReduceScatterEmu, OneRankAndEmptyPiecesCopy) {
   checkReduceScatter({3, 0, kInt4, true, false}, 1);
 }
 
+// The quantized all-gather: every rank's output is the host codec's decode
+// of every rank's encoding (codec::encode without a residual), bit for bit;
+// in place means the input is this rank's piece of the output. c.count is
+// each rank's input.
+void checkAllGather(const Case& c, int calls) {
+  const auto nn = static_cast<size_t>(c.n);
+  const size_t total = nn * c.count;
+  const size_t esize = dataTypeSize(c.dtype);
+  auto roundTrip = [&](float x) {
+    return c.dtype == DataType::kBf16  ? codec::bf16ToFloat(codec::floatToBf16(x))
+           : c.dtype == DataType::kF16 ? codec::halfToFloat(codec::floatToHalf(x))
+                                       : x;
+  };
+  std::mt19937 rng(7 + c.n + static_cast<int>(c.count));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<std::vector<std::vector<float>>> inputs(calls);
+  std::vector<std::vector<float>> expected(calls, std::vector<float>(total));
+  const size_t slot = encodedBytes(c.spec, c.count);
+  for (int t = 0; t < calls; ++t) {
+    inputs[t].assign(nn, std::vector<float>(c.count));
+    for (size_t r = 0; r < nn; ++r) {
+      for (float& x : inputs[t][r]) x = roundTrip(dist(rng));
+      if (c.count == 0) continue;
+      std::vector<uint8_t> encoded(slot);
+      codec::EncodeResult result;
+      ASSERT_EQ(codec::encode(c.spec, inputs[t][r].data(), codec::DType::kF32, c.count, nullptr,
+                              encoded.data(), slot, &result),
+                Status::kOk);
+      ASSERT_EQ(
+          codec::decode(encoded.data(), result.bytes, expected[t].data() + r * c.count, c.count),
+          Status::kOk);
+    }
+    for (float& x : expected[t]) x = roundTrip(x);
+  }
+  if (c.n == 1) expected.assign(calls, {}), expected[0] = inputs[0][0];
+  std::vector<ncclComm_t> comms(nn);
+  squall_emu::ncclCreateWorld(c.n, comms.data());
+  std::vector<std::vector<std::vector<float>>> outputs(calls, std::vector<std::vector<float>>(nn));
+  std::vector<std::string> errors(nn);
+  auto rank = [&](int r) {
+    auto fail = [&](const char* what) { errors[r] = what; };
+    cudaStream_t stream = nullptr;
+    void* in = nullptr;
+    void* out = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    const testing::AtExit release{[&] {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      if (in != nullptr) cudaFree(in);
+      if (out != nullptr) cudaFree(out);
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }};
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    transport::nccl::DeviceComm comm;
+    if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
+    std::unique_ptr<DeviceCompressedState> state;
+    if (DeviceCompressedState::createAllGather(c.n, r, c.count, c.spec, &state) != Status::kOk)
+      return fail("create");
+    if (c.n > 1 && c.count != 0) {
+      if (state->bytesSent() != (nn - 1) * slot) return fail("bytes sent");
+      if (state->setGatherSpec(kInt8Wide) != Status::kInvalidUsage)
+        return fail("a gather code was taken");
+      if (compressedReduceScatter(comm, stream, in, in, DataType::kF32, ReduceOp::kSum,
+                                  state.get()) != Status::kInvalidUsage)
+        return fail("the reduce-scatter ran on an all-gather state");
+    }
+    cudaMalloc(&in, c.count * esize + 8);
+    cudaMalloc(&out, total * esize + 8);
+    const void* source =
+        c.inPlace ? static_cast<uint8_t*>(out) + static_cast<size_t>(r) * c.count * esize : in;
+    std::vector<uint8_t> staged(total * esize);
+    auto store = [&](const std::vector<float>& x, uint8_t* to) {
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (c.dtype == DataType::kF32) {
+          std::memcpy(to + i * 4, &x[i], 4);
+        } else {
+          const uint16_t h =
+              c.dtype == DataType::kBf16 ? codec::floatToBf16(x[i]) : codec::floatToHalf(x[i]);
+          std::memcpy(to + i * 2, &h, 2);
+        }
+      }
+    };
+    for (int t = 0; t < calls; ++t) {
+      std::vector<uint8_t> mine(c.count * esize);
+      store(inputs[t][static_cast<size_t>(r)], mine.data());
+      cudaMemcpy(const_cast<void*>(source), mine.data(), mine.size(), cudaMemcpyHostToDevice);
+      if (c.graph) {
+        if (t == 0) {
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+          const Status s = compressedAllGather(comm, stream, source, out, c.dtype, state.get());
+          cudaStreamEndCapture(stream, &graph);
+          if (s != Status::kOk) return fail("capture");
+          cudaGraphInstantiate(&exec, graph, 0);
+        }
+        cudaGraphLaunch(exec, stream);
+      } else if (compressedAllGather(comm, stream, source, out, c.dtype, state.get()) !=
+                 Status::kOk) {
+        return fail("all-gather");
+      }
+      cudaStreamSynchronize(stream);
+      const size_t got = c.n == 1 ? c.count : total;
+      cudaMemcpy(staged.data(), out, got * esize, cudaMemcpyDeviceToHost);
+      std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
+      o.resize(got);
+      for (size_t i = 0; i < got; ++i) {
+        if (c.dtype == DataType::kF32) {
+          std::memcpy(&o[i], staged.data() + i * 4, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, staged.data() + i * 2, 2);
+          o[i] = c.dtype == DataType::kBf16 ? codec::bf16ToFloat(h) : codec::halfToFloat(h);
+        }
+      }
+    }
+    bool decodeError = false;
+    if (state->takeDecodeError(stream, &decodeError) != Status::kOk || decodeError)
+      return fail("device decode error flag");
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(nn);
+  for (int r = 0; r < c.n; ++r) threads.emplace_back(rank, r);
+  for (auto& th : threads) th.join();
+  squall_emu::ncclDestroyWorld(c.n, comms.data());
+  for (size_t r = 0; r < nn; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int t = 0; t < (c.n == 1 ? 1 : calls); ++t) {
+    for (size_t r = 0; r < nn; ++r) {
+      ASSERT_EQ(outputs[t][r].size(), expected[t].size());
+      for (size_t i = 0; i < expected[t].size(); ++i) {
+        ASSERT_EQ(bits(outputs[t][r][i]), bits(expected[t][i]))
+            << "call " << t << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(DeviceAllGatherEmu, EveryRankDecodesEveryEncoding) {
+  checkAllGather({2, 1000, kOnebit64, false, false}, 2);
+  checkAllGather({3, 777, kInt4, false, true}, 2);
+  checkAllGather({4, 301, kInt8, false, false, DataType::kBf16}, 2);
+  checkAllGather({2, 129, kInt2, false, true, DataType::kF16}, 1);
+}
+TEST(DeviceAllGatherEmu, GraphCaptureAndReplay) {
+  checkAllGather({4, 1000, kInt4, false, false, DataType::kF32, true}, 3);
+}
+TEST(DeviceAllGatherEmu, OneRankAndEmptyInputsCopy) {
+  checkAllGather({1, 100, kInt4, false, false}, 1);
+  checkAllGather({3, 0, kInt4, false, false}, 1);
+}
+
 }  // namespace
 }  // namespace squall::coll::device

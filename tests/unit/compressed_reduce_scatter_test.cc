@@ -395,6 +395,48 @@ TEST_P(CompressedReduceScatter, ErrorFeedbackConverges) {
       firstError, kCalls, error, maxResidual);
 }
 
+// SQUALL_RESIDUAL_PRECISION=bf16 (an experiment): every committed residual
+// value is one bf16 holds, and error feedback still converges; the states
+// made before the variable was set (fp32) keep values bf16 does not hold.
+TEST_P(CompressedReduceScatter, Bf16ResidualsHoldOnlyBf16Values) {
+  constexpr int kN = 2;
+  constexpr size_t kRecv = 300;
+  Group group(kN, testing::testOptions());
+  const codec::Spec spec = specOf(codec::CodecId::kInt4, 64);
+  auto fp32 = statesFor(kN, kRecv, spec);
+  setenv("SQUALL_RESIDUAL_PRECISION", "bf16", 1);
+  auto bf16 = statesFor(kN, kRecv, spec);
+  unsetenv("SQUALL_RESIDUAL_PRECISION");
+  const auto g = randomInputs(kN, kRecv * kN, 5);
+  auto isBf16 = [](float x) { return codec::bf16ToFloat(codec::floatToBf16(x)) == x; };
+  std::vector<double> sums(kRecv * kN, 0.0);
+  constexpr int kCalls = 200;
+  for (int call = 0; call < kCalls; ++call) {
+    group.run([&](Communicator& comm, int r) {
+      std::vector<float> out(kRecv), other(kRecv);
+      EXPECT_EQ(comm.compressedReduceScatter(g[r].data(), out.data(), kRecv, DataType::kF32,
+                                             ReduceOp::kAvg, bf16[r].get()),
+                Status::kOk);
+      EXPECT_EQ(comm.compressedReduceScatter(g[r].data(), other.data(), kRecv, DataType::kF32,
+                                             ReduceOp::kAvg, fp32[r].get()),
+                Status::kOk);
+      for (size_t i = 0; i < kRecv; ++i) sums[r * kRecv + i] += out[i];
+    });
+  }
+  size_t wide = 0;
+  for (int r = 0; r < kN; ++r) {
+    for (size_t i = 0; i < kRecv * kN; ++i) {
+      ASSERT_TRUE(isBf16(bf16[r]->worker().current()[i])) << "rank " << r << " element " << i;
+      wide += isBf16(fp32[r]->worker().current()[i]) ? 0 : 1;
+    }
+  }
+  EXPECT_GT(wide, kRecv) << "the fp32 residuals were rounded too";
+  double error = 0;
+  for (size_t i = 0; i < kRecv * kN; ++i)
+    error = std::max(error, std::abs(sums[i] / kCalls - (g[0][i] + g[1][i]) / 2));
+  EXPECT_LT(error, 0.02) << "bf16 residuals: the running mean is far from the mean input";
+}
+
 // Refused on every rank before anything is sent, with the output and the
 // residual untouched, and the group still in step: the other layout's state
 // (both ways), a recvcount that is not the state's, a state for another

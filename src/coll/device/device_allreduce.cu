@@ -144,6 +144,39 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
   return Status::kOk;
 }
 
+Status DeviceCompressedState::createAllGather(int nranks, int rank, size_t sendcount,
+                                              const codec::Spec& spec,
+                                              std::unique_ptr<DeviceCompressedState>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed-state output pointer is NULL");
+  SQUALL_TRY(checkRank(nranks, rank));
+  SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(sendcount <= SIZE_MAX / 8 / static_cast<size_t>(nranks), Status::kInvalidArgument,
+                 Subsys::kColl,
+                 "a quantized all-gather of %d x %zu elements is too large for this machine",
+                 nranks, sendcount);
+  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
+  s->allGather_ = true;
+  s->nranks_ = nranks;
+  s->rank_ = rank;
+  s->chunk_ = s->count_ = sendcount;
+  s->spec_ = s->gatherSpec_ = spec;
+  if (nranks == 1 || sendcount == 0) {  // a copy: no state on the device
+    *out = std::move(s);
+    return Status::kOk;
+  }
+  SQUALL_TRY(codec::encodedSize(spec, sendcount, &s->slot_));
+  s->gslot_ = s->slot_;
+  SQUALL_TRY(allocate(&s->send_, s->slot_));
+  SQUALL_TRY(allocate(&s->gather_, static_cast<size_t>(nranks) * s->slot_));
+  SQUALL_TRY(allocate(&s->acc_, sendcount * sizeof(float)));
+  SQUALL_TRY(allocate(&s->error_, sizeof(int)));
+  SQUALL_CUDA_TRY(cudaEventCreateWithFlags(&s->lastUse_, cudaEventDisableTiming));
+  s->bytesSent_ = s->bytesReceived_ = static_cast<uint64_t>(nranks - 1) * s->slot_;
+  *out = std::move(s);
+  return Status::kOk;
+}
+
 Status DeviceCompressedState::createReduceScatter(int nranks, int rank, size_t recvcount,
                                                   const codec::Spec& spec,
                                                   std::unique_ptr<DeviceCompressedState>* out) {
@@ -203,8 +236,8 @@ Status DeviceCompressedState::tally() {
 
 Status DeviceCompressedState::setGatherSpec(const codec::Spec& spec) {
   SQUALL_TRY(codec::validateSpec(spec));
-  SQUALL_REQUIRE(!reduceScatter_, Status::kInvalidUsage, Subsys::kColl,
-                 "a compressed reduce-scatter has no all-gather to choose a code for");
+  SQUALL_REQUIRE(!reduceScatter_ && !allGather_, Status::kInvalidUsage, Subsys::kColl,
+                 "only the compressed allreduce has a second round to choose a code for");
   SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kColl,
                  "the all-gather's code must be a compressed one; leave it unset for the "
                  "allreduce's own");
@@ -389,9 +422,13 @@ Status checkCall(const char* what, bool reduceScatter, const void* in, const voi
                  DataType dtype, ReduceOp op, const DeviceCompressedState* state) {
   SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the device compressed state is NULL");
-  SQUALL_REQUIRE(state->reduceScatter() == reduceScatter, Status::kInvalidUsage, Subsys::kColl,
+  SQUALL_REQUIRE(state->reduceScatter() == reduceScatter && !state->allGather(),
+                 Status::kInvalidUsage, Subsys::kColl,
                  "the device compressed state was made for the %s; the %s needs one of its own",
-                 state->reduceScatter() ? "reduce-scatter" : "allreduce", what);
+                 state->allGather()       ? "all-gather"
+                 : state->reduceScatter() ? "reduce-scatter"
+                                          : "allreduce",
+                 what);
   SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
                  Status::kInvalidArgument, Subsys::kColl, "the %s takes fp32, fp16 or bf16, not %s",
                  what, dataTypeName(dtype));
@@ -624,6 +661,54 @@ Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStre
                state->worker_->control);
   SQUALL_TRY(launchFailure("the residual verdict kernel"));
   SQUALL_TRY(codec::cudaResidualCommit(*state->worker_, stream));
+  return state->leave(stream, captured);
+}
+
+Status compressedAllGather(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                           const void* in, void* out, DataType dtype,
+                           DeviceCompressedState* state) {
+  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed state is NULL");
+  SQUALL_REQUIRE(state->allGather_, Status::kInvalidUsage, Subsys::kColl,
+                 "the device compressed state was made for the %s; the quantized all-gather "
+                 "needs one of its own",
+                 state->reduceScatter_ ? "reduce-scatter" : "allreduce");
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kColl,
+                 "the quantized all-gather takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
+  const size_t count = state->count_;
+  const size_t esize = dataTypeSize(dtype);
+  const int n = state->nranks_;
+  SQUALL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
+                 Subsys::kColl, "the send and receive buffers must be set");
+  uint8_t* mine = static_cast<uint8_t*>(out) + static_cast<size_t>(state->rank_) * count * esize;
+  if (n == 1 || count == 0) {
+    if (mine != in && count != 0) {
+      SQUALL_CUDA_TRY(cudaMemcpyAsync(mine, in, count * esize, cudaMemcpyDeviceToDevice, stream));
+    }
+    return Status::kOk;
+  }
+  SQUALL_TRY(checkComm(comm, *state));
+  const size_t slot = state->slot_;
+  bool captured = false;
+  SQUALL_TRY(state->enter(stream, &captured));
+  // Encoded before anything is written: the input may be a piece of the output.
+  size_t bytes = 0;
+  SQUALL_TRY(codec::cudaEncodeChunk(state->spec_, in, codecTypeOf(dtype), count, nullptr, 0,
+                                    state->send_, slot, stream, &bytes));
+  SQUALL_TRY(comm.allGather(state->send_, state->gather_, slot, stream));
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* encoded = state->gather_ + static_cast<size_t>(j) * slot;
+    uint8_t* piece = static_cast<uint8_t*>(out) + static_cast<size_t>(j) * count * esize;
+    if (dtype == DataType::kF32) {
+      SQUALL_TRY(codec::cudaDecode(state->spec_, encoded, slot, reinterpret_cast<float*>(piece),
+                                   count, stream, state->error_));
+    } else {
+      SQUALL_TRY(codec::cudaDecode(state->spec_, encoded, slot, state->acc_, count, stream,
+                                   state->error_));
+      SQUALL_TRY(roundInto(dtype, state->acc_, piece, count, stream));
+    }
+  }
   return state->leave(stream, captured);
 }
 

@@ -52,6 +52,14 @@
 //   5. the worker residual's commit, skipped on every rank when any rank's
 //      flag was raised (a non-finite block reaches only the rank that
 //      serves it, so the flags are shared).
+//
+// And the quantized all-gather (sharded data parallel's parameter gathers;
+// createAllGather, compressedAllGather): no residual, since what is gathered
+// is a copy of values kept exactly elsewhere; cudaEncodeChunk of this rank's
+// input into one slot, ncclAllGather of the slots, and cudaDecode of every
+// rank's slot (this rank's own included, so every rank holds the same values)
+// into the output. The bits of codec::encode without a residual and
+// codec::decode on the host.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -78,6 +86,10 @@ class DeviceCompressedState {
   // rank's piece encoded on its own (compressedReduceScatter only).
   static Status createReduceScatter(int nranks, int rank, size_t recvcount, const codec::Spec& spec,
                                     std::unique_ptr<DeviceCompressedState>* out);
+  // The all-gather layout: inputs of sendcount elements, outputs of nranks x
+  // sendcount (compressedAllGather only); no residuals.
+  static Status createAllGather(int nranks, int rank, size_t sendcount, const codec::Spec& spec,
+                                std::unique_ptr<DeviceCompressedState>* out);
   ~DeviceCompressedState();
   DeviceCompressedState(const DeviceCompressedState&) = delete;
   DeviceCompressedState& operator=(const DeviceCompressedState&) = delete;
@@ -89,6 +101,7 @@ class DeviceCompressedState {
   // The allreduce's chunk; the reduce-scatter's recvcount.
   size_t chunk() const { return chunk_; }
   bool reduceScatter() const { return reduceScatter_; }
+  bool allGather() const { return allGather_; }
   size_t slotBytes() const { return slot_; }
   const codec::Spec& spec() const { return spec_; }
   // The code the servers re-encode the reduced chunks with: spec() unless
@@ -134,6 +147,8 @@ class DeviceCompressedState {
   friend Status compressedReduceScatter(const transport::nccl::DeviceComm&, cudaStream_t,
                                         const void*, void*, DataType, ReduceOp,
                                         DeviceCompressedState*);
+  friend Status compressedAllGather(const transport::nccl::DeviceComm&, cudaStream_t, const void*,
+                                    void*, DataType, DeviceCompressedState*);
   DeviceCompressedState() = default;
   static Status checkRank(int nranks, int rank);
   Status allocateCommon();  // the buffers both layouts have
@@ -162,6 +177,7 @@ class DeviceCompressedState {
   int* nonFinite_ = nullptr;   // device flag: this call's output has a non-finite value
   int* verdicts_ = nullptr;    // reduce-scatter: n ints, every rank's non-finite flag
   bool reduceScatter_ = false;
+  bool allGather_ = false;
   cudaEvent_t lastUse_ = nullptr;      // recorded at the end of every use outside capture
   cudaStream_t lastStream_ = nullptr;  // the stream of that use (valid when used_)
   bool used_ = false;
@@ -187,5 +203,12 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
 Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                                const void* in, void* out, DataType dtype, ReduceOp op,
                                DeviceCompressedState* state);
+
+// One quantized all-gather with a state of the all-gather layout: `in` holds
+// R elements (R = state->count()), `out` gets n x R, rank j's at j R, the
+// decode of rank j's encoding. `in` may be this rank's piece of `out`.
+// dtype fp32, fp16 or bf16 (both buffers); n = 1 copies.
+Status compressedAllGather(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
+                           const void* in, void* out, DataType dtype, DeviceCompressedState* state);
 
 }  // namespace squall::coll::device
