@@ -296,6 +296,14 @@ SQUALL_API squallResult_t squallCompressorCreateAt(squallComm_t comm, size_t cou
 SQUALL_API squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t recvcount,
                                                               const squallCodecSpec_t* spec,
                                                               squallCompressor_t* compressor);
+/* A compressor for the quantized all-gather of sendcount elements per rank
+ * (squallCompressedAllGather: sharded data parallel's parameter gathers),
+ * on every rank with the same sendcount and a compressed code (not none).
+ * It keeps no residual: what is gathered is a copy of values each rank keeps
+ * exactly (its parameter shard), so error feedback has nothing to carry. */
+SQUALL_API squallResult_t squallCompressorCreateAllGather(squallComm_t comm, size_t sendcount,
+                                                          const squallCodecSpec_t* spec,
+                                                          squallCompressor_t* compressor);
 SQUALL_API squallResult_t squallCompressorDestroy(squallCompressor_t compressor);
 /* Zeroes the residuals (e.g. after loading parameters from elsewhere). */
 SQUALL_API squallResult_t squallCompressorReset(squallCompressor_t compressor);
@@ -382,6 +390,25 @@ SQUALL_API squallResult_t squallCompressedReduceScatter(const void* sendbuf, voi
                                                         squallRedOp_t op,
                                                         squallCompressor_t compressor,
                                                         squallComm_t comm);
+
+/* The quantized all-gather: each rank encodes its sendcount elements once
+ * with the compressor's code, the encodings are all-gathered, and every rank
+ * decodes all of them, its own included, into recvbuf (nranks x sendcount,
+ * rank r's at r x sendcount), so every rank holds the same values. sendcount
+ * must be the compressor's; dtype fp32, fp16 or bf16 (both buffers); sendbuf
+ * may be this rank's piece of recvbuf (in place). Each rank sends (nranks -
+ * 1) encodings. On failure recvbuf is untouched. Host buffers on a host
+ * communicator; device buffers: ...OnStream (on a communicator from NCCL on
+ * the stream, capturable; on a host one staged through pinned memory). */
+SQUALL_API squallResult_t squallCompressedAllGather(const void* sendbuf, void* recvbuf,
+                                                    size_t sendcount, squallDataType_t dtype,
+                                                    squallCompressor_t compressor,
+                                                    squallComm_t comm);
+SQUALL_API squallResult_t squallCompressedAllGatherOnStream(const void* sendbuf, void* recvbuf,
+                                                            size_t sendcount,
+                                                            squallDataType_t dtype,
+                                                            squallCompressor_t compressor,
+                                                            squallComm_t comm, void* cudaStream);
 
 /* Asynchronous forms: the operation runs in the background, in call order
  * with the other operations of the communicator; buffers must stay valid

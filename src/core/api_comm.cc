@@ -427,6 +427,17 @@ squallResult_t squallCompressorCreateReduceScatter(squallComm_t comm, size_t rec
   });
 }
 
+squallResult_t squallCompressorCreateAllGather(squallComm_t comm, size_t sendcount,
+                                               const squallCodecSpec_t* spec,
+                                               squallCompressor_t* compressor) {
+  return SQUALL_API_GUARD({
+    return handOutCompressor(comm, spec, compressor,
+                             [&](core::Comm& c, const squall::codec::Spec& s, auto* impl) {
+                               return c.createAllGatherCompressor(sendcount, s, impl);
+                             });
+  });
+}
+
 squallResult_t squallCompressorDestroy(squallCompressor_t compressor) {
   return SQUALL_API_GUARD({
     delete compressor;
@@ -586,6 +597,52 @@ squallResult_t squallCompressedReduceScatterOnStream(const void* sendbuf, void* 
     SQUALL_TRY(toDataType(dtype, &t));
     SQUALL_TRY(toReduceOp(op, &o));
     return c->compressedReduceScatterOnStream(sendbuf, recvbuf, recvcount, t, o, *k, cudaStream);
+  });
+}
+
+namespace {
+
+// The all-gather's checks common to both forms: the compressor's sendcount.
+Status gatherCallOf(squallComm_t comm, squallCompressor_t compressor, size_t sendcount,
+                    squallDataType_t dtype, core::Comm** c, core::Compressor** k, DataType* t) {
+  SQUALL_TRY(collectiveCommOf(comm, c));
+  SQUALL_TRY((*c)->refuse(compressorOf(compressor, k)));
+  SQUALL_TRY((*c)->refuse(toDataType(dtype, t)));
+  const Status fits =
+      sendcount == (*k)->count()
+          ? Status::kOk
+          : SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi,
+                        "quantized all-gather: sendcount is %zu but the compressor was made for "
+                        "%zu; make one compressor per buffer",
+                        sendcount, (*k)->count());
+  SQUALL_TRY((*c)->refuse(fits));
+  return Status::kOk;
+}
+
+}  // namespace
+
+squallResult_t squallCompressedAllGather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                                         squallDataType_t dtype, squallCompressor_t compressor,
+                                         squallComm_t comm) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    core::Compressor* k = nullptr;
+    DataType t = DataType::kF32;
+    SQUALL_TRY(gatherCallOf(comm, compressor, sendcount, dtype, &c, &k, &t));
+    return c->compressedAllGather(sendbuf, recvbuf, t, *k);
+  });
+}
+
+squallResult_t squallCompressedAllGatherOnStream(const void* sendbuf, void* recvbuf,
+                                                 size_t sendcount, squallDataType_t dtype,
+                                                 squallCompressor_t compressor, squallComm_t comm,
+                                                 void* cudaStream) {
+  return SQUALL_API_GUARD({
+    core::Comm* c = nullptr;
+    core::Compressor* k = nullptr;
+    DataType t = DataType::kF32;
+    SQUALL_TRY(gatherCallOf(comm, compressor, sendcount, dtype, &c, &k, &t));
+    return c->compressedAllGatherOnStream(sendbuf, recvbuf, t, *k, cudaStream);
   });
 }
 

@@ -151,18 +151,23 @@ Status Comm::checkCompressor(const Compressor& c, CompressorLayout layout) const
   SQUALL_REQUIRE(&c.comm() == this, Status::kInvalidUsage, Subsys::kApi,
                  "the compressor was created for another communicator; create one per "
                  "communicator and buffer");
-  if (layout == CompressorLayout::kAllReduce) {
-    SQUALL_REQUIRE(c.layout() == layout, Status::kInvalidUsage, Subsys::kApi,
-                   "the compressor was made for the compressed reduce-scatter "
-                   "(squallCompressorCreateReduceScatter); the compressed allreduce needs one "
-                   "from squallCompressorCreate");
-  } else {
-    SQUALL_REQUIRE(c.layout() == layout, Status::kInvalidUsage, Subsys::kApi,
-                   "the compressor was made for the compressed allreduce "
-                   "(squallCompressorCreate); the compressed reduce-scatter needs one from "
-                   "squallCompressorCreateReduceScatter");
-  }
+  auto made = [](CompressorLayout l) {
+    return l == CompressorLayout::kAllReduce ? "the compressed allreduce (squallCompressorCreate)"
+           : l == CompressorLayout::kReduceScatter
+               ? "the compressed reduce-scatter (squallCompressorCreateReduceScatter)"
+               : "the quantized all-gather (squallCompressorCreateAllGather)";
+  };
+  SQUALL_REQUIRE(c.layout() == layout, Status::kInvalidUsage, Subsys::kApi,
+                 "the compressor was made for %s; %s needs one of its own", made(c.layout()),
+                 made(layout));
   return Status::kOk;
+}
+
+Status Engine::compressedAllGather(const void*, void*, DataType, Compressor&) {
+  return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
+                     "a communicator from NCCL (squallCommInitFromNccl) runs the quantized "
+                     "all-gather of device buffers only, on a stream: call "
+                     "squallCompressedAllGatherOnStream, or use a host communicator");
 }
 
 Status Engine::compressedReduceScatter(const void*, void*, size_t, DataType, ReduceOp, Compressor&,
@@ -245,9 +250,8 @@ Status Comm::startBarrier(coll::OperationPtr* operation) {
 // A device compressor keeps its residuals on the GPU (compressor_state.h).
 Status Compressor::residualCounts(size_t*, size_t*) {
   return SQUALL_FAIL(Status::kUnsupported, Subsys::kApi,
-                     "this compressor's residuals live on the GPU (a communicator from NCCL), "
-                     "where saving and loading them is not built yet; make the compressor on a "
-                     "host communicator to checkpoint its residuals");
+                     "this compressor keeps no residuals (a quantized all-gather's): there is "
+                     "nothing to save or load");
 }
 Status Compressor::readResiduals(void*, void*) {
   size_t w = 0, s = 0;
@@ -357,6 +361,60 @@ Status Comm::compressedReduceScatterOnStream(const void* in, void* out, size_t r
                  "exactly that piece",
                  rank(), static_cast<size_t>(rank()) * recvcount);
   return engine_->compressedReduceScatterOnStream(in, out, recvcount, dtype, op, c, cudaStream);
+}
+
+Status Comm::createAllGatherCompressor(size_t sendcount, const codec::Spec& spec,
+                                       std::unique_ptr<Compressor>* out) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kApi,
+                 "the compressor output pointer is NULL");
+  return engine_->createAllGatherCompressor(this, sendcount, spec, out);
+}
+
+namespace {
+
+Status checkGatherType(DataType dtype) {
+  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
+                 Status::kInvalidArgument, Subsys::kApi,
+                 "the quantized all-gather takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
+  return Status::kOk;
+}
+
+// The input is this rank's piece of the output, or apart from all of it.
+Status checkGatherBuffers(const Comm& comm, const void* in, const void* out, size_t count,
+                          DataType dtype) {
+  const size_t esize = dataTypeSize(dtype);
+  const auto from = reinterpret_cast<uintptr_t>(in);
+  const auto to = reinterpret_cast<uintptr_t>(out);
+  const size_t total = count * static_cast<size_t>(comm.size()) * esize;
+  const bool inPlace = from == to + static_cast<size_t>(comm.rank()) * count * esize;
+  const bool apart = from + count * esize <= to || to + total <= from;
+  SQUALL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
+                 Subsys::kApi, "quantized all-gather: the send and receive buffers must be set");
+  SQUALL_REQUIRE(count == 0 || inPlace || apart, Status::kInvalidArgument, Subsys::kApi,
+                 "quantized all-gather: the send buffer overlaps the receive buffer but is not "
+                 "this rank's piece of it (rank %d at element %zu); use separate buffers or "
+                 "exactly that piece",
+                 comm.rank(), static_cast<size_t>(comm.rank()) * count);
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status Comm::compressedAllGather(const void* in, void* out, DataType dtype, Compressor& c) {
+  coll::Communicator* host = engine_->host();
+  if (host == nullptr) return engine_->compressedAllGather(in, out, dtype, c);  // kUnsupported
+  SQUALL_TRY(host->refuse(checkCompressor(c, CompressorLayout::kAllGather)));
+  SQUALL_TRY(host->refuse(checkGatherType(dtype)));
+  SQUALL_TRY(host->refuse(checkGatherBuffers(*this, in, out, c.count(), dtype)));
+  return engine_->compressedAllGather(in, out, dtype, c);
+}
+
+Status Comm::compressedAllGatherOnStream(const void* in, void* out, DataType dtype, Compressor& c,
+                                         void* cudaStream) {
+  SQUALL_TRY(checkCompressor(c, CompressorLayout::kAllGather));
+  SQUALL_TRY(checkGatherType(dtype));
+  SQUALL_TRY(checkGatherBuffers(*this, in, out, c.count(), dtype));
+  return engine_->compressedAllGatherOnStream(in, out, dtype, c, cudaStream);
 }
 
 Status Comm::createOptimizer(size_t count, const optim::Config& config,

@@ -82,6 +82,7 @@ class Comm;
 enum class CompressorLayout : uint8_t {
   kAllReduce,      // Comm::createCompressor
   kReduceScatter,  // Comm::createReduceScatterCompressor
+  kAllGather,      // Comm::createAllGatherCompressor (no residuals)
 };
 
 // The residuals of one buffer (count elements, one codec) for the compressed
@@ -291,6 +292,20 @@ class Comm {
   Status compressedReduceScatterOnStream(const void* in, void* out, size_t recvcount,
                                          DataType dtype, ReduceOp op, Compressor& c,
                                          void* cudaStream);
+
+  // A compressor for the quantized all-gather of sendcount elements per rank
+  // (sharded data parallel's parameter gathers): each rank's input encoded
+  // once with `spec`, without a residual; every rank makes one alike.
+  Status createAllGatherCompressor(size_t sendcount, const codec::Spec& spec,
+                                   std::unique_ptr<Compressor>* out);
+  // `in` (c.count() elements of fp32, fp16 or bf16) to every rank; `out`
+  // gets n x c.count(), rank j's piece the decode of rank j's encoding (this
+  // rank's own included: every rank the same values). `in` may be this
+  // rank's piece of `out`. Host buffers (host engine; kUnsupported on one
+  // from NCCL), or device buffers on a stream.
+  Status compressedAllGather(const void* in, void* out, DataType dtype, Compressor& c);
+  Status compressedAllGatherOnStream(const void* in, void* out, DataType dtype, Compressor& c,
+                                     void* cudaStream);
 
   // An optimizer of `count` parameters; every rank makes one alike.
   Status createOptimizer(size_t count, const optim::Config& config,

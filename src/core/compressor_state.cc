@@ -49,7 +49,7 @@ Status identityOf(Compressor& c, Identity* id) {
   SQUALL_TRY(c.residualCounts(&worker, &server));
   CompressorStats stats;
   SQUALL_TRY(c.stats(&stats));
-  id->layout = c.layout() == CompressorLayout::kReduceScatter ? 1 : 0;
+  id->layout = static_cast<uint32_t>(c.layout());  // 0 allreduce, 1 reduce-scatter, 2 all-gather
   id->codec = static_cast<uint32_t>(c.spec().codec);
   id->scale = static_cast<uint32_t>(c.spec().scale);
   id->block = codec::usesBlocks(c.spec().codec) ? c.spec().block : 0;
@@ -69,7 +69,9 @@ size_t totalBytes(const Identity& id) {
          kChecksumBytes;
 }
 
-const char* layoutName(uint32_t layout) { return layout == 1 ? "reduce-scatter" : "allreduce"; }
+const char* layoutName(uint32_t layout) {
+  return layout == 2 ? "all-gather" : layout == 1 ? "reduce-scatter" : "allreduce";
+}
 
 #define CORRUPT(...) SQUALL_FAIL(Status::kCorruptData, Subsys::kApi, __VA_ARGS__)
 #define MISMATCH(...) SQUALL_FAIL(Status::kInvalidArgument, Subsys::kApi, __VA_ARGS__)

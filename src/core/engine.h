@@ -4,6 +4,7 @@
 // host() when the engine has them.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "src/bootstrap/bootstrap.h"
@@ -47,6 +48,14 @@ class Engine {
   virtual Status compressedReduceScatterOnStream(const void* in, void* out, size_t recvcount,
                                                  DataType dtype, ReduceOp op, Compressor& c,
                                                  void* stream) = 0;
+  // The quantized all-gather (Comm::createAllGatherCompressor); host buffers
+  // by default refused with kUnsupported (the NCCL engine).
+  virtual Status createAllGatherCompressor(const Comm* owner, size_t sendcount,
+                                           const codec::Spec& spec,
+                                           std::unique_ptr<Compressor>* out) = 0;
+  virtual Status compressedAllGather(const void* in, void* out, DataType dtype, Compressor& c);
+  virtual Status compressedAllGatherOnStream(const void* in, void* out, DataType dtype,
+                                             Compressor& c, void* stream) = 0;
   // The schedule over this engine's backend (host or device memory).
   virtual Status createOptimizer(size_t count, const optim::Config& config,
                                  std::unique_ptr<optim::Optimizer>* out) = 0;
@@ -80,6 +89,12 @@ Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState
 Status stagedCompressedReduceScatter(coll::Communicator& comm, coll::CompressedState& state,
                                      std::unique_ptr<Staging>* staging, const void* in, void* out,
                                      DataType dtype, ReduceOp op, void* stream);
+// Any host collective on device buffers: copies inBytes of `in` to pinned
+// memory on `stream`, waits, runs `run(pinnedIn, pinnedOut)`, copies outBytes
+// back to `out`, waits.
+Status stagedCall(std::unique_ptr<Staging>* staging, const void* in, size_t inBytes, void* out,
+                  size_t outBytes, void* stream,
+                  const std::function<Status(const void*, void*)>& run);
 // One step of a host optimizer on device buffers.
 Status stagedOptimizerStep(optim::Optimizer& optimizer, float* params, const float* grads, float lr,
                            void* stream);

@@ -32,6 +32,11 @@ Status stagedCompressedReduceScatter(coll::Communicator&, coll::CompressedState&
   return gpuPathMissing("squallCompressedReduceScatterOnStream");
 }
 
+Status stagedCall(std::unique_ptr<Staging>*, const void*, size_t, void*, size_t, void*,
+                  const std::function<Status(const void*, void*)>&) {
+  return gpuPathMissing("squallCompressedAllGatherOnStream");
+}
+
 Status stagedOptimizerStep(optim::Optimizer&, float*, const float*, float, void*) {
   return gpuPathMissing("squallOptimizerStepOnStream");
 }

@@ -6,7 +6,9 @@
 #include <cstring>
 #include <memory>
 #include <utility>
+#include <vector>
 
+#include "src/coll/compressed_common.h"
 #include "src/coll/compressed_state.h"
 #include "src/core/engine.h"
 #include "src/core/host_hierarchy.h"
@@ -121,6 +123,84 @@ class HostCompressor final : public Compressor {
   uint64_t calls_ = 0;
 };
 
+// The quantized all-gather's compressor: no residual, only the scratch of
+// one call (the encodings, and the decoded values of fp16/bf16 outputs).
+class HostGatherCompressor final : public Compressor {
+ public:
+  HostGatherCompressor(const Comm* comm, size_t count, const codec::Spec& spec)
+      : Compressor(comm, count, spec, 0, CompressorLayout::kAllGather) {}
+
+  Status reset() override { return Status::kOk; }  // nothing is kept between calls
+  Status setAlgorithm(coll::CompressedAlgo algo) override {
+    SQUALL_REQUIRE(algo == coll::CompressedAlgo::kAuto || algo == coll::CompressedAlgo::kAutoBytes,
+                   Status::kInvalidUsage, Subsys::kApi,
+                   "a quantized all-gather compressor has one algorithm; it takes "
+                   "squallCompressorAlgoTime or squallCompressorAlgoBytes only");
+    return Status::kOk;
+  }
+  Status setGatherSpec(const codec::Spec&) override {
+    return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kApi,
+                       "only the compressed allreduce has a second round to choose a code for");
+  }
+  uint64_t bytesSentPerCall() const override { return bytesSent_; }
+  Status stats(CompressorStats* out) override {
+    *out = CompressorStats{};
+    out->calls = calls_;
+    out->bytesSent = out->bytesReceived = bytesSent_;
+    out->algorithm = calls_ != 0 ? "allgather" : "none";
+    out->sliceCount = count();
+    return Status::kOk;
+  }
+  Status drain(float*, ReduceOp, void*) override { return Status::kOk; }  // nothing is owed
+  Status seed(const float*, void*) override {
+    return SQUALL_FAIL(Status::kInvalidUsage, Subsys::kApi,
+                       "a quantized all-gather keeps no residual to seed");
+  }
+
+  // Encode, all-gather the encodings (whole 8-byte words), decode them all.
+  Status run(coll::Communicator& comm, const void* in, void* out, DataType dtype) {
+    const size_t n = static_cast<size_t>(comm.size()), r = static_cast<size_t>(comm.rank());
+    const size_t m = count(), esize = dataTypeSize(dtype);
+    auto* pieces = static_cast<uint8_t*>(out);
+    if (n == 1 || m == 0) {
+      if (m != 0 && pieces + r * m * esize != in) std::memmove(pieces, in, m * esize);
+      ++calls_;
+      return Status::kOk;
+    }
+    size_t slot = 0;
+    SQUALL_TRY(codec::encodedSize(spec(), m, &slot));
+    SQUALL_REQUIRE(slot % sizeof(uint64_t) == 0, Status::kInternal, Subsys::kApi,
+                   "an encoding of %zu bytes is not whole 8-byte words; please report this", slot);
+    const size_t words = slot / sizeof(uint64_t);
+    send_.resize(words);
+    gathered_.resize(n * words);
+    codec::EncodeResult result;
+    SQUALL_TRY(codec::encode(spec(), in, coll::codecDType(dtype), m, nullptr, send_.data(), slot,
+                             &result));
+    SQUALL_TRY(comm.allGather(send_.data(), gathered_.data(), words, DataType::kI64));
+    if (dtype != DataType::kF32) decoded_.resize(m);
+    for (size_t j = 0; j < n; ++j) {
+      const uint64_t* encoded = gathered_.data() + j * words;
+      if (dtype == DataType::kF32) {
+        SQUALL_TRY(codec::decode(encoded, slot, reinterpret_cast<float*>(pieces) + j * m, m));
+      } else {
+        SQUALL_TRY(codec::decode(encoded, slot, decoded_.data(), m));
+        coll::storeDecoded(dtype, decoded_.data(), out, j * m, m);
+      }
+    }
+    bytesSent_ = static_cast<uint64_t>(n - 1) * slot;
+    ++calls_;
+    return Status::kOk;
+  }
+  std::unique_ptr<Staging>& staging() { return staging_; }
+
+ private:
+  std::vector<uint64_t> send_, gathered_;
+  std::vector<float> decoded_;
+  std::unique_ptr<Staging> staging_;
+  uint64_t calls_ = 0, bytesSent_ = 0;
+};
+
 class HostEngine final : public Engine {
  public:
   HostEngine(std::unique_ptr<bootstrap::Bootstrap> bootstrap,
@@ -194,6 +274,28 @@ class HostEngine final : public Engine {
         stagedCompressedReduceScatter(*coll_, h.state(), &h.staging(), in, out, dtype, op, stream));
     h.called();
     return Status::kOk;
+  }
+
+  Status createAllGatherCompressor(const Comm* owner, size_t sendcount, const codec::Spec& spec,
+                                   std::unique_ptr<Compressor>* out) override {
+    SQUALL_TRY(codec::validateSpec(spec));
+    SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kApi,
+                   "a quantized all-gather needs a compressed code, not none; use "
+                   "squallAllGather for full precision");
+    *out = std::make_unique<HostGatherCompressor>(owner, sendcount, spec);
+    return Status::kOk;
+  }
+  Status compressedAllGather(const void* in, void* out, DataType dtype, Compressor& c) override {
+    return static_cast<HostGatherCompressor&>(c).run(*coll_, in, out, dtype);
+  }
+  Status compressedAllGatherOnStream(const void* in, void* out, DataType dtype, Compressor& c,
+                                     void* stream) override {
+    auto& g = static_cast<HostGatherCompressor&>(c);
+    const size_t bytes = g.count() * dataTypeSize(dtype);
+    return stagedCall(&g.staging(), in, bytes, out, bytes * static_cast<size_t>(size()), stream,
+                      [&](const void* pinnedIn, void* pinnedOut) {
+                        return g.run(*coll_, pinnedIn, pinnedOut, dtype);
+                      });
   }
 
   Status compressedAllReduceOnStream(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -62,6 +62,12 @@ Status staged(std::unique_ptr<Staging>* staging, const void* in, size_t inBytes,
 
 }  // namespace
 
+Status stagedCall(std::unique_ptr<Staging>* staging, const void* in, size_t inBytes, void* out,
+                  size_t outBytes, void* cudaStream,
+                  const std::function<Status(const void*, void*)>& run) {
+  return staged(staging, in, inBytes, out, outBytes, static_cast<cudaStream_t>(cudaStream), run);
+}
+
 Status stagedCompressedAllReduce(coll::Communicator& comm, coll::CompressedState& state,
                                  std::unique_ptr<Staging>* staging, const void* in, void* out,
                                  DataType dtype, ReduceOp op, void* cudaStream) {

@@ -30,8 +30,9 @@ class DeviceCompressor final : public Compressor {
   DeviceCompressor(const Comm* comm, const codec::Spec& spec,
                    std::unique_ptr<coll::device::DeviceCompressedState> state)
       : Compressor(comm, state->count(), spec, 0,
-                   state->reduceScatter() ? CompressorLayout::kReduceScatter
-                                          : CompressorLayout::kAllReduce),
+                   state->allGather()       ? CompressorLayout::kAllGather
+                   : state->reduceScatter() ? CompressorLayout::kReduceScatter
+                                            : CompressorLayout::kAllReduce),
         state_(std::move(state)) {}
 
   Status reset() override {
@@ -40,11 +41,11 @@ class DeviceCompressor final : public Compressor {
     return Status::kOk;
   }
   Status setAlgorithm(coll::CompressedAlgo algo) override {
-    if (state_->reduceScatter()) {
+    if (state_->reduceScatter() || state_->allGather()) {
       SQUALL_REQUIRE(
           algo == coll::CompressedAlgo::kAuto || algo == coll::CompressedAlgo::kAutoBytes,
           Status::kInvalidUsage, Subsys::kApi,
-          "a reduce-scatter compressor has one algorithm; it takes "
+          "a reduce-scatter or all-gather compressor has one algorithm; it takes "
           "squallCompressorAlgoTime or squallCompressorAlgoBytes only");
       return Status::kOk;
     }
@@ -66,7 +67,10 @@ class DeviceCompressor final : public Compressor {
     s.bytesSent = calls_ != 0 ? state_->bytesSent() : 0;
     s.bytesReceived = calls_ != 0 ? state_->bytesReceived() : 0;
     // The device path is always flat.
-    s.algorithm = calls_ == 0 ? "none" : state_->reduceScatter() ? "reducescatter" : "twophase";
+    s.algorithm = calls_ == 0               ? "none"
+                  : state_->allGather()     ? "allgather"
+                  : state_->reduceScatter() ? "reducescatter"
+                                            : "twophase";
     s.sliceCount = count();
     *out = s;
     return Status::kOk;
@@ -103,10 +107,14 @@ class DeviceCompressor final : public Compressor {
 
   Status run(const DeviceComm& comm, const void* in, void* out, DataType dtype, ReduceOp op,
              cudaStream_t stream) {
-    SQUALL_TRY(
-        state_->reduceScatter()
-            ? coll::device::compressedReduceScatter(comm, stream, in, out, dtype, op, state_.get())
-            : coll::device::compressedAllReduce(comm, stream, in, out, dtype, op, state_.get()));
+    coll::device::DeviceCompressedState* s = state_.get();
+    if (s->allGather()) {
+      SQUALL_TRY(coll::device::compressedAllGather(comm, stream, in, out, dtype, s));
+    } else if (s->reduceScatter()) {
+      SQUALL_TRY(coll::device::compressedReduceScatter(comm, stream, in, out, dtype, op, s));
+    } else {
+      SQUALL_TRY(coll::device::compressedAllReduce(comm, stream, in, out, dtype, op, s));
+    }
     lastStream_ = stream;
     ++calls_;
     return Status::kOk;
@@ -156,6 +164,24 @@ class NcclEngine final : public Engine {
   Status compressedReduceScatterOnStream(const void* in, void* out, size_t, DataType dtype,
                                          ReduceOp op, Compressor& c, void* stream) override {
     return static_cast<DeviceCompressor&>(c).run(comm_, in, out, dtype, op,
+                                                 static_cast<cudaStream_t>(stream));
+  }
+
+  Status createAllGatherCompressor(const Comm* owner, size_t sendcount, const codec::Spec& spec,
+                                   std::unique_ptr<Compressor>* out) override {
+    SQUALL_REQUIRE(spec.codec != codec::CodecId::kNone, Status::kInvalidArgument, Subsys::kApi,
+                   "a quantized all-gather needs a compressed code, not none; use NCCL's "
+                   "all-gather for full precision");
+    std::unique_ptr<coll::device::DeviceCompressedState> state;
+    SQUALL_TRY(coll::device::DeviceCompressedState::createAllGather(comm_.size(), comm_.rank(),
+                                                                    sendcount, spec, &state));
+    *out = std::make_unique<DeviceCompressor>(owner, spec, std::move(state));
+    return Status::kOk;
+  }
+
+  Status compressedAllGatherOnStream(const void* in, void* out, DataType dtype, Compressor& c,
+                                     void* stream) override {
+    return static_cast<DeviceCompressor&>(c).run(comm_, in, out, dtype, ReduceOp::kSum,
                                                  static_cast<cudaStream_t>(stream));
   }
 

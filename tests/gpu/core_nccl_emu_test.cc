@@ -312,6 +312,55 @@ TEST(CoreNcclEmu, CompressedReduceScatterMatchesTheHostEngine) {
   });
 }
 
+// The quantized all-gather: the NCCL engine's (in place on the device: the
+// input is this rank's piece of the output) and the host engine's staged one
+// equal the host engine's, and no compressor of another layout runs it.
+TEST(CoreNcclEmu, CompressedAllGatherMatchesTheHostEngine) {
+  const int n = 3;
+  const size_t count = 1001;
+  codec::Spec int8;
+  int8.codec = codec::CodecId::kInt8;
+  int8.block = 256;
+  runRanks(n, [&](int r, Rank& k) {
+    std::unique_ptr<Compressor> dev, host, staged, other;
+    ASSERT_EQ(k.nccl->createAllGatherCompressor(count, int8, &dev), Status::kOk) << lastError();
+    ASSERT_EQ(k.host->createAllGatherCompressor(count, int8, &host), Status::kOk);
+    ASSERT_EQ(k.host->createAllGatherCompressor(count, int8, &staged), Status::kOk);
+    EXPECT_EQ(dev->layout(), CompressorLayout::kAllGather);
+    DeviceScratch device(count * n);
+    ASSERT_TRUE(device.made);
+    float* mine = device.d + static_cast<size_t>(r) * count;
+    for (int call = 0; call < 2; ++call) {
+      const std::vector<float> x = input(r, call, count);
+      std::vector<float> want(count * n), got(count * n), viaStaging(count * n);
+      ASSERT_EQ(k.host->compressedAllGather(x.data(), want.data(), DataType::kF32, *host),
+                Status::kOk)
+          << lastError();
+      cudaMemcpy(mine, x.data(), count * sizeof(float), cudaMemcpyHostToDevice);
+      ASSERT_EQ(
+          k.nccl->compressedAllGatherOnStream(mine, device.d, DataType::kF32, *dev, device.stream),
+          Status::kOk)
+          << lastError();
+      cudaMemcpyAsync(got.data(), device.d, count * n * sizeof(float), cudaMemcpyDeviceToHost,
+                      device.stream);
+      cudaStreamSynchronize(device.stream);
+      EXPECT_TRUE(sameBits(got, want)) << "rank " << r << " call " << call;
+      ASSERT_EQ(k.host->compressedAllGatherOnStream(x.data(), viaStaging.data(), DataType::kF32,
+                                                    *staged, device.stream),
+                Status::kOk)
+          << lastError();
+      EXPECT_TRUE(sameBits(viaStaging, want)) << "rank " << r << " call " << call;
+    }
+    EXPECT_EQ(dev->bytesSentPerCall(), host->bytesSentPerCall());
+    ASSERT_EQ(k.nccl->createCompressor(count, int8, &other), Status::kOk);
+    EXPECT_EQ(
+        k.nccl->compressedAllGatherOnStream(mine, device.d, DataType::kF32, *other, device.stream),
+        Status::kInvalidUsage);
+    EXPECT_EQ(k.nccl->compressedAllGather(mine, device.d, DataType::kF32, *dev),
+              Status::kUnsupported);
+  });
+}
+
 // The interposer's default at 4 ranks: int4 workers and an int8 second
 // round, the same bits on both engines call after call; the device takes
 // the second round's code before its first call only.

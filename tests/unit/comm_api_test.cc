@@ -214,6 +214,86 @@ TEST_P(CommApi, CompressedReduceScatterGivesEachRankItsShard) {
   EXPECT_EQ(stats[0].bytesSent, stats[0].bytesReceived);
 }
 
+// The quantized all-gather through the C API: every rank's output is every
+// rank's codec round trip (squallEncode without a residual, squallDecode), in
+// and out of place, fp32 and bf16; the byte count; the refusals (another
+// layout's compressor, a wrong sendcount, a partial overlap, the code none),
+// after which the ranks stay in step.
+TEST_P(CommApi, CompressedAllGatherGivesEveryRankEveryDecodedPiece) {
+  const int n = 3;
+  const size_t count = 777;
+  std::vector<squallCompressorStats_t> stats(n);
+  runRanks(n, [&](squallComm_t comm, int rank) {
+    squallCodecSpec_t spec;
+    EXPECT_OK(squallCodecSpecParse("int8:block=256", &spec));
+    squallCompressor_t ag = nullptr, ar = nullptr, none = nullptr;
+    EXPECT_OK(squallCompressorCreateAllGather(comm, count, &spec, &ag));
+    EXPECT_OK(squallCompressorCreate(comm, count, &spec, &ar));
+    squallCodecSpec_t fp32;
+    EXPECT_OK(squallCodecSpecParse("none", &fp32));
+    EXPECT_EQ(squallCompressorCreateAllGather(comm, count, &fp32, &none), squallInvalidArgument);
+    auto input = [&](int r) {
+      std::vector<float> x(count);
+      for (size_t i = 0; i < count; ++i)
+        x[i] = std::sin(0.01f * static_cast<float>(i) + static_cast<float>(r));
+      return x;
+    };
+    size_t slot = 0;
+    EXPECT_OK(squallEncodedSize(&spec, count, &slot));
+    std::vector<float> want(count * n);
+    for (int r = 0; r < n; ++r) {
+      std::vector<uint8_t> encoded(slot);
+      size_t written = 0;
+      const std::vector<float> x = input(r);
+      EXPECT_OK(squallEncode(&spec, x.data(), squallFloat32, count, nullptr, encoded.data(), slot,
+                             &written));
+      EXPECT_OK(squallDecode(encoded.data(), written, want.data() + r * count, count));
+    }
+    std::vector<float> got(count * n, -1.0f);
+    const std::vector<float> mine = input(rank);
+    EXPECT_OK(squallCompressedAllGather(mine.data(), got.data(), count, squallFloat32, ag, comm));
+    ASSERT_EQ(got, want);
+    std::fill(got.begin(), got.end(), -1.0f);  // in place: the input is this rank's piece
+    std::copy(mine.begin(), mine.end(), got.begin() + rank * count);
+    EXPECT_OK(squallCompressedAllGather(got.data() + rank * count, got.data(), count, squallFloat32,
+                                        ag, comm));
+    ASSERT_EQ(got, want);
+    std::vector<uint16_t> half(count), halves(count * n);
+    for (size_t i = 0; i < count; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &mine[i], 4);
+      half[i] = static_cast<uint16_t>(bits >> 16);  // truncated: values bf16 holds
+    }
+    EXPECT_OK(
+        squallCompressedAllGather(half.data(), halves.data(), count, squallBfloat16, ag, comm));
+    EXPECT_NE(halves[rank * count + 1], 0u);
+    // Refusals, on every rank alike, with the output untouched.
+    const std::vector<float> before = got;
+    EXPECT_EQ(squallCompressedAllGather(mine.data(), got.data(), count, squallFloat32, ar, comm),
+              squallInvalidUsage);
+    EXPECT_NE(std::string(squallGetLastError()).find("squallCompressorCreateAllGather"),
+              std::string::npos)
+        << squallGetLastError();
+    EXPECT_EQ(
+        squallCompressedAllGather(mine.data(), got.data(), count - 1, squallFloat32, ag, comm),
+        squallInvalidArgument);
+    EXPECT_EQ(squallCompressedAllGather(got.data() + 1, got.data(), count, squallFloat32, ag, comm),
+              squallInvalidArgument);
+    EXPECT_EQ(got, before);
+    EXPECT_OK(squallCompressedAllGather(mine.data(), got.data(), count, squallFloat32, ag, comm));
+    ASSERT_EQ(got, want);
+    EXPECT_OK(squallCompressorGetStats(ag, &stats[rank]));
+    EXPECT_OK(squallCompressorDestroy(ag));
+    EXPECT_OK(squallCompressorDestroy(ar));
+  });
+  EXPECT_EQ(stats[0].calls, 4u);
+  size_t slot = 0;
+  squallCodecSpec_t spec;
+  EXPECT_OK(squallCodecSpecParse("int8:block=256", &spec));
+  EXPECT_OK(squallEncodedSize(&spec, count, &slot));
+  EXPECT_EQ(stats[0].bytesSent, 2u * slot);
+}
+
 // squallCompressorSetAlgorithm: at 4 ranks the bytes choice is the two-phase
 // allreduce (2 (n-1)/n encodings per rank) and sends what TwoPhase sends, well
 // under AllGather's n-1 encodings; every choice leaves the ranks identical.
