@@ -363,7 +363,7 @@ class Request:
                 pass
 
 
-_KINDS = ("allreduce", "reduce_scatter")
+_KINDS = ("allreduce", "reduce_scatter", "all_gather")
 
 
 class Compressor:
@@ -375,7 +375,9 @@ class Compressor:
     step: the residuals carry what the compression lost into the next call.
     A compressor runs the collective of its kind only. For the reduce-scatter
     `numel` is the whole input's (a multiple of the group size; each rank's
-    output holds numel / size).
+    output holds numel / size). With kind="all_gather" (the quantized
+    all-gather of parameters: no residual) `numel` is each rank's input and
+    the output holds size x numel.
 
     algorithm: how the allreduce picks between its two-phase and all-gather
     forms: "time" (default: the communicator's time model, or
@@ -411,14 +413,23 @@ class Compressor:
                 f"two-phase allreduce; build a newer Squall or leave gather_codec=None")
         if kind not in _KINDS:
             raise SquallInvalidArgument(
-                f"squall: Compressor kind is 'allreduce' or 'reduce_scatter', not {kind!r}")
+                f"squall: Compressor kind is one of {', '.join(_KINDS)}, not {kind!r}")
         self.comm = comm
         self.numel = int(numel)
         self.kind = kind
         self.spec = parse_codec(codec)
         self.codec = codec_string(self.spec)
         h = ctypes.c_void_p()
-        if kind == "reduce_scatter":
+        if kind == "all_gather":
+            if not _lib.HAVE_ALL_GATHER:
+                raise _lib.SquallUnsupported(
+                    f"squall: the loaded libsquall ({_lib.path}) has no quantized all-gather; "
+                    "build a newer Squall")
+            with _cuda.device_guard(comm.device):
+                check(lib.squallCompressorCreateAllGather(
+                    comm.handle, self.numel, ctypes.byref(self.spec), ctypes.byref(h)),
+                    "squallCompressorCreateAllGather")
+        elif kind == "reduce_scatter":
             if not _lib.HAVE_REDUCE_SCATTER:
                 raise _lib.SquallUnsupported(
                     f"squall: the loaded libsquall ({_lib.path}) has no compressed "
@@ -553,6 +564,48 @@ class Compressor:
                   "squallCompressedReduceScatter")
         dst.finish()
         return output
+
+    def all_gather(self, input, output):
+        """Quantized all-gather (a compressor of kind="all_gather"): `input`
+        (numel elements: fp32, fp16 or bf16) is encoded once with this
+        compressor's code, the encodings are all-gathered, and `output`
+        (size x numel elements of the input's dtype, rank r's piece at
+        [r * numel, (r + 1) * numel)) receives every rank's decoded piece,
+        this rank's own included, so every rank holds the same values.
+        `input` may be this rank's piece of `output` (a view of it). On a host
+        communicator: CPU and CUDA tensors (staged) and numpy arrays; on one
+        from NCCL: CUDA tensors of its GPU, on the current stream. Returns
+        output."""
+        self._require_kind("all_gather", "all_gather")
+        comm = self.comm
+        if comm._nccl is not None:
+            src = device_buffer(input, "input", FLOATS, comm.device)
+            dst = device_buffer(output, "output", FLOATS, comm.device)
+            self._check_gather(src, dst)
+            with _cuda.device_guard(comm.device):
+                check(lib.squallCompressedAllGatherOnStream(
+                    src.ptr, dst.ptr, self.numel, src.dtype, self.handle, comm.handle,
+                    _cuda.current_stream(comm.device)), "squallCompressedAllGatherOnStream")
+                self._count_device_call()
+            return output
+        dst = host_buffer(output, "output", FLOATS, stage_in=False)
+        src = host_buffer(input, "input", FLOATS, writable=False)
+        self._check_gather(src, dst)
+        with self.traffic.measure(comm):
+            check(lib.squallCompressedAllGather(src.ptr, dst.ptr, self.numel, src.dtype,
+                                                self.handle, comm.handle),
+                  "squallCompressedAllGather")
+        dst.finish()
+        return output
+
+    def _check_gather(self, src, dst):
+        if dst.dtype != src.dtype:
+            raise SquallInvalidArgument("squall: output must have the input's dtype")
+        if src.numel != self.numel or dst.numel != self.numel * self.comm.size:
+            raise SquallInvalidArgument(
+                f"squall: all_gather takes an input of {self.numel} elements and an output of "
+                f"{self.numel * self.comm.size} ({self.comm.size} x the compressor's numel); "
+                f"got {src.numel} and {dst.numel}")
 
     def _check_shards(self, src, dst):
         if dst.dtype != src.dtype:

@@ -311,6 +311,18 @@ if HAVE_REDUCE_SCATTER:
     for _name, (_res, _args) in _REDUCE_SCATTER.items():
         _f = getattr(lib, _name)
         _f.restype, _f.argtypes = _res, _args
+# The quantized all-gather (squall.h), host and device forms.
+_ALL_GATHER = {
+    "squallCompressorCreateAllGather": (c_result, [P, SZ, ctypes.POINTER(CodecSpec),
+                                                   ctypes.POINTER(P)]),
+    "squallCompressedAllGather": (c_result, [P, P, SZ, c_enum, P, P]),
+    "squallCompressedAllGatherOnStream": (c_result, [P, P, SZ, c_enum, P, P, P]),
+}
+HAVE_ALL_GATHER = all(hasattr(lib, n) for n in _ALL_GATHER)
+if HAVE_ALL_GATHER:
+    for _name, (_res, _args) in _ALL_GATHER.items():
+        _f = getattr(lib, _name)
+        _f.restype, _f.argtypes = _res, _args
 # Its device form (communicators from NCCL), newer still.
 HAVE_REDUCE_SCATTER_ON_STREAM = hasattr(lib, "squallCompressedReduceScatterOnStream")
 if HAVE_REDUCE_SCATTER_ON_STREAM:

@@ -233,7 +233,8 @@ def _fake_gpu_world(rank, nccl):
     lib = _lib.lib
     real = {n: getattr(lib, n) for n in ("squallCommInitFromNccl", "squallCommDestroy",
                                          "squallCompressedAllReduce", "squallOptimizerStep",
-                                         "squallCompressedReduceScatter")}
+                                         "squallCompressedReduceScatter",
+                                         "squallCompressedAllGather")}
 
     def init_from_nccl(out, comm):
         out._obj.value = nccl.hosts[comm.value].value
@@ -254,6 +255,10 @@ def _fake_gpu_world(rank, nccl):
         return real["squallCompressedReduceScatter"](send, recv, recvcount, dtype, op, compressor,
                                                      comm)
 
+    def all_gather(send, recv, count, dtype, compressor, comm, stream):
+        calls.append(("all_gather", send, recv, count, stream))
+        return real["squallCompressedAllGather"](send, recv, count, dtype, compressor, comm)
+
     def optimizer(opt, params, grads, lr, stream):
         calls.append(("optimizer", params, grads, stream))
         return real["squallOptimizerStep"](opt, params, grads, lr)
@@ -262,6 +267,7 @@ def _fake_gpu_world(rank, nccl):
     lib.squallCommDestroy = destroy
     lib.squallCompressedAllReduceOnStream = compressed
     lib.squallCompressedReduceScatterOnStream = reduce_scatter
+    lib.squallCompressedAllGatherOnStream = all_gather
     lib.squallOptimizerStepOnStream = optimizer
     return calls
 
@@ -350,6 +356,15 @@ def _collectives(rank, world):
         rg.reduce_scatter(torch.ones(world * n), og)
     with pytest.raises(squall.SquallInvalidArgument, match="an output of 1001"):
         rg.reduce_scatter(xg, cuda(torch.empty(n + 1)))
+
+    # the quantized all-gather: OnStream with the tensors' memory, the host's bits
+    ag, ah = (squall.Compressor(c, n, "int8:block=256", kind="all_gather") for c in (gpu, host))
+    x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
+    og, oh = cuda(torch.empty(world * n)), torch.empty(world * n)
+    del calls[:]
+    assert ag.all_gather(cuda(x.clone()), og) is og
+    ah.all_gather(x, oh)
+    assert torch.equal(og, oh) and calls[0][0] == "all_gather" and calls[0][3:] == (n, STREAM)
 
     # squall.fsdp: CUDA gradients reduce-scatter on the device path (an NCCL
     # communicator of its own, the OnStream entry point), with the bits of the

@@ -1,7 +1,8 @@
 """The compressed reduce-scatter from Python (squall.Compressor(kind="reduce_scatter")),
 two ranks as processes: bit for bit against a reference built with squall.codec,
 the same bytes run to run, wire bytes against the formula, the non-finite rule,
-numpy and half-precision buffers, async, and the refusals."""
+numpy and half-precision buffers, async, and the refusals; and the quantized
+all-gather (kind="all_gather") against the same codec round trips."""
 
 import numpy as np
 import pytest
@@ -199,3 +200,42 @@ def _resume(rank, world):
 
 def test_a_saved_state_resumes_bit_for_bit():
     assert _dist.run(_resume, world=2) == [1, 1]
+
+
+def _all_gather(rank, world):
+    import squall
+
+    comm = squall.init(timeout=30)
+    numel = 1001
+    xs = _inputs(world, numel, 5)
+    want = np.concatenate([squall.codec.decode(squall.codec.encode(x, "int8:block=256"))
+                           for x in xs])
+    c = squall.Compressor(comm, numel, "int8:block=256", kind="all_gather")
+    out = c.all_gather(xs[rank], torch.empty(world * numel))
+    assert np.array_equal(_bits(out), _bits(want))
+    inplace = torch.full((world * numel,), float("nan"))
+    inplace[rank * numel:(rank + 1) * numel] = xs[rank]
+    c.all_gather(inplace[rank * numel:(rank + 1) * numel], inplace)  # a view of the output
+    assert np.array_equal(_bits(inplace), _bits(want))
+    half = c.all_gather(xs[rank].bfloat16(), torch.empty(world * numel, dtype=torch.bfloat16))
+    want_half = torch.cat([torch.as_tensor(squall.codec.decode(squall.codec.encode(
+        x.bfloat16(), "int8:block=256"))).bfloat16() for x in xs])
+    assert torch.equal(half, want_half)
+    with pytest.raises(squall.SquallInvalidArgument, match="an output of"):
+        c.all_gather(xs[rank], torch.empty(numel))
+    with pytest.raises(squall.SquallInvalidUsage, match="made for"):
+        squall.Compressor(comm, numel, "int8").all_gather(xs[rank], out)
+    with pytest.raises(squall.SquallInvalidArgument, match="compressed code"):
+        squall.Compressor(comm, numel, "none", kind="all_gather")
+    stats = c.stats
+    assert stats["calls"] == 3 and stats["bytes_sent"] > 0, stats
+    return stats["bytes_sent"]
+
+
+def test_all_gather_decodes_every_ranks_encoding():
+    """The quantized all-gather (kind="all_gather"): every rank ends with every
+    rank's codec round trip, in and out of place, bf16 too; refusals."""
+    sent = _dist.run(_all_gather, world=2, timeout=120)
+    import squall
+    # three calls, each one encoding to the one peer
+    assert sent[0] == 3 * squall.codec.encoded_size("int8:block=256", 1001), sent
