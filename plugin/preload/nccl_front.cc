@@ -33,12 +33,18 @@
 namespace squall::preload {
 namespace {
 
+// The quantized all-gather's compressors by element type and count: scratch
+// only (no residual), so they may go at any time (kMaxGathers).
+using Gathers = std::map<std::pair<DataType, size_t>, std::unique_ptr<core::Compressor>>;
+constexpr size_t kMaxGathers = 64;
+
 // What holds device memory: the compressors, then the engine they were made
 // on (members go in reverse order).
 struct DeviceState {
   std::unique_ptr<core::Comm> engine;
   Compressors residuals;
   Compressors scatterResiduals;
+  Gathers gathers;
 };
 
 // What a communicator keeps per collective: its calls are placed in steps
@@ -54,7 +60,9 @@ struct CollState {
 
 struct CommState {
   CommState(const Policy& p, bool nonBlocking, bool revoked = false)
-      : nonBlocking(nonBlocking), revoked(revoked), colls{CollState(p), CollState(p)} {}
+      : nonBlocking(nonBlocking),
+        revoked(revoked),
+        colls{CollState(p), CollState(p), CollState(p)} {}
   // A state whose communicator was aborted or revoked frees its device
   // memory off this thread (releaseDevice).
   ~CommState() { releaseDevice(releaseOffThread.load()); }
@@ -67,7 +75,9 @@ struct CommState {
     CollState& all = of(Coll::kAllReduce);
     CollState& scatter = of(Coll::kReduceScatter);
     auto doomed = std::make_shared<DeviceState>(
-        DeviceState{std::move(engine), std::move(all.residuals), std::move(scatter.residuals)});
+        DeviceState{std::move(engine), std::move(all.residuals), std::move(scatter.residuals),
+                    std::move(gathers)});
+    gathers.clear();
     all.residuals = Compressors(policy().residualCapBytes);
     scatter.residuals = Compressors(policy().residualCapBytes);
     const int device = doomed->engine->device();
@@ -92,6 +102,7 @@ struct CommState {
   bool suspended = false;              // between ncclCommSuspend and ncclCommResume
   std::unique_ptr<core::Comm> engine;  // outlives the compressors of `colls`
   CollState colls[static_cast<int>(Coll::kCount)];
+  Gathers gathers;
   bool engineFailed = false;
 
   CollState& of(Coll coll) { return colls[static_cast<int>(coll)]; }
@@ -332,12 +343,13 @@ size_t ncclTypeBytes(ncclDataType_t type) {
 }
 
 // What NCCL's ring sends per rank at full precision: an allreduce of `count`
-// elements 2 (n-1)/n of them, a reduce-scatter of n x `count` (n-1) x count.
+// elements 2 (n-1)/n of them, a reduce-scatter of n x `count` and an
+// all-gather of `count` per rank (n-1) x count.
 uint64_t fullBytes(Coll coll, size_t count, ncclDataType_t type, int nranks) {
   if (nranks <= 1) return 0;
   const double bytes = static_cast<double>(count) * static_cast<double>(ncclTypeBytes(type));
-  return static_cast<uint64_t>(coll == Coll::kReduceScatter ? (nranks - 1) * bytes
-                                                            : 2.0 * (nranks - 1) / nranks * bytes);
+  return static_cast<uint64_t>(coll == Coll::kAllReduce ? 2.0 * (nranks - 1) / nranks * bytes
+                                                        : (nranks - 1) * bytes);
 }
 
 // Says once per process, for each thing a config may ask that the
@@ -350,9 +362,9 @@ void warnOnce(CollConfigIssue issue) {
       : issue == CollConfigIssue::kSize ? "is of a size the interposer does not know"
                                         : std::string("sets ") + collConfigIssueName(issue);
   SQUALL_WARN(Subsys::kApi,
-              "the interposer passes ncclAllReduceConfig and ncclReduceScatterConfig calls whose "
-              "ncclCollConfig_t %s to NCCL unchanged, uncompressed (the report's "
-              "coll_config_passed counts them)",
+              "the interposer passes ncclAllReduceConfig, ncclReduceScatterConfig and "
+              "ncclAllGatherConfig calls whose ncclCollConfig_t %s to NCCL unchanged, "
+              "uncompressed (the report's coll_config_passed counts them)",
               what.c_str());
 }
 
@@ -541,7 +553,8 @@ struct Call {
   Coll coll;
   const void* send;
   void* recv;
-  size_t count;  // NCCL's: the allreduce's elements, the reduce-scatter's recvcount
+  size_t count;  // NCCL's: the allreduce's elements, the reduce-scatter's recvcount, the
+                 // all-gather's sendcount
   ncclDataType_t datatype;
   ncclRedOp_t op;
   ncclComm_t comm;
@@ -568,10 +581,10 @@ ncclResult_t intercept(const Call& call, Forward forward) {
   CommState* s = held.get();
   if (s != nullptr && s->pending) resolvePending(call.comm, s);
   const int nranks = s != nullptr ? s->nranks : 0;
-  // The elements of the input, in which the call is placed and judged.
-  const size_t count = coll == Coll::kReduceScatter
-                           ? call.count * static_cast<size_t>(std::max(nranks, 1))
-                           : call.count;
+  // The elements in which the call is placed and judged: the input's, the
+  // all-gather's output.
+  const size_t count =
+      coll == Coll::kAllReduce ? call.count : call.count * static_cast<size_t>(std::max(nranks, 1));
   CallFacts facts;
   factsOf(call.datatype, call.op, count, &facts);
   Verdict verdict = policy().judge(facts, coll);
@@ -587,7 +600,18 @@ ncclResult_t intercept(const Call& call, Forward forward) {
     }
   }
   int64_t offset = 0;
-  if (placed) {
+  if (placed && coll == Coll::kAllGather) {
+    // No residual: no step to place it in.
+    if (verdict == Verdict::kSmall) {
+      // passed through
+    } else if (configIssue != CollConfigIssue::kNone) {
+      verdict = Verdict::kCollConfig;
+    } else if (s->of(coll).eligible++ < policy().warmupCalls) {
+      verdict = Verdict::kWarmup;
+    } else if (s->engineFailed) {
+      verdict = Verdict::kEngine;
+    }
+  } else if (placed) {
     CollState& st = s->of(coll);
     StepTracker::Placement at = st.steps.place(count);
     if (at.agree) {
@@ -637,27 +661,51 @@ ncclResult_t intercept(const Call& call, Forward forward) {
   }
 
   InsideSquall inside;
-  const ResidualKey key{facts.dtype, offset, count};
   core::Compressor* c = nullptr;
-  const Status found = compressorFor(s->of(coll).residuals, *s->engine, policy(), key, nranks,
-                                     facts.op, call.stream, &c, coll);
-  if (found != Status::kOk) return transport::nccl::ncclResultOf(found);
+  if (coll == Coll::kAllGather) {
+    std::unique_ptr<core::Compressor>& made = s->gathers[{facts.dtype, call.count}];
+    if (made == nullptr) {
+      if (s->gathers.size() > kMaxGathers) {  // sizes that keep changing: start over
+        s->gathers.clear();
+        made = nullptr;
+      }
+      std::unique_ptr<core::Compressor>& slot = s->gathers[{facts.dtype, call.count}];
+      const Status built =
+          s->engine->createAllGatherCompressor(call.count, policy().allGather, &slot);
+      if (built != Status::kOk) return transport::nccl::ncclResultOf(built);
+      c = slot.get();
+    } else {
+      c = made.get();
+    }
+  } else {
+    const ResidualKey key{facts.dtype, offset, count};
+    const Status found = compressorFor(s->of(coll).residuals, *s->engine, policy(), key, nranks,
+                                       facts.op, call.stream, &c, coll);
+    if (found != Status::kOk) return transport::nccl::ncclResultOf(found);
+  }
   if (c == nullptr) {
     // The state alone exceeds the cap (decide() normally says so first); the
     // cap and the count are the same on every rank, so all pass it through.
     Report::get().passed(Verdict::kResidualCap, full, coll);
     return forward();
   }
-  const Status ran =
-      coll == Coll::kReduceScatter
-          ? s->engine->compressedReduceScatterOnStream(call.send, call.recv, call.count,
-                                                       facts.dtype, facts.op, *c, call.stream)
-          : s->engine->compressedAllReduceOnStream(call.send, call.recv, facts.dtype, facts.op, *c,
-                                                   call.stream);
+  Status ran = Status::kOk;
+  if (coll == Coll::kAllGather) {
+    ran =
+        s->engine->compressedAllGatherOnStream(call.send, call.recv, facts.dtype, *c, call.stream);
+  } else if (coll == Coll::kReduceScatter) {
+    ran = s->engine->compressedReduceScatterOnStream(call.send, call.recv, call.count, facts.dtype,
+                                                     facts.op, *c, call.stream);
+  } else {
+    ran = s->engine->compressedAllReduceOnStream(call.send, call.recv, facts.dtype, facts.op, *c,
+                                                 call.stream);
+  }
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // The bytes the algorithm sends, known without waiting for the stream
   // (the compressor's statistics would).
-  Report::get().compressed(policy().codec.codec, c->bytesSentPerCall(), full, coll);
+  const codec::CodecId code =
+      coll == Coll::kAllGather ? policy().allGather.codec : policy().codec.codec;
+  Report::get().compressed(code, c->bytesSentPerCall(), full, coll);
   return nccl_abi::kSuccess;
 }
 
@@ -721,4 +769,36 @@ SQUALL_EXPORT ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* r
         return real.reduceScatterConfig(sendbuff, recvbuff, recvcount, datatype, op, comm, stream,
                                         config);
       });
+}
+
+// The all-gather: passed through unless SQUALL_PRELOAD_COLLECTIVES lists
+// all_gather (it is also how torch gathers anything else, and a quantized
+// copy is right only for values kept exactly elsewhere, such as FSDP's
+// parameters); then an fp32/fp16/bf16 call is quantized with
+// SQUALL_PRELOAD_ALLGATHER_CODEC, no residual. sendbuff may be this rank's
+// piece of recvbuff (NCCL's in-place form).
+SQUALL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                         ncclDataType_t datatype, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  const RealNccl& real = realNccl();
+  if (real.allGather == nullptr) return missing("ncclAllGather");
+  return intercept(
+      Call{Coll::kAllGather, sendbuff, recvbuff, sendcount, datatype, nccl_abi::kSum, comm, stream,
+           nullptr},
+      [&] { return real.allGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); });
+}
+
+// NCCL 2.31+: the all-gather with a per-call config, as ncclAllReduceConfig.
+SQUALL_EXPORT ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff,
+                                               size_t sendcount, ncclDataType_t datatype,
+                                               ncclComm_t comm, cudaStream_t stream,
+                                               const ncclCollConfig_t* config) {
+  const RealNccl& real = realNccl();
+  if (real.allGatherConfig == nullptr) return missing("ncclAllGatherConfig", "2.31");
+  return intercept(Call{Coll::kAllGather, sendbuff, recvbuff, sendcount, datatype, nccl_abi::kSum,
+                        comm, stream, config},
+                   [&] {
+                     return real.allGatherConfig(sendbuff, recvbuff, sendcount, datatype, comm,
+                                                 stream, config);
+                   });
 }

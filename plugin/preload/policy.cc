@@ -133,12 +133,23 @@ Policy Policy::fromEnvironment() {
   }
   p.sum = ops[0];
   p.avg = ops[1];
-  static const char* const kCollectives[] = {"allreduce", "reduce_scatter"};
+  static const char* const kCollectives[] = {"allreduce", "reduce_scatter", "all_gather"};
   static_assert(std::size(kCollectives) == static_cast<size_t>(Coll::kCount));
   if (!parseList(paramString(Param::kPreloadCollectives), kCollectives, p.collectives)) {
     SQUALL_WARN(Subsys::kEnv,
                 "SQUALL_PRELOAD_COLLECTIVES lists a collective other than allreduce, "
-                "reduce_scatter; compressing both");
+                "reduce_scatter, all_gather; compressing the default two");
+  }
+  const std::string gatherCodec = paramString(Param::kPreloadAllGatherCodec);
+  codec::Spec gatherCodecSpec;
+  if (parseCodec(gatherCodec.c_str(), &gatherCodecSpec)) {
+    p.allGather = gatherCodecSpec;
+    p.allGatherText = gatherCodec;
+  } else {
+    SQUALL_WARN(Subsys::kEnv,
+                "SQUALL_PRELOAD_ALLGATHER_CODEC=%s is not a compressed code (int8, int4, ...); "
+                "using %s",
+                gatherCodec.c_str(), p.allGatherText.c_str());
   }
   p.warmupCalls = std::max<int64_t>(0, paramInt(Param::kPreloadWarmup));
   p.stepElements = std::max<int64_t>(0, paramInt(Param::kPreloadStepElements));
@@ -151,7 +162,9 @@ Policy Policy::fromEnvironment() {
 }
 
 const char* collName(Coll coll) {
-  return coll == Coll::kReduceScatter ? "reduce_scatter" : "allreduce";
+  return coll == Coll::kReduceScatter ? "reduce_scatter"
+         : coll == Coll::kAllGather   ? "all_gather"
+                                      : "allreduce";
 }
 
 Verdict Policy::judge(const CallFacts& facts, Coll coll) const {

@@ -42,9 +42,14 @@ enum class Verdict : uint8_t {
 const char* verdictName(Verdict verdict);
 
 // The collectives the interposer may compress.
-enum class Coll : uint8_t { kAllReduce = 0, kReduceScatter, kCount };
+enum class Coll : uint8_t {
+  kAllReduce = 0,
+  kReduceScatter,
+  kAllGather,  // quantized, no residual: only where chosen (parameters)
+  kCount
+};
 // As SQUALL_PRELOAD_COLLECTIVES and the report name it: "allreduce",
-// "reduce_scatter".
+// "reduce_scatter", "all_gather".
 const char* collName(Coll coll);
 
 // The static facts of one call. `dtype`/`op` are meaningful only when known.
@@ -79,7 +84,10 @@ struct Policy {
   size_t minBytes = 8192;
   bool dtypes[3] = {true, true, true};  // fp32, fp16, bf16
   bool sum = true, avg = true;
-  bool collectives[static_cast<int>(Coll::kCount)] = {true, true};
+  bool collectives[static_cast<int>(Coll::kCount)] = {true, true, false};
+  // The quantized all-gather's code (SQUALL_PRELOAD_ALLGATHER_CODEC).
+  std::string allGatherText = "int8:block=256";
+  codec::Spec allGather = {codec::CodecId::kInt8, codec::Scale::kMeanAbs, 256};
   int64_t warmupCalls = 0;
   int64_t stepElements = 0;  // 0: learnt
   int64_t stepLearnCalls = 48;

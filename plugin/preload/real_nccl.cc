@@ -51,6 +51,7 @@ RealNccl load() {
   };
   resolve("ncclAllReduce", &t.allReduce);
   resolve("ncclReduceScatter", &t.reduceScatter);
+  resolve("ncclAllGather", &t.allGather);
   resolve("ncclCommInitRank", &t.commInitRank);
   resolve("ncclCommInitRankConfig", &t.commInitRankConfig);
   resolve("ncclCommInitRankScalable", &t.commInitRankScalable);
@@ -83,6 +84,7 @@ RealNccl load() {
   };
   resolveOptional("ncclAllReduceConfig", "2.31", &t.allReduceConfig);
   resolveOptional("ncclReduceScatterConfig", "2.31", &t.reduceScatterConfig);
+  resolveOptional("ncclAllGatherConfig", "2.31", &t.allGatherConfig);
   t.found = t.allReduce != nullptr;
 
   Dl_info where{};

@@ -47,6 +47,11 @@ struct RealNccl {
   // Optional: NCCL 2.31+. The config is passed on unchanged.
   ncclResult_t (*allReduceConfig)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                   ncclComm_t, cudaStream_t, const ncclCollConfig_t*) = nullptr;
+  // send, recv, sendcount (elements each rank sends), type, comm, stream.
+  ncclResult_t (*allGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                            cudaStream_t) = nullptr;
+  ncclResult_t (*allGatherConfig)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                                  cudaStream_t, const ncclCollConfig_t*) = nullptr;
   ncclResult_t (*reduceScatterConfig)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                       ncclComm_t, cudaStream_t, const ncclCollConfig_t*) = nullptr;
   bool found = false;  // ncclAllReduce was resolved

@@ -41,6 +41,8 @@ typedef struct {
 int ncclAllReduce(const void*, void*, size_t, int, int, void*, void*);
 int ncclAllReduceConfig(const void*, void*, size_t, int, int, void*, void*, const void*);
 int ncclReduceScatter(const void*, void*, size_t, int, int, void*, void*);
+int ncclAllGather(const void*, void*, size_t, int, void*, void*);
+int ncclAllGatherConfig(const void*, void*, size_t, int, void*, void*, const void*);
 int ncclReduceScatterConfig(const void*, void*, size_t, int, int, void*, void*, const void*);
 int ncclGetVersion(int*);
 int ncclCommInitRank(void**, int, UniqueId, int);
@@ -164,8 +166,24 @@ static void scatterVia(int viaConfig, const CollConfig* config, size_t recvcount
   const Logged* l = standinCall(made_);
   CHECK(l->send == buf && l->recv == out && l->count == recvcount && l->dtype == dtype &&
             l->op == op && l->comm == comm && l->stream == stream && l->viaConfig == viaConfig &&
-            l->config == (const void*)config && l->scatter,
+            l->config == (const void*)config && l->scatter == 1,
         "reduce-scatter %d reached NCCL with other arguments", made_);
+  ++made_;
+}
+/* An all-gather of sendcount elements per rank, through ncclAllGather or,
+ * `viaConfig`, ncclAllGatherConfig. */
+static void gatherVia(int viaConfig, const CollConfig* config, size_t sendcount, int dtype,
+                      void* comm) {
+  void* stream = (void*)(size_t)(0x3000 + made_);
+  const int r = viaConfig ? ncclAllGatherConfig(buf, out, sendcount, dtype, comm, stream, config)
+                          : ncclAllGather(buf, out, sendcount, dtype, comm, stream);
+  CHECK(r == kSuccess, "all-gather %d returned %d", made_, r);
+  CHECK(standinLogged() == made_ + 1, "all-gather %d did not reach NCCL", made_);
+  const Logged* l = standinCall(made_);
+  CHECK(l->send == buf && l->recv == out && l->count == sendcount && l->dtype == dtype &&
+            l->comm == comm && l->stream == stream && l->viaConfig == viaConfig &&
+            l->config == (const void*)config && l->scatter == 2,
+        "all-gather %d reached NCCL with other arguments", made_);
   ++made_;
 }
 static void scatter(size_t recvcount, int dtype, int op, void* comm) {
@@ -397,6 +415,13 @@ static int childScatter(void) {
   scatterVia(1, &unset, 2048, kFloat32, kSum, a, kSuccess); /* eligible */
   scatterVia(1, &tag, 2048, kFloat32, kSum, a, kSuccess);   /* coll_config: userProfilerTag */
   call(4096, kFloat32, kSum, a);                            /* an allreduce: eligible */
+  /* All-gathers: `collective` unless SQUALL_PRELOAD_COLLECTIVES lists
+   * all_gather; then judged by the output's size. */
+  gatherVia(0, NULL, 1024, kFloat32, a); /* eligible with all_gather: 8192 bytes out */
+  CHECK(out[1024] == buf[0], "not at rank 1's piece");
+  gatherVia(1, &unset, 1024, kBfloat16, a); /* eligible with all_gather */
+  gatherVia(0, NULL, 300, kFloat32, a);     /* small with all_gather: 2400 bytes out */
+  gatherVia(0, NULL, 1024, kInt32, a);      /* dtype with all_gather */
   CHECK(ncclCommDestroy(a) == 0 && ncclCommDestroy(one) == 0, "destroy");
   return 0;
 }
@@ -456,6 +481,8 @@ static int childNccl230(void) {
         "ncclAllReduceConfig did not fail");
   CHECK(ncclReduceScatterConfig(buf, out, 2048, kFloat32, kSum, a, NULL, NULL) == kInvalidUsage,
         "ncclReduceScatterConfig did not fail");
+  CHECK(ncclAllGatherConfig(buf, out, 2048, kFloat32, a, NULL, NULL) == kInvalidUsage,
+        "ncclAllGatherConfig did not fail");
   CHECK(standinLogged() == 0, "ncclAllReduceConfig or ncclReduceScatterConfig reached NCCL");
   call(4096, kFloat32, kSum, a); /* eligible */
   CHECK(ncclCommDestroy(a) == 0, "destroy");
@@ -538,7 +565,7 @@ int main(int argc, char** argv) {
   runChild(childCapture, "SQUALL_PRELOAD_WARMUP", "2", 7, kCapture,
            sizeof kCapture / sizeof kCapture[0]);
   static const char* const kScatter[] = {
-      "\"calls_passed\": 14",
+      "\"calls_passed\": 18",
       "\"no_engine\": 7",
       "\"small\": 1",
       "\"op\": 1",
@@ -546,16 +573,24 @@ int main(int argc, char** argv) {
       "\"group\": 1",
       "\"communicator\": 2",
       "\"coll_config\": 1",
-      "\"collective\": 0",
+      "\"collective\": 4",
       "\"allreduce\": {\"calls_compressed\": 0, \"calls_passed\": 1",
       "\"reduce_scatter\": {\"calls_compressed\": 0, \"calls_passed\": 13",
+      "\"all_gather\": {\"calls_compressed\": 0, \"calls_passed\": 4",
       "\"rank\": 9"};
   runChild(childScatter, NULL, NULL, 9, kScatter, sizeof kScatter / sizeof kScatter[0]);
   static const char* const kAllreduceOnly[] = {
-      "\"calls_passed\": 14", "\"no_engine\": 1", "\"collective\": 13",
+      "\"calls_passed\": 18", "\"no_engine\": 1", "\"collective\": 17",
       "\"reduce_scatter\": {\"calls_compressed\": 0, \"calls_passed\": 13", "\"rank\": 10"};
   runChild(childScatter, "SQUALL_PRELOAD_COLLECTIVES", "allreduce", 10, kAllreduceOnly,
            sizeof kAllreduceOnly / sizeof kAllreduceOnly[0]);
+  static const char* const kWithGathers[] = {
+      "\"calls_passed\": 18", "\"no_engine\": 9",
+      "\"small\": 2",         "\"dtype\": 2",
+      "\"collective\": 0",    "\"all_gather\": {\"calls_compressed\": 0, \"calls_passed\": 4",
+      "\"rank\": 11"};
+  runChild(childScatter, "SQUALL_PRELOAD_COLLECTIVES", "allreduce,reduce_scatter,all_gather", 11,
+           kWithGathers, sizeof kWithGathers / sizeof kWithGathers[0]);
   printf("nccl_front: ok\n");
   return 0;
 }

@@ -3,7 +3,8 @@
  * its input and logs its arguments, so the test can check that every call it
  * made arrived unchanged. Only the entry points the interposer resolves.
  *
- * ncclReduceScatter gives each rank its own piece of the input the same way.
+ * ncclReduceScatter gives each rank its own piece of the input the same way,
+ * and ncclAllGather puts the input at the rank's piece of the output.
  * Built as NCCL 2.32.3 (with ncclAllReduceConfig and
  * ncclReduceScatterConfig), or with -DSTANDIN_NCCL_VERSION=23007 as NCCL
  * 2.30.7, which lacks them. */
@@ -72,13 +73,19 @@ static int collective(const void* send, void* recv, size_t count, int dtype, int
     log_[logged_++] =
         (Logged){send, recv, count, dtype, op, comm, stream, viaConfig, config, scatter};
   if (c->revoked || c->suspended) return 5;
-  const char* from = (const char*)send + (scatter ? (size_t)c->rank * count * typeBytes(dtype) : 0);
-  if (from != recv) memcpy(recv, from, count * typeBytes(dtype));
+  const size_t piece = (size_t)c->rank * count * typeBytes(dtype);
+  const char* from = (const char*)send + (scatter == 1 ? piece : 0);
+  char* to = (char*)recv + (scatter == 2 ? piece : 0);
+  if (from != to) memcpy(to, from, count * typeBytes(dtype));
   return c->nonBlocking ? 7 : 0;
 }
 static int allReduce(const void* send, void* recv, size_t count, int dtype, int op, void* comm,
                      void* stream, int viaConfig, const void* config) {
   return collective(send, recv, count, dtype, op, comm, stream, viaConfig, config, 0);
+}
+EXPORT int ncclAllGather(const void* send, void* recv, size_t sendcount, int dtype, void* comm,
+                         void* stream) {
+  return collective(send, recv, sendcount, dtype, 0, comm, stream, 0, NULL, 2);
 }
 EXPORT int ncclReduceScatter(const void* send, void* recv, size_t recvcount, int dtype, int op,
                              void* comm, void* stream) {
@@ -95,6 +102,12 @@ EXPORT int ncclAllReduceConfig(const void* send, void* recv, size_t count, int d
                                void* comm, void* stream, const void* config) {
   const ConfigHead* h = config;
   const int r = allReduce(send, recv, count, dtype, op, comm, stream, 1, config);
+  return h != NULL && h->magic != 0xcafebeefu ? 4 : r;
+}
+EXPORT int ncclAllGatherConfig(const void* send, void* recv, size_t sendcount, int dtype,
+                               void* comm, void* stream, const void* config) {
+  const ConfigHead* h = config;
+  const int r = collective(send, recv, sendcount, dtype, 0, comm, stream, 1, config, 2);
   return h != NULL && h->magic != 0xcafebeefu ? 4 : r;
 }
 EXPORT int ncclReduceScatterConfig(const void* send, void* recv, size_t recvcount, int dtype,
