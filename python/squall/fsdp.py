@@ -214,6 +214,7 @@ class AllGather:
         self.codec, self.name, self._comms = codec, name, comms
         self.calls = self.full_calls = self.compressed_calls = 0
         self.traffic = None
+        self._device, self._seen = {}, {}  # the GPU path's compressors and bytes, by input size
         self._count = None  # the encoded size below is for this input size
         self._bytes = 0
 
@@ -237,6 +238,10 @@ class AllGather:
             self.full_calls += 1
             return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
                                                async_op=async_op)
+        if (self._comms.on_device(input_tensor) and output_tensor.dtype == input_tensor.dtype
+                and input_tensor.is_contiguous() and output_tensor.is_contiguous()
+                and _lib.HAVE_ALL_GATHER):
+            return self._on_device(output_tensor, input_tensor, group)
         comm = self._comms.get(group)
         n, count = comm.size, input_tensor.numel()
         src = input_tensor.detach()
@@ -261,6 +266,26 @@ class AllGather:
                                    ctypes.cast(into[r].data_ptr(), _PF), count), "squallDecode")
         if not direct:
             out.copy_(into)
+        self.compressed_calls += 1
+        return None
+
+    def _on_device(self, output_tensor, input_tensor, group):
+        """CUDA parameters: the quantized all-gather on the GPU (an NCCL
+        communicator of Squall's, the current stream: FSDP's all-gather
+        stream), the C library's encode and decode (the same bits as the
+        host path's)."""
+        comm = self._comms.get(group, nccl=True)
+        count = input_tensor.numel()
+        c = self._device.get(count)
+        if c is None or c.comm is not comm:
+            c = self._device[count] = Compressor(comm, count, self.codec, kind="all_gather")
+        c.all_gather(input_tensor, output_tensor)
+        if self.traffic is None:
+            self.traffic = Traffic()
+        seen = self._seen.get(count, (0, 0))
+        now = (c.traffic.bytes_sent, c.traffic.bytes_received)
+        self.traffic.add(seen, now)
+        self._seen[count] = now
         self.compressed_calls += 1
         return None
 

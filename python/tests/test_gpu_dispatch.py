@@ -385,6 +385,16 @@ def _collectives(rank, world):
         rs_host(oh, x.clone(), None, avg)
         assert torch.equal(og, oh), t
         assert [c[0] for c in calls] == ["squallCommInitFromNccl", "reduce_scatter"][-len(calls):]
+    # and its parameter all-gathers on the device path, with the host path's bits
+    ag_gpu = fsdp.AllGather("int8:block=256", on_gpu, "m")
+    ag_host = fsdp.AllGather("int8:block=256", on_host, "m")
+    x = torch.randn(n, generator=torch.Generator().manual_seed(99 + rank))
+    og, oh = cuda(torch.empty(world * n)), torch.empty(world * n)
+    del calls[:]
+    ag_gpu(og, cuda(x.clone()), None)
+    ag_host(oh, x.clone(), None)
+    assert torch.equal(og, oh) and [c[0] for c in calls] == ["all_gather"], calls
+    assert ag_gpu.compressed_calls == 1 and ag_gpu.stats["bytes_sent"] > 0, ag_gpu.stats
     saved = rs_gpu.state_dict()
     assert saved["residual"] == rs_host.state_dict()["residual"]
     rs_gpu.load_state_dict(saved)
