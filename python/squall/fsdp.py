@@ -44,8 +44,9 @@ encode, exchange and decode are enqueued on the stream FSDP reduces on, so
 the call returns at once and the compressed exchange overlaps the rest of
 the backward as FSDP's own reduce-scatter does. ``transport="host"`` stages
 CUDA gradients through host memory over a host communicator instead (the
-call then waits for the exchange); CPU gradients always take that one. The
-parameter all-gathers use the host communicator either way.
+call then waits for the exchange); CPU gradients always take that one.
+CUDA parameters' all-gathers (``params``) take the same NCCL communicator and
+the C library's quantized all-gather on the GPU (the host path's bits).
 """
 
 import ctypes
