@@ -19,6 +19,9 @@ algorithm the device runs) it checks:
     output a view of the rank's piece) and onebit (bf16), and a residual
     saved on the GPU loads into a host compressor that then gives the
     device's next result (each rank's shard differs: compared per rank);
+  * all-gather: the quantized all-gather of CUDA tensors on the NCCL
+    communicator (squallCompressedAllGatherOnStream) has the host
+    communicator's bits, fp32 in place and bf16;
   * optimizer: APMSqueeze on CUDA parameters over NCCL
     (squallOptimizerStepOnStream), and on CUDA parameters over TCP (device
     buffers staged through the host), has the bits of APMSqueeze on the same
@@ -177,6 +180,26 @@ def check_reduce_scatter(squall, gpu, host, check, rank):
             c.close()
 
 
+def check_all_gather(squall, gpu, host, check, rank):
+    n = 30_001
+    for dtype, in_place in ((torch.float32, True), (torch.bfloat16, False)):
+        name = f"all-gather-int8-{str(dtype)[6:]}"
+        cg = squall.Compressor(gpu, n, "int8:block=256", kind="all_gather")
+        ch = squall.Compressor(host, n, "int8:block=256", kind="all_gather")
+        x = torch.randn(n, generator=torch.Generator().manual_seed(5 + rank)).to(dtype)
+        og = to_gpu(torch.zeros(WORLD * n, dtype=dtype))
+        if in_place:
+            og[rank * n:(rank + 1) * n] = to_gpu(x)
+            cg.all_gather(og[rank * n:(rank + 1) * n], og)
+        else:
+            cg.all_gather(to_gpu(x), og)
+        oh = ch.all_gather(x, torch.empty(WORLD * n, dtype=dtype))
+        synchronize()
+        check(same_bits(og, oh), name, "the NCCL result differs from the host one")
+        for c in (cg, ch):
+            c.close()
+
+
 def _params(device):
     g = torch.Generator().manual_seed(11)
     ps = [torch.randn(300, generator=g), torch.randn(40, 60, generator=g),
@@ -305,6 +328,7 @@ def _worker(rank, port, outdir):
         check_allreduce(squall, gpu, check, rank)
         check_compressed(squall, gpu, host, check, rank, out)
         check_reduce_scatter(squall, gpu, host, check, rank)
+        check_all_gather(squall, gpu, host, check, rank)
         check_optimizer(squall, gpu, host, check, rank, out)
         check_slowmo_streamed(squall, host, check, rank, out)
         gpu.close()
