@@ -607,6 +607,7 @@ Status gatherCallOf(squallComm_t comm, squallCompressor_t compressor, size_t sen
                     squallDataType_t dtype, core::Comm** c, core::Compressor** k, DataType* t) {
   SQUALL_TRY(collectiveCommOf(comm, c));
   SQUALL_TRY((*c)->refuse(compressorOf(compressor, k)));
+  SQUALL_REQUIRE(*k != nullptr, Status::kInvalidArgument, Subsys::kApi, "the compressor is NULL");
   SQUALL_TRY((*c)->refuse(toDataType(dtype, t)));
   const Status fits =
       sendcount == (*k)->count()
