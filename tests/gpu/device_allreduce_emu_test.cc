@@ -50,6 +50,38 @@ uint32_t bits(float f) {
   return u;
 }
 
+// One rank's stream, device buffers and captured graph, released at scope
+// exit. run() enqueues call `t` with `call(stream)`; with `graph`, the first
+// call is captured instead and the graph replayed for every call.
+struct RankDevice {
+  RankDevice() { cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); }
+  ~RankDevice() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (in != nullptr) cudaFree(in);
+    if (out != nullptr) cudaFree(out);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  RankDevice(const RankDevice&) = delete;
+  RankDevice& operator=(const RankDevice&) = delete;
+  Status run(bool captured, int t, const std::function<Status(cudaStream_t)>& call) {
+    if (!captured) return call(stream);
+    if (t == 0) {
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      const Status s = call(stream);
+      cudaStreamEndCapture(stream, &graph);
+      if (s != Status::kOk) return s;
+      cudaGraphInstantiate(&exec, graph, 0);
+    }
+    return cudaGraphLaunch(exec, stream) == cudaSuccess ? Status::kOk : Status::kInternal;
+  }
+  cudaStream_t stream = nullptr;
+  void* in = nullptr;
+  void* out = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+};
+
 // The inputs of `calls` calls, inputs[call][rank], and the reference's
 // outputs, expected[call].
 void referenceCalls(const Case& c, int calls, std::vector<std::vector<std::vector<float>>>* in,
@@ -116,19 +148,10 @@ void check(const Case& c, int calls) {
   const size_t esize = dataTypeSize(c.dtype);
   auto rank = [&](int r) {
     auto fail = [&](const char* what) { errors[r] = what; };
-    cudaStream_t stream = nullptr;
-    void* in = nullptr;
-    void* out = nullptr;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    const testing::AtExit release{[&] {
-      if (exec != nullptr) cudaGraphExecDestroy(exec);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      if (in != nullptr) cudaFree(in);
-      if (out != nullptr) cudaFree(out);
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }};
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    RankDevice dev;
+    cudaStream_t stream = dev.stream;
+    void*& in = dev.in;
+    void*& out = dev.out;
     transport::nccl::DeviceComm comm;
     if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
     std::unique_ptr<DeviceCompressedState> state;
@@ -151,22 +174,11 @@ void check(const Case& c, int calls) {
         for (size_t i = 0; i < c.count; ++i) h[i] = codec::floatToBf16(x[i]);
       }
       cudaMemcpy(in, staged.data(), staged.size(), cudaMemcpyHostToDevice);
-      if (c.graph) {
-        if (t == 0) {
-          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-          const Status s =
-              compressedAllReduce(comm, stream, in, target, c.dtype,
-                                  c.average ? ReduceOp::kAvg : ReduceOp::kSum, state.get());
-          cudaStreamEndCapture(stream, &graph);
-          if (s != Status::kOk) return fail("capture");
-          cudaGraphInstantiate(&exec, graph, 0);
-        }
-        cudaGraphLaunch(exec, stream);
-      } else if (compressedAllReduce(comm, stream, in, target, c.dtype,
-                                     c.average ? ReduceOp::kAvg : ReduceOp::kSum,
-                                     state.get()) != Status::kOk) {
+      const ReduceOp op = c.average ? ReduceOp::kAvg : ReduceOp::kSum;
+      if (dev.run(c.graph, t, [&](cudaStream_t on) {
+            return compressedAllReduce(comm, on, in, target, c.dtype, op, state.get());
+          }) != Status::kOk)
         return fail("allreduce");
-      }
       cudaStreamSynchronize(stream);
       cudaMemcpy(staged.data(), target, staged.size(), cudaMemcpyDeviceToHost);
       std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
@@ -403,19 +415,10 @@ void checkReduceScatter(const Case& c, int calls) {
   const size_t esize = dataTypeSize(c.dtype);
   auto rank = [&](int r) {
     auto fail = [&](const char* what) { errors[r] = what; };
-    cudaStream_t stream = nullptr;
-    void* in = nullptr;
-    void* out = nullptr;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    const testing::AtExit release{[&] {
-      if (exec != nullptr) cudaGraphExecDestroy(exec);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      if (in != nullptr) cudaFree(in);
-      if (out != nullptr) cudaFree(out);
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }};
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    RankDevice dev;
+    cudaStream_t stream = dev.stream;
+    void*& in = dev.in;
+    void*& out = dev.out;
     transport::nccl::DeviceComm comm;
     if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
     std::unique_ptr<DeviceCompressedState> state;
@@ -446,20 +449,10 @@ void checkReduceScatter(const Case& c, int calls) {
           h[i] = c.dtype == DataType::kBf16 ? codec::floatToBf16(x[i]) : codec::floatToHalf(x[i]);
       }
       cudaMemcpy(in, staged.data(), staged.size(), cudaMemcpyHostToDevice);
-      if (c.graph) {
-        if (t == 0) {
-          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-          const Status s =
-              compressedReduceScatter(comm, stream, in, target, c.dtype, op, state.get());
-          cudaStreamEndCapture(stream, &graph);
-          if (s != Status::kOk) return fail("capture");
-          cudaGraphInstantiate(&exec, graph, 0);
-        }
-        cudaGraphLaunch(exec, stream);
-      } else if (compressedReduceScatter(comm, stream, in, target, c.dtype, op, state.get()) !=
-                 Status::kOk) {
+      if (dev.run(c.graph, t, [&](cudaStream_t on) {
+            return compressedReduceScatter(comm, on, in, target, c.dtype, op, state.get());
+          }) != Status::kOk)
         return fail("reduce-scatter");
-      }
       cudaStreamSynchronize(stream);
       cudaMemcpy(staged.data(), target, c.count * esize, cudaMemcpyDeviceToHost);
       std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
@@ -582,19 +575,10 @@ void checkAllGather(const Case& c, int calls) {
   std::vector<std::string> errors(nn);
   auto rank = [&](int r) {
     auto fail = [&](const char* what) { errors[r] = what; };
-    cudaStream_t stream = nullptr;
-    void* in = nullptr;
-    void* out = nullptr;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    const testing::AtExit release{[&] {
-      if (exec != nullptr) cudaGraphExecDestroy(exec);
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      if (in != nullptr) cudaFree(in);
-      if (out != nullptr) cudaFree(out);
-      if (stream != nullptr) cudaStreamDestroy(stream);
-    }};
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    RankDevice dev;
+    cudaStream_t stream = dev.stream;
+    void*& in = dev.in;
+    void*& out = dev.out;
     transport::nccl::DeviceComm comm;
     if (transport::nccl::DeviceComm::wrap(comms[r], &comm) != Status::kOk) return fail("wrap");
     std::unique_ptr<DeviceCompressedState> state;
@@ -628,19 +612,10 @@ void checkAllGather(const Case& c, int calls) {
       std::vector<uint8_t> mine(c.count * esize);
       store(inputs[t][static_cast<size_t>(r)], mine.data());
       cudaMemcpy(const_cast<void*>(source), mine.data(), mine.size(), cudaMemcpyHostToDevice);
-      if (c.graph) {
-        if (t == 0) {
-          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-          const Status s = compressedAllGather(comm, stream, source, out, c.dtype, state.get());
-          cudaStreamEndCapture(stream, &graph);
-          if (s != Status::kOk) return fail("capture");
-          cudaGraphInstantiate(&exec, graph, 0);
-        }
-        cudaGraphLaunch(exec, stream);
-      } else if (compressedAllGather(comm, stream, source, out, c.dtype, state.get()) !=
-                 Status::kOk) {
+      if (dev.run(c.graph, t, [&](cudaStream_t on) {
+            return compressedAllGather(comm, on, source, out, c.dtype, state.get());
+          }) != Status::kOk)
         return fail("all-gather");
-      }
       cudaStreamSynchronize(stream);
       const size_t got = c.n == 1 ? c.count : total;
       cudaMemcpy(staged.data(), out, got * esize, cudaMemcpyDeviceToHost);
