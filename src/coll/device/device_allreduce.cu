@@ -92,9 +92,22 @@ Status allocate(T** p, size_t bytes) {
 
 }  // namespace
 
-Status DeviceCompressedState::checkRank(int nranks, int rank) {
+Status DeviceCompressedState::begin(int nranks, int rank, const codec::Spec& spec, size_t piece,
+                                    const char* what,
+                                    const std::unique_ptr<DeviceCompressedState>* out,
+                                    std::unique_ptr<DeviceCompressedState>* made) {
+  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
+                 "the device compressed-state output pointer is NULL");
   SQUALL_REQUIRE(nranks >= 1 && rank >= 0 && rank < nranks, Status::kInvalidArgument, Subsys::kColl,
                  "rank %d of %d is not a valid position in a communicator", rank, nranks);
+  SQUALL_TRY(codec::validateSpec(spec));
+  SQUALL_REQUIRE(piece <= SIZE_MAX / 8 / static_cast<size_t>(nranks), Status::kInvalidArgument,
+                 Subsys::kColl, "a %s of %d x %zu elements is too large for this machine", what,
+                 nranks, piece);
+  made->reset(new DeviceCompressedState());
+  (*made)->nranks_ = nranks;
+  (*made)->rank_ = rank;
+  (*made)->spec_ = (*made)->gatherSpec_ = spec;
   return Status::kOk;
 }
 
@@ -116,15 +129,9 @@ Status DeviceCompressedState::allocateCommon() {
 
 Status DeviceCompressedState::create(int nranks, int rank, size_t count, const codec::Spec& spec,
                                      std::unique_ptr<DeviceCompressedState>* out) {
-  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the device compressed-state output pointer is NULL");
-  SQUALL_TRY(checkRank(nranks, rank));
-  SQUALL_TRY(codec::validateSpec(spec));
-  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
-  s->nranks_ = nranks;
-  s->rank_ = rank;
+  std::unique_ptr<DeviceCompressedState> s;
+  SQUALL_TRY(begin(nranks, rank, spec, 0, "compressed allreduce", out, &s));
   s->count_ = count;
-  s->spec_ = s->gatherSpec_ = spec;
   const size_t unit = codec::usesBlocks(spec.codec) ? spec.block : 1;
   const size_t group = unit * static_cast<size_t>(nranks);
   SQUALL_REQUIRE(count <= SIZE_MAX / 8 - group, Status::kInvalidArgument, Subsys::kColl,
@@ -147,20 +154,10 @@ Status DeviceCompressedState::create(int nranks, int rank, size_t count, const c
 Status DeviceCompressedState::createAllGather(int nranks, int rank, size_t sendcount,
                                               const codec::Spec& spec,
                                               std::unique_ptr<DeviceCompressedState>* out) {
-  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the device compressed-state output pointer is NULL");
-  SQUALL_TRY(checkRank(nranks, rank));
-  SQUALL_TRY(codec::validateSpec(spec));
-  SQUALL_REQUIRE(sendcount <= SIZE_MAX / 8 / static_cast<size_t>(nranks), Status::kInvalidArgument,
-                 Subsys::kColl,
-                 "a quantized all-gather of %d x %zu elements is too large for this machine",
-                 nranks, sendcount);
-  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
+  std::unique_ptr<DeviceCompressedState> s;
+  SQUALL_TRY(begin(nranks, rank, spec, sendcount, "quantized all-gather", out, &s));
   s->allGather_ = true;
-  s->nranks_ = nranks;
-  s->rank_ = rank;
   s->chunk_ = s->count_ = sendcount;
-  s->spec_ = s->gatherSpec_ = spec;
   if (nranks == 1 || sendcount == 0) {  // a copy: no state on the device
     *out = std::move(s);
     return Status::kOk;
@@ -180,21 +177,11 @@ Status DeviceCompressedState::createAllGather(int nranks, int rank, size_t sendc
 Status DeviceCompressedState::createReduceScatter(int nranks, int rank, size_t recvcount,
                                                   const codec::Spec& spec,
                                                   std::unique_ptr<DeviceCompressedState>* out) {
-  SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the device compressed-state output pointer is NULL");
-  SQUALL_TRY(checkRank(nranks, rank));
-  SQUALL_TRY(codec::validateSpec(spec));
-  SQUALL_REQUIRE(recvcount <= SIZE_MAX / 8 / static_cast<size_t>(nranks), Status::kInvalidArgument,
-                 Subsys::kColl,
-                 "a compressed reduce-scatter of %d x %zu elements is too large for this machine",
-                 nranks, recvcount);
-  std::unique_ptr<DeviceCompressedState> s(new DeviceCompressedState());
+  std::unique_ptr<DeviceCompressedState> s;
+  SQUALL_TRY(begin(nranks, rank, spec, recvcount, "compressed reduce-scatter", out, &s));
   s->reduceScatter_ = true;
-  s->nranks_ = nranks;
-  s->rank_ = rank;
   s->chunk_ = recvcount;
   s->count_ = recvcount * static_cast<size_t>(nranks);
-  s->spec_ = s->gatherSpec_ = spec;
   if (nranks == 1 || recvcount == 0) {  // a copy: no state on the device
     *out = std::move(s);
     return Status::kOk;

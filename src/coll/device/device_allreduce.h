@@ -150,7 +150,11 @@ class DeviceCompressedState {
   friend Status compressedAllGather(const transport::nccl::DeviceComm&, cudaStream_t, const void*,
                                     void*, DataType, DeviceCompressedState*);
   DeviceCompressedState() = default;
-  static Status checkRank(int nranks, int rank);
+  // What every layout's create checks and sets (the output pointer, the
+  // rank, the spec, that n pieces of `piece` elements fit) into *made.
+  static Status begin(int nranks, int rank, const codec::Spec& spec, size_t piece, const char* what,
+                      const std::unique_ptr<DeviceCompressedState>* out,
+                      std::unique_ptr<DeviceCompressedState>* made);
   Status allocateCommon();  // the buffers both layouts have
   size_t realCount(size_t c) const;
   Status tally();  // bytesSent_ and bytesReceived_ from the specs and slots
