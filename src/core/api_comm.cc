@@ -179,6 +179,16 @@ Status compressedCallOf(squallComm_t comm, squallCompressor_t compressor, squall
   return out->comm->refuse(toReduceOp(op, &out->op));
 }
 
+// The same for the OnStream forms, which announce nothing to the peers (a
+// communicator from NCCL has none to tell).
+Status streamCallOf(squallComm_t comm, squallCompressor_t compressor, squallDataType_t dtype,
+                    squallRedOp_t op, CompressedCall* out) {
+  SQUALL_TRY(collectiveCommOf(comm, &out->comm));
+  SQUALL_TRY(compressorOf(compressor, &out->compressor));
+  SQUALL_TRY(toDataType(dtype, &out->type));
+  return toReduceOp(op, &out->op);
+}
+
 // A new compressor handle on `comm` for `spec`, made by `make(comm, spec,
 // &impl)` (the allreduce's or the reduce-scatter's layout).
 template <typename Make>
@@ -570,15 +580,10 @@ squallResult_t squallCompressedAllReduceOnStream(const void* sendbuf, void* recv
                                                  squallCompressor_t compressor, squallComm_t comm,
                                                  void* cudaStream) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(compressorOf(compressor, &k));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(toDataType(dtype, &t));
-    SQUALL_TRY(toReduceOp(op, &o));
-    return c->compressedAllReduceOnStream(sendbuf, recvbuf, t, o, *k, cudaStream);
+    CompressedCall k;
+    SQUALL_TRY(streamCallOf(comm, compressor, dtype, op, &k));
+    return k.comm->compressedAllReduceOnStream(sendbuf, recvbuf, k.type, k.op, *k.compressor,
+                                               cudaStream);
   });
 }
 
@@ -588,15 +593,10 @@ squallResult_t squallCompressedReduceScatterOnStream(const void* sendbuf, void* 
                                                      squallCompressor_t compressor,
                                                      squallComm_t comm, void* cudaStream) {
   return SQUALL_API_GUARD({
-    core::Comm* c = nullptr;
-    SQUALL_TRY(collectiveCommOf(comm, &c));
-    core::Compressor* k = nullptr;
-    SQUALL_TRY(compressorOf(compressor, &k));
-    DataType t = DataType::kF32;
-    ReduceOp o = ReduceOp::kSum;
-    SQUALL_TRY(toDataType(dtype, &t));
-    SQUALL_TRY(toReduceOp(op, &o));
-    return c->compressedReduceScatterOnStream(sendbuf, recvbuf, recvcount, t, o, *k, cudaStream);
+    CompressedCall k;
+    SQUALL_TRY(streamCallOf(comm, compressor, dtype, op, &k));
+    return k.comm->compressedReduceScatterOnStream(sendbuf, recvbuf, recvcount, k.type, k.op,
+                                                   *k.compressor, cudaStream);
   });
 }
 
