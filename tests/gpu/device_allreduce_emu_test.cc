@@ -442,7 +442,7 @@ void checkReduceScatter(const Case& c, int calls) {
     for (int t = 0; t < calls; ++t) {
       const std::vector<float>& x = inputs[t][static_cast<size_t>(r)];
       if (c.dtype == DataType::kF32) {
-        std::memcpy(staged.data(), x.data(), staged.size());
+        if (!staged.empty()) std::memcpy(staged.data(), x.data(), staged.size());
       } else {
         auto* h = reinterpret_cast<uint16_t*>(staged.data());
         for (size_t i = 0; i < total; ++i)
@@ -458,7 +458,7 @@ void checkReduceScatter(const Case& c, int calls) {
       std::vector<float>& o = outputs[t][static_cast<size_t>(r)];
       o.resize(c.count);
       if (c.dtype == DataType::kF32) {
-        std::memcpy(o.data(), staged.data(), c.count * esize);
+        if (c.count != 0) std::memcpy(o.data(), staged.data(), c.count * esize);
       } else {
         auto* h = reinterpret_cast<uint16_t*>(staged.data());
         for (size_t i = 0; i < c.count; ++i)

@@ -375,19 +375,23 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) 
 }
 
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
-  std::memset(p, v, n);
+  if (n != 0) std::memset(p, v, n);  // CUDA takes empty ranges, whatever the pointers
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
-  return squall_emu::enqueue(s, [=] { std::memset(p, v, n); });
+  return squall_emu::enqueue(s, [=] {
+    if (n != 0) std::memset(p, v, n);
+  });
 }
 inline cudaError_t cudaMemcpy(void* d, const void* src, size_t n, cudaMemcpyKind) {
-  std::memcpy(d, src, n);
+  if (n != 0) std::memcpy(d, src, n);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* d, const void* src, size_t n, cudaMemcpyKind,
                                    cudaStream_t s) {
-  return squall_emu::enqueue(s, [=] { std::memcpy(d, src, n); });
+  return squall_emu::enqueue(s, [=] {
+    if (n != 0) std::memcpy(d, src, n);
+  });
 }
 inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
   s->capturing = true;
