@@ -4,6 +4,11 @@
 //              several calls (residuals evolve), avg out of place, sum in
 //              place, int8, bf16 buffers;
 //   * graph:   one call captured into a CUDA graph, replayed with new inputs;
+//   * reduce-scatter: squallCompressedReduceScatterOnStream, int4 in place
+//              and onebit out of place, call after call, against
+//              testing::ReduceScatterReference (each rank its own piece);
+//   * all-gather: squallCompressedAllGatherOnStream, int8, every rank's
+//              codec round trip;
 //   * staging: a TCP communicator given device pointers (pinned host staging);
 //   * optimizer: squallOptimizerStepOnStream, APMSqueeze across the switch
 //              with a NaN gradient in each phase, on the device over NCCL and
@@ -155,6 +160,80 @@ void runCase(const Case& c, squallComm_t comm, int n, cudaStream_t stream) {
   std::printf("rank %d: PASS %s (n=%d, count %zu)\n", gRank, c.name, n, c.count);
 }
 
+// Bits of device floats against expected ones (count elements).
+void compareFloats(const char* name, int t, const float* device, const std::vector<float>& want,
+                   cudaStream_t stream) {
+  std::vector<float> got(want.size());
+  CUDA_OK(cudaMemcpyAsync(got.data(), device, got.size() * 4, cudaMemcpyDeviceToHost, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < want.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &want[i], 4);
+    EXPECT_TRUE(a == b, "%s call %d element %zu: %.9g, reference %.9g", name, t, i, got[i],
+                want[i]);
+  }
+}
+
+// The compressed reduce-scatter of n x recvcount fp32 elements, avg.
+void runReduceScatter(const char* name, size_t recvcount, const squallCodecSpec_t& spec,
+                      bool inPlace, squallComm_t comm, int n, cudaStream_t stream) {
+  const size_t total = recvcount * static_cast<size_t>(n);
+  squall::testing::ReduceScatterReference ref(n, recvcount, toSpec(spec));
+  squallCompressor_t compressor = nullptr;
+  SQ_OK(squallCompressorCreateReduceScatter(comm, recvcount, &spec, &compressor));
+  float* in = nullptr;
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&in, total * 4));
+  CUDA_OK(cudaMalloc(&out, recvcount * 4));
+  float* target = inPlace ? in + static_cast<size_t>(gRank) * recvcount : out;
+  const Case shape{name, total, spec, true, inPlace, squallFloat32, 3, false};
+  for (int t = 0; t < 3; ++t) {
+    const auto inputs = inputsFor(shape, n, t);
+    const auto expected = ref.run(inputs, true);
+    CUDA_OK(cudaMemcpyAsync(in, inputs[static_cast<size_t>(gRank)].data(), total * 4,
+                            cudaMemcpyHostToDevice, stream));
+    SQ_OK(squallCompressedReduceScatterOnStream(in, target, recvcount, squallFloat32, squallAvg,
+                                                compressor, comm, stream));
+    compareFloats(name, t, target, expected[static_cast<size_t>(gRank)], stream);
+  }
+  cudaFree(in);
+  cudaFree(out);
+  SQ_OK(squallCompressorDestroy(compressor));
+  std::printf("rank %d: PASS %s (n=%d, recvcount %zu)\n", gRank, name, n, recvcount);
+}
+
+// The quantized all-gather of count fp32 elements per rank, in place.
+void runAllGather(const char* name, size_t count, const squallCodecSpec_t& spec, squallComm_t comm,
+                  int n, cudaStream_t stream) {
+  squallCompressor_t compressor = nullptr;
+  SQ_OK(squallCompressorCreateAllGather(comm, count, &spec, &compressor));
+  const Case shape{name, count, spec, false, true, squallFloat32, 1, false};
+  const auto inputs = inputsFor(shape, n, 0);
+  size_t slot = 0;
+  SQ_OK(squallEncodedSize(&spec, count, &slot));
+  std::vector<float> want(count * static_cast<size_t>(n));
+  std::vector<uint8_t> encoded(slot);
+  for (int r = 0; r < n; ++r) {
+    size_t written = 0;
+    SQ_OK(squallEncode(&spec, inputs[static_cast<size_t>(r)].data(), squallFloat32, count, nullptr,
+                       encoded.data(), slot, &written));
+    SQ_OK(
+        squallDecode(encoded.data(), written, want.data() + static_cast<size_t>(r) * count, count));
+  }
+  float* out = nullptr;
+  CUDA_OK(cudaMalloc(&out, want.size() * 4));
+  float* mine = out + static_cast<size_t>(gRank) * count;
+  CUDA_OK(cudaMemcpyAsync(mine, inputs[static_cast<size_t>(gRank)].data(), count * 4,
+                          cudaMemcpyHostToDevice, stream));
+  SQ_OK(
+      squallCompressedAllGatherOnStream(mine, out, count, squallFloat32, compressor, comm, stream));
+  compareFloats(name, 0, out, want, stream);
+  cudaFree(out);
+  SQ_OK(squallCompressorDestroy(compressor));
+  std::printf("rank %d: PASS %s (n=%d, count %zu)\n", gRank, name, n, count);
+}
+
 // Runs the optimizer steps on device buffers; *out gets the parameters.
 void runOptimizer(squallComm_t comm, cudaStream_t stream, std::vector<float>* out) {
   const size_t count = 3000;
@@ -220,6 +299,9 @@ void runChild(const Child& child, cudaStream_t stream) {
   runCase({"nccl-bf16-buffers", big, onebit, true, false, squallBfloat16, 2, false}, comm, n,
           stream);
   runCase({"nccl-graph-replay", big, onebit, true, false, squallFloat32, 3, true}, comm, n, stream);
+  runReduceScatter("nccl-reduce-scatter-int4-inplace", 2048 * 12 + 77, int4, true, comm, n, stream);
+  runReduceScatter("nccl-reduce-scatter-onebit", 5000, onebit, false, comm, n, stream);
+  runAllGather("nccl-all-gather-int8", 2048 * 12 + 77, int8, comm, n, stream);
   std::vector<float> deviceParams;
   runOptimizer(comm, stream, &deviceParams);
   SQ_OK(squallCommDestroy(comm));
