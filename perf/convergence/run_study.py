@@ -910,8 +910,14 @@ def report(out_path, outdir, doc=False):
     with open(os.path.join(outdir, "table.md"), "w") as f:
         f.write(table + "\n")
     print(table)
-    for p in plot(res["runs"], outdir):
-        print("wrote", p, os.path.getsize(p), "bytes")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:  # the runs and tables are written; only the pictures need it
+        print("no matplotlib in this Python: plots skipped (pip install matplotlib, then "
+              "rerun with --plots-only)")
+    else:
+        for p in plot(res["runs"], outdir):
+            print("wrote", p, os.path.getsize(p), "bytes")
     if doc:
         write_doc(res)
 
