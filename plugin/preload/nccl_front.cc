@@ -663,20 +663,17 @@ ncclResult_t intercept(const Call& call, Forward forward) {
   InsideSquall inside;
   core::Compressor* c = nullptr;
   if (coll == Coll::kAllGather) {
-    std::unique_ptr<core::Compressor>& made = s->gathers[{facts.dtype, call.count}];
-    if (made == nullptr) {
-      if (s->gathers.size() > kMaxGathers) {  // sizes that keep changing: start over
-        s->gathers.clear();
-        made = nullptr;
-      }
-      std::unique_ptr<core::Compressor>& slot = s->gathers[{facts.dtype, call.count}];
+    const std::pair<DataType, size_t> key{facts.dtype, call.count};
+    auto it = s->gathers.find(key);
+    if (it == s->gathers.end()) {
+      if (s->gathers.size() >= kMaxGathers) s->gathers.clear();  // sizes keep changing
+      std::unique_ptr<core::Compressor> made;
       const Status built =
-          s->engine->createAllGatherCompressor(call.count, policy().allGather, &slot);
+          s->engine->createAllGatherCompressor(call.count, policy().allGather, &made);
       if (built != Status::kOk) return transport::nccl::ncclResultOf(built);
-      c = slot.get();
-    } else {
-      c = made.get();
+      it = s->gathers.emplace(key, std::move(made)).first;
     }
+    c = it->second.get();
   } else {
     const ResidualKey key{facts.dtype, offset, count};
     const Status found = compressorFor(s->of(coll).residuals, *s->engine, policy(), key, nranks,
