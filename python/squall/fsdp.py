@@ -215,7 +215,7 @@ class AllGather:
         self.codec, self.name, self._comms = codec, name, comms
         self.calls = self.full_calls = self.compressed_calls = 0
         self.traffic = None
-        self._device, self._seen = {}, {}  # the GPU path's compressors and bytes, by input size
+        self._device = {}  # the GPU path's compressors, by input size
         self._count = None  # the encoded size below is for this input size
         self._bytes = 0
 
@@ -280,13 +280,11 @@ class AllGather:
         c = self._device.get(count)
         if c is None or c.comm is not comm:
             c = self._device[count] = Compressor(comm, count, self.codec, kind="all_gather")
-        c.all_gather(input_tensor, output_tensor)
         if self.traffic is None:
             self.traffic = Traffic()
-        seen = self._seen.get(count, (0, 0))
-        now = (c.traffic.bytes_sent, c.traffic.bytes_received)
-        self.traffic.add(seen, now)
-        self._seen[count] = now
+        before = (c.traffic.bytes_sent, c.traffic.bytes_received)
+        c.all_gather(input_tensor, output_tensor)
+        self.traffic.add(before, (c.traffic.bytes_sent, c.traffic.bytes_received))
         self.compressed_calls += 1
         return None
 
