@@ -598,23 +598,23 @@ class Compressor:
         dst.finish()
         return output
 
-    def _check_gather(self, src, dst):
+    def _check_io(self, src, dst, what, out_numel, why):
+        """The input has the compressor's numel, the output `out_numel`
+        (`why`: how that follows from numel), both one dtype."""
         if dst.dtype != src.dtype:
             raise SquallInvalidArgument("squall: output must have the input's dtype")
-        if src.numel != self.numel or dst.numel != self.numel * self.comm.size:
+        if src.numel != self.numel or dst.numel != out_numel:
             raise SquallInvalidArgument(
-                f"squall: all_gather takes an input of {self.numel} elements and an output of "
-                f"{self.numel * self.comm.size} ({self.comm.size} x the compressor's numel); "
-                f"got {src.numel} and {dst.numel}")
+                f"squall: {what} takes an input of {self.numel} elements and an output of "
+                f"{out_numel} ({why}); got {src.numel} and {dst.numel}")
+
+    def _check_gather(self, src, dst):
+        self._check_io(src, dst, "all_gather", self.numel * self.comm.size,
+                       f"{self.comm.size} x the compressor's numel")
 
     def _check_shards(self, src, dst):
-        if dst.dtype != src.dtype:
-            raise SquallInvalidArgument("squall: output must have the input's dtype")
-        if src.numel != self.numel or dst.numel != self.recvcount:
-            raise SquallInvalidArgument(
-                f"squall: reduce_scatter takes an input of {self.numel} elements and an output of "
-                f"{self.recvcount} (the compressor's numel / {self.comm.size}); got {src.numel} "
-                f"and {dst.numel}")
+        self._check_io(src, dst, "reduce_scatter", self.recvcount,
+                       f"the compressor's numel / {self.comm.size}")
 
     def _count_device_call(self):
         # NCCL counts nothing: add the library's figure for this call.
