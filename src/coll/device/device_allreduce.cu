@@ -403,19 +403,28 @@ Status DeviceCompressedState::takeDecodeError(cudaStream_t stream, bool* error) 
 
 namespace {
 
-// What both collectives check before enqueuing anything: the state's layout,
-// the type, the op and the buffers (`what` names the collective).
-Status checkCall(const char* what, bool reduceScatter, const void* in, const void* out,
-                 DataType dtype, ReduceOp op, const DeviceCompressedState* state) {
+// Which collective a state was made for, and its name in messages.
+enum class Layout { kAllReduce, kReduceScatter, kAllGather };
+Layout layoutOf(const DeviceCompressedState& state) {
+  return state.allGather()       ? Layout::kAllGather
+         : state.reduceScatter() ? Layout::kReduceScatter
+                                 : Layout::kAllReduce;
+}
+const char* layoutName(Layout layout) {
+  return layout == Layout::kAllGather       ? "all-gather"
+         : layout == Layout::kReduceScatter ? "reduce-scatter"
+                                            : "allreduce";
+}
+
+// What every collective checks before enqueuing anything: the state's
+// layout, the type, the op and the buffers (`what` names the collective).
+Status checkCall(const char* what, Layout layout, const void* in, const void* out, DataType dtype,
+                 ReduceOp op, const DeviceCompressedState* state) {
   SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the device compressed state is NULL");
-  SQUALL_REQUIRE(state->reduceScatter() == reduceScatter && !state->allGather(),
-                 Status::kInvalidUsage, Subsys::kColl,
+  SQUALL_REQUIRE(layoutOf(*state) == layout, Status::kInvalidUsage, Subsys::kColl,
                  "the device compressed state was made for the %s; the %s needs one of its own",
-                 state->allGather()       ? "all-gather"
-                 : state->reduceScatter() ? "reduce-scatter"
-                                          : "allreduce",
-                 what);
+                 layoutName(layoutOf(*state)), what);
   SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
                  Status::kInvalidArgument, Subsys::kColl, "the %s takes fp32, fp16 or bf16, not %s",
                  what, dataTypeName(dtype));
@@ -457,7 +466,7 @@ Status roundInto(DataType dtype, const float* values, void* out, size_t m, cudaS
 Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                            const void* in, void* out, DataType dtype, ReduceOp op,
                            DeviceCompressedState* state) {
-  SQUALL_TRY(checkCall("compressed allreduce", false, in, out, dtype, op, state));
+  SQUALL_TRY(checkCall("compressed allreduce", Layout::kAllReduce, in, out, dtype, op, state));
   const size_t count = state->count_;
   const size_t esize = dataTypeSize(dtype);
   const int n = state->nranks_;
@@ -588,7 +597,8 @@ Status compressedAllReduce(const transport::nccl::DeviceComm& comm, cudaStream_t
 Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                                const void* in, void* out, DataType dtype, ReduceOp op,
                                DeviceCompressedState* state) {
-  SQUALL_TRY(checkCall("compressed reduce-scatter", true, in, out, dtype, op, state));
+  SQUALL_TRY(
+      checkCall("compressed reduce-scatter", Layout::kReduceScatter, in, out, dtype, op, state));
   const size_t piece = state->chunk_;
   const size_t esize = dataTypeSize(dtype);
   const int n = state->nranks_;
@@ -654,20 +664,11 @@ Status compressedReduceScatter(const transport::nccl::DeviceComm& comm, cudaStre
 Status compressedAllGather(const transport::nccl::DeviceComm& comm, cudaStream_t stream,
                            const void* in, void* out, DataType dtype,
                            DeviceCompressedState* state) {
-  SQUALL_REQUIRE(state != nullptr, Status::kInvalidArgument, Subsys::kColl,
-                 "the device compressed state is NULL");
-  SQUALL_REQUIRE(state->allGather_, Status::kInvalidUsage, Subsys::kColl,
-                 "the device compressed state was made for the %s; the quantized all-gather "
-                 "needs one of its own",
-                 state->reduceScatter_ ? "reduce-scatter" : "allreduce");
-  SQUALL_REQUIRE(dtype == DataType::kF32 || dtype == DataType::kF16 || dtype == DataType::kBf16,
-                 Status::kInvalidArgument, Subsys::kColl,
-                 "the quantized all-gather takes fp32, fp16 or bf16, not %s", dataTypeName(dtype));
+  SQUALL_TRY(checkCall("quantized all-gather", Layout::kAllGather, in, out, dtype, ReduceOp::kSum,
+                       state));  // it reduces nothing: sum passes the op check
   const size_t count = state->count_;
   const size_t esize = dataTypeSize(dtype);
   const int n = state->nranks_;
-  SQUALL_REQUIRE(count == 0 || (in != nullptr && out != nullptr), Status::kInvalidArgument,
-                 Subsys::kColl, "the send and receive buffers must be set");
   uint8_t* mine = static_cast<uint8_t*>(out) + static_cast<size_t>(state->rank_) * count * esize;
   if (n == 1 || count == 0) {
     if (mine != in && count != 0) {
