@@ -32,12 +32,16 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import linkrun  # noqa: E402
 
-VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params", "squall_int4_params",
-            "compute"]
+VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params_inline",
+            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params", "compute"]
 LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
           "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
-          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers",
-          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers",
+          "squall_int8_params_inline": "squall.fsdp + int8:block=256 parameter gathers, "
+                                       "each in FSDP's call (overlap=False)",
+          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers, overlapped",
+          "squall_int4_params_inline": "squall.fsdp + int4:block=256 parameter gathers, "
+                                       "each in FSDP's call (overlap=False)",
+          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers, overlapped",
           "compute": "compute only (no communication)"}
 SIZES = [1024, 4096, 2048, 1024, 10]
 
@@ -71,26 +75,32 @@ def _worker(args):
                     fully_shard(layer, **policy)
             fully_shard(net, **policy)
             if name.startswith("squall"):
+                base = name.removesuffix("_inline")
                 params = {"squall_int8_params": "int8:block=256",
-                          "squall_int4_params": "int4:block=256"}.get(name)
-                compressed = squall.fsdp.compress(net, warmup=args.warmup, params=params)
+                          "squall_int4_params": "int4:block=256"}.get(base)
+                compressed = squall.fsdp.compress(net, warmup=args.warmup, params=params,
+                                                  overlap=not name.endswith("_inline"))
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
-        times, sent, loss = [], [], None
+        times, parts, sent, loss = [], [], [], None
         for step in range(1, args.steps + 1):
             x, y = batch(step)
             b0 = linkrun.eth0_tx_bytes()
             t0 = time.perf_counter()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x), y)
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             opt.step()
             times.append(time.perf_counter() - t0)
+            parts.append((t1 - t0, t2 - t1, times[-1] - (t2 - t0)))  # forward, backward, step
             sent.append(linkrun.eth0_tx_bytes() - b0)
-        results[name] = {"times": times, "sent": sent, "loss": float(loss),
+        results[name] = {"times": times, "parts": parts, "sent": sent, "loss": float(loss),
                          "stats": compressed.stats if compressed is not None else None}
         if rank == 0:
-            print(f"  {name}: step median {1e3 * statistics.median(times[1:]):.0f} ms",
-                  file=sys.stderr, flush=True)
+            f, b, o = (1e3 * statistics.median(p[i] for p in parts[1:]) for i in range(3))
+            print(f"  {name}: step median {1e3 * statistics.median(times[1:]):.0f} ms (forward "
+                  f"{f:.0f}, backward {b:.0f}, optimizer {o:.0f})", file=sys.stderr, flush=True)
         del net, opt
         dist.barrier()
     if rank == 0:

@@ -33,7 +33,10 @@ Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
 ``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
 Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
-parameter all-gathers too (:class:`AllGather`; off unless given). With HSDP
+parameter all-gathers too (:class:`AllGather`; off unless given), on the
+host on a thread of their own with each module prefetching the next one's
+gather in forward, so the wire overlaps compute (``overlap=False``: each
+gather in FSDP's call). With HSDP
 only the reduce-scatter inside each shard group is compressed; the
 all-reduce across replicas stays FSDP's.
 
@@ -49,7 +52,12 @@ CUDA parameters' all-gathers (``params``) take the same NCCL communicator and
 the C library's quantized all-gather on the GPU (the host path's bits).
 """
 
+import atexit
 import ctypes
+import functools
+import queue
+import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -88,6 +96,126 @@ def _fsdp_modules(model):
 _TRANSPORTS = ("auto", "host", "nccl")
 
 
+class _GatherWork(dist.Work):
+    """What FSDP waits on for a gather the gatherer thread runs: `wait`
+    returns once it is done, or raises what it raised."""
+
+    def __init__(self):
+        super().__init__()
+        self._done = threading.Event()
+        self._error = None
+
+    def wait(self, timeout=None):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return self._done.is_set()
+
+
+# Gatherers whose thread runs; stopped at exit (_stop_gatherers).
+_running = weakref.WeakSet()
+
+
+class _Gatherer:
+    """One daemon thread that runs the host all-gathers one after the other,
+    in the order FSDP issued them (the same on every rank), each over a
+    communicator that nothing else uses; the calling thread gets a Work at
+    once and goes on computing."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def submit(self, run):
+        work = _GatherWork()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="squall-fsdp-gather",
+                                                daemon=True)
+                self._thread.start()
+                _running.add(self)
+        self._queue.put((run, work))
+        return work
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run, work = item
+            try:
+                run()
+            except BaseException as e:  # noqa: BLE001 - raised again by work.wait()
+                work._error = e
+            work._done.set()
+
+    def close(self):
+        """Stops the thread once the gathers submitted are done (each ends by
+        its communicator's timeout at the latest)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+        _running.discard(self)
+
+
+@atexit.register
+def _stop_gatherers():
+    """Before the interpreter finalises: a thread still inside a torch call
+    then aborts the process (as squall.ddp's completion threads would)."""
+    for gatherer in list(_running):
+        gatherer.close()
+
+
+def _forward_prefetch_set(module):
+    """Whether FSDP already prefetches explicitly in `module`'s forward
+    (set_modules_to_forward_prefetch; torch keeps it in the module's state)."""
+    state = getattr(module, "_get_fsdp_state", None)
+    return bool(getattr(state(), "_states_to_forward_prefetch", None)) if state else False
+
+
+class _ForwardPrefetch:
+    """Has every FSDP2 module prefetch the next one's all-gather in forward,
+    so that a gather on the gatherer thread runs while the module before it
+    computes. On the CPU FSDP2 issues each module's gather in that module's
+    own pre-forward and waits for it there (its implicit prefetch is
+    streams, which the CPU has none of); in backward it prefetches the
+    previous module already. The order is the one the modules' forwards
+    started in during the first step (recorded by a pre-forward hook),
+    applied when the first of them starts again; modules whose forward
+    prefetch the user set are left as they are."""
+
+    def __init__(self):
+        self.order, self._hooks, self.planned = [], [], False
+
+    def add(self, module):
+        if not self.planned and hasattr(module, "set_modules_to_forward_prefetch"):
+            self._hooks.append(module.register_forward_pre_hook(
+                functools.partial(self._started, module)))
+
+    def _started(self, module, _module, _args):
+        if self.planned:
+            return
+        if self.order and module is self.order[0]:
+            self._plan()
+        elif all(m is not module for m in self.order):
+            self.order.append(module)
+
+    def _plan(self):
+        self.planned = True
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        for module, following in zip(self.order, self.order[1:]):
+            if not _forward_prefetch_set(module):
+                module.set_modules_to_forward_prefetch([following])
+
+
 class _Comms:
     """One Squall communicator per process group FSDP reduce-scatters over
     (and per kind: host, or NCCL for CUDA tensors), made at the group's first
@@ -99,6 +227,7 @@ class _Comms:
             raise SquallInvalidArgument(
                 f"squall.fsdp: transport is one of {', '.join(_TRANSPORTS)}, not {transport!r}")
         self._by_group, self._timeout, self.transport = {}, timeout, transport
+        self.gatherer = _Gatherer()  # the host all-gathers' thread (started at the first)
 
     def on_device(self, tensor):
         """Whether `tensor`'s collective runs on the GPU (an NCCL
@@ -110,8 +239,10 @@ class _Comms:
             return True
         return _lib.HAVE_GPU and _lib.HAVE_REDUCE_SCATTER_ON_STREAM
 
-    def get(self, group, nccl=False):
-        key = (group, nccl)
+    def get(self, group, nccl=False, own=None):
+        """The communicator of `group` (`own`: a name for one of its own, used
+        by one thread only, e.g. the gatherer's)."""
+        key = (group, nccl, own)
         comm = self._by_group.get(key)
         if comm is None:
             world = group is None or group is dist.group.WORLD or (
@@ -206,14 +337,20 @@ class AllGather:
     are all-gathered, and every rank decodes all of them, its own included,
     so every rank computes with the same gathered values. Inputs that are
     not one floating-point dtype (FSDP then gathers raw bytes) go at full
-    precision. Counters: `calls`, `full_calls`, `compressed_calls`, `stats`."""
+    precision. Counters: `calls`, `full_calls`, `compressed_calls` (of
+    which `overlapped_calls` ran on the gatherer thread), `stats`.
 
-    def __init__(self, codec, comms, name=""):
+    `overlap` (host communicators): the gather runs on the comms' gatherer
+    thread over a communicator of its own and FSDP gets a Work to wait on,
+    so a gather FSDP prefetches overlaps the compute before its wait;
+    False runs it in the call."""
+
+    def __init__(self, codec, comms, name="", overlap=True):
         from .codec import parse_codec
 
         self.spec = parse_codec(codec)  # refused here, not at the first forward
-        self.codec, self.name, self._comms = codec, name, comms
-        self.calls = self.full_calls = self.compressed_calls = 0
+        self.codec, self.name, self._comms, self.overlap = codec, name, comms, bool(overlap)
+        self.calls = self.full_calls = self.compressed_calls = self.overlapped_calls = 0
         self.traffic = None
         self._device = {}  # the GPU path's compressors, by input size
         self._count = None  # the encoded size below is for this input size
@@ -243,7 +380,19 @@ class AllGather:
                 and input_tensor.is_contiguous() and output_tensor.is_contiguous()
                 and _lib.HAVE_ALL_GATHER):
             return self._on_device(output_tensor, input_tensor, group)
-        comm = self._comms.get(group)
+        self.compressed_calls += 1
+        if self.overlap:
+            # FSDP leaves both tensors alone until it waits on the Work.
+            self.overlapped_calls += 1
+            comm = self._comms.get(group, own="gather")
+            return self._comms.gatherer.submit(
+                functools.partial(self._on_host, output_tensor, input_tensor, comm))
+        self._on_host(output_tensor, input_tensor, self._comms.get(group))
+        return None
+
+    def _on_host(self, output_tensor, input_tensor, comm):
+        """The quantized all-gather over a host communicator (CPU tensors, or
+        CUDA ones staged through host memory)."""
         n, count = comm.size, input_tensor.numel()
         src = input_tensor.detach()
         if src.device.type != "cpu" or not src.is_contiguous():
@@ -267,8 +416,6 @@ class AllGather:
                                    ctypes.cast(into[r].data_ptr(), _PF), count), "squallDecode")
         if not direct:
             out.copy_(into)
-        self.compressed_calls += 1
-        return None
 
     def _on_device(self, output_tensor, input_tensor, group):
         """CUDA parameters: the quantized all-gather on the GPU (an NCCL
@@ -298,9 +445,18 @@ class Compressed:
     """What :func:`compress` put on a model: ``reduce_scatters`` (one per
     FSDPModule, in model.modules() order) and summed counters."""
 
-    def __init__(self, reduce_scatters, all_gathers=()):
+    def __init__(self, reduce_scatters, all_gathers=(), prefetch=None):
         self.reduce_scatters = reduce_scatters
         self.all_gathers = list(all_gathers)
+        self._prefetch = prefetch
+
+    @property
+    def forward_prefetch(self):
+        """The FSDP modules in the order their forwards ran in the first step,
+        once each prefetches the next one's all-gather (from the second step
+        on; empty before, or without overlapped gathers)."""
+        p = self._prefetch
+        return list(p.order) if p is not None and p.planned else []
 
     @property
     def stats(self):
@@ -313,10 +469,10 @@ class Compressed:
             for k in ("bytes_sent", "bytes_received"):
                 out[k] += rs.stats.get(k, 0)
         if self.all_gathers:
-            gathers = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
-                       "bytes_received": 0}
+            gathers = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "overlapped_calls": 0,
+                       "bytes_sent": 0, "bytes_received": 0}
             for ag in self.all_gathers:
-                for k in ("calls", "full_calls", "compressed_calls"):
+                for k in ("calls", "full_calls", "compressed_calls", "overlapped_calls"):
                     gathers[k] += getattr(ag, k)
                 for k in ("bytes_sent", "bytes_received"):
                     gathers[k] += ag.stats[k]
@@ -397,7 +553,7 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
 
 
 def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None,
-             transport="auto"):
+             transport="auto", overlap=True):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
     (after ``fully_shard``; before the first backward). `warmup`: the
     full-precision reduce-scatters of each module first. `params`: a code
@@ -405,8 +561,12 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     default, leaves them at full precision; FSDP1 has no all-gather hook).
     `transport`: where CUDA gradients are reduced: "auto" (on the GPU over
     NCCL when libsquall has its GPU path, else staged through host memory),
-    "nccl" or "host" (see the module's docstring). Returns a
-    :class:`Compressed` with the per-module objects and their counters."""
+    "nccl" or "host" (see the module's docstring). `overlap` (with
+    `params`): the host all-gathers run on a thread of their own, each
+    module prefetching the next one's in forward from the second step on,
+    so they overlap compute (False: each in FSDP's call, no prefetch set).
+    Returns a :class:`Compressed` with the per-module objects and their
+    counters."""
     modules, units = _fsdp_modules(model)
     if params is not None and units:
         raise SquallInvalidArgument(
@@ -422,17 +582,20 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
         raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
     comms = _Comms(timeout, transport)
     made, gathers = [], []
+    prefetch = _ForwardPrefetch() if params is not None and overlap else None
     ids2, ids1 = {id(m) for m in modules}, {id(m) for m in units}
     for name, m in model.named_modules():
         if id(m) in ids2:
             made.append(attach(m, codec, warmup, comms, name))
             if params is not None:
-                gathers.append(AllGather(params, comms, name))
+                gathers.append(AllGather(params, comms, name, overlap=overlap))
                 m.set_custom_all_gather(gathers[-1])
+                if prefetch is not None:
+                    prefetch.add(m)
         elif id(m) in ids1:
             rs, why = attach_fsdp1(m, codec, warmup, comms, name)
             if rs is None:
                 raise SquallInvalidArgument(
                     f"squall.fsdp.compress: FSDP1 unit {name or '(root)'}: {why}")
             made.append(rs)
-    return Compressed(made, gathers)
+    return Compressed(made, gathers, prefetch)

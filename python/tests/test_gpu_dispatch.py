@@ -391,8 +391,8 @@ def _collectives(rank, world):
     x = torch.randn(n, generator=torch.Generator().manual_seed(99 + rank))
     og, oh = cuda(torch.empty(world * n)), torch.empty(world * n)
     del calls[:]
-    ag_gpu(og, cuda(x.clone()), None)
-    ag_host(oh, x.clone(), None)
+    assert ag_gpu(og, cuda(x.clone()), None) is None  # enqueued on the stream
+    ag_host(oh, x.clone(), None).wait()  # on the gatherer thread: FSDP waits on the Work
     assert torch.equal(og, oh) and [c[0] for c in calls] == ["all_gather"], calls
     assert ag_gpu.compressed_calls == 1 and ag_gpu.stats["bytes_sent"] > 0, ag_gpu.stats
     saved = rs_gpu.state_dict()

@@ -17,7 +17,8 @@ LAUNCH is how the ranks come to be:
   spawn-fsdp2, spawn-fsdp1    the same with FSDP2 (fully_shard) or FSDP1 instead of DDP
   spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
                        and squall.fsdp.compress(model, codec=CODEC, warmup=20); CODEC+PCODEC
-                       (FSDP2) also compresses the parameter all-gathers with PCODEC
+                       (FSDP2) also compresses the parameter all-gathers with PCODEC,
+                       CODEC+PCODEC+inline with overlap=False
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
@@ -282,7 +283,9 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
         import squall.fsdp
 
         codec, _, params = squall_codec.partition("+")
-        compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None)
+        params, _, inline = params.partition("+")
+        compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None,
+                                          overlap=inline != "inline")
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
     if version == "fsdp2":
@@ -298,7 +301,9 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
         h.update(v.detach().float().contiguous().numpy().tobytes())
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(dict(rank=rank, losses=losses, params=h.hexdigest(),
-                       fsdp=compressed.stats if compressed else None), f)
+                       fsdp=compressed.stats if compressed else None,
+                       forward_prefetch=len(compressed.forward_prefetch) if compressed else None),
+                  f)
     finish()
 
 
