@@ -35,6 +35,7 @@
 
 #include "src/codec/calibrate.h"
 #include "src/codec/kernels.h"
+#include "src/codec/numeric.h"
 #include "src/codec/parallel.h"
 
 namespace squall::codec {
@@ -248,8 +249,9 @@ struct Result {
 };
 
 // Kernel rows measured per configuration, in this order: encode+EF, decode,
-// accumulate, their streaming-store forms, and the sum of two encodings.
-constexpr int kKernelRows = 7;
+// accumulate, their streaming-store forms, the sum of two encodings, and
+// encode+EF with the residual stored in bf16 (codec.h, ResidualStore).
+constexpr int kKernelRows = 8;
 
 struct SizeRun {
   double copyGbps = 0;
@@ -259,8 +261,15 @@ struct SizeRun {
 
 // The fp32 buffers every codec of one size shares.
 struct Floats {
-  explicit Floats(size_t count) : x(count * 4), eIn(count * 4), eOut(count * 4), out(count * 4) {}
+  explicit Floats(size_t count)
+      : x(count * 4),
+        eIn(count * 4),
+        eOut(count * 4),
+        out(count * 4),
+        hIn(count * 2),
+        hOut(count * 2) {}
   Buffer x, eIn, eOut, out;
+  Buffer hIn, hOut;  // the residual's halves in bf16
 };
 
 // Bits per element in a block codec's data section.
@@ -277,6 +286,9 @@ void measureCodec(const Options& o, size_t count, CodecId codec, const Floats& f
   const Buffer& eOut = f.eOut;
   const Buffer& out = f.out;
   Buffer payload(layout.payloadBytes);
+  const Bf16Residual bf16{reinterpret_cast<const uint16_t*>(f.hIn.data),
+                          reinterpret_cast<uint16_t*>(f.hOut.data)};
+  EncodeJob ejobBf16{x.data, DType::kF32, count, spec, layout, nullptr, nullptr, payload.data};
 
   struct Config {
     const KernelTable* table;
@@ -327,7 +339,9 @@ void measureCodec(const Options& o, size_t count, CodecId codec, const Floats& f
       case 3: return secondsOf([&] { (void)parallelEncode(k.encode, ejobStream, c.threads); });
       case 4: return secondsOf([&] { parallelDecode(k.decode, djobStream, c.threads); });
       case 5: return secondsOf([&] { separateSum(k, c.threads); });
-      default: return secondsOf([&] { parallelDecodeSum(k, sum, out.floats(), true, c.threads); });
+      case 6: return secondsOf([&] { parallelDecodeSum(k, sum, out.floats(), true, c.threads); });
+      default:
+        return secondsOf([&] { (void)parallelEncode(k.encode, ejobBf16, c.threads, &bf16); });
     }
   };
   for (const Config& c : configs)
@@ -344,13 +358,14 @@ void measureCodec(const Options& o, size_t count, CodecId codec, const Floats& f
   // Read x and e, write e and the payload; read the payload, write the
   // output; read the payload and the accumulator, write the accumulator.
   // The streaming rows move the same bytes, without the read of each written
-  // line; a sum of two encodings must read both and write the output once.
-  const double traffic[kKernels] = {12.0 * n + payloadBytes,     4.0 * n + payloadBytes,
-                                    8.0 * n + payloadBytes,      12.0 * n + payloadBytes,
-                                    4.0 * n + payloadBytes,      4.0 * n + 2.0 * payloadBytes,
-                                    4.0 * n + 2.0 * payloadBytes};
+  // line; a sum of two encodings must read both and write the output once;
+  // a bf16 residual is half the residual's bytes.
+  const double traffic[kKernels] = {12.0 * n + payloadBytes,      4.0 * n + payloadBytes,
+                                    8.0 * n + payloadBytes,       12.0 * n + payloadBytes,
+                                    4.0 * n + payloadBytes,       4.0 * n + 2.0 * payloadBytes,
+                                    4.0 * n + 2.0 * payloadBytes, 8.0 * n + payloadBytes};
   const char* names[kKernels] = {"encode+EF",     "decode",        "accumulate", "encode+EF stream",
-                                 "decode stream", "sum2 separate", "sum2 fused"};
+                                 "decode stream", "sum2 separate", "sum2 fused", "encode+EF bf16"};
   for (size_t c = 0; c < configs.size(); ++c) {
     for (int kernel = 0; kernel < kKernels; ++kernel) {
       const std::vector<double>& t = times[c][kernel];
@@ -374,6 +389,7 @@ SizeRun measureSize(const Options& o, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     f.x.floats()[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) * 1e-3f;
     f.eIn.floats()[i] = static_cast<float>(static_cast<int>(i * 40503u % 201) - 100) * 1e-5f;
+    reinterpret_cast<uint16_t*>(f.hIn.data)[i] = floatToBf16(f.eIn.floats()[i]);
   }
   SizeRun run;
   run.iters = o.iters;

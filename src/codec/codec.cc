@@ -98,6 +98,18 @@ Status checkSum(const uint8_t* const* encodings, size_t n, size_t bytes, size_t 
   return Status::kOk;
 }
 
+// A span's halves for the kernels (fp32 store), or for parallel.cc's tiles (bf16).
+const float* f32In(const ResidualSpan& r) {
+  return r.store == ResidualStore::kF32 ? static_cast<const float*>(r.in) : nullptr;
+}
+float* f32Out(const ResidualSpan& r) {
+  return r.store == ResidualStore::kF32 ? static_cast<float*>(r.out) : nullptr;
+}
+Bf16Residual bf16Of(const ResidualSpan& r) {
+  if (r.store != ResidualStore::kBf16) return {};
+  return {static_cast<const uint16_t*>(r.in), static_cast<uint16_t*>(r.out)};
+}
+
 // The payload pointers of a sum: on the stack for the usual few ranks.
 struct Payloads {
   explicit Payloads(size_t n) : heap(n > kInline ? n : 0) {}
@@ -114,34 +126,38 @@ bool sameEncoding(const Spec& a, const Spec& b) {
          (!usesBlocks(a.codec) || a.block == b.block);
 }
 
-Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
+Status Residual::create(size_t count, std::unique_ptr<Residual>* out, ResidualStore store) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the residual output pointer is NULL");
+  SQUALL_REQUIRE(store == ResidualStore::kF32 || store == ResidualStore::kBf16,
+                 Status::kInvalidArgument, Subsys::kCodec,
+                 "a residual is stored as fp32 or bf16, not store %u",
+                 static_cast<unsigned>(store));
   size_t bytes = 0;
-  SQUALL_REQUIRE(
-      !__builtin_mul_overflow(count, sizeof(float), &bytes) && bytes <= SIZE_MAX / 2 - 64,
-      Status::kInvalidArgument, Subsys::kCodec,
-      "a residual of %zu elements would need more than SIZE_MAX bytes", count);
-  std::unique_ptr<Residual> r(new (std::nothrow) Residual(count));
+  SQUALL_REQUIRE(!__builtin_mul_overflow(count, residualElementBytes(store), &bytes) &&
+                     bytes <= SIZE_MAX / 2 - 64,
+                 Status::kInvalidArgument, Subsys::kCodec,
+                 "a residual of %zu elements would need more than SIZE_MAX bytes", count);
+  std::unique_ptr<Residual> r(new (std::nothrow) Residual(count, store));
   SQUALL_REQUIRE(r != nullptr, Status::kOutOfMemory, Subsys::kCodec,
                  "out of memory allocating a residual object");
   const size_t padded = (bytes + 63) & ~size_t{63};
   if (padded >= kMappedResidualBytes) {
     // Zero pages from the kernel: nothing is touched until an encode writes.
     r->mappedBytes_ = padded;
-    for (float*& buffer : r->buffers_) {
+    for (void*& buffer : r->buffers_) {
       void* map = mmap(nullptr, padded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       SQUALL_REQUIRE(map != MAP_FAILED, Status::kOutOfMemory, Subsys::kCodec,
                      "out of memory mapping a residual of %zu elements (2 x %zu bytes): %s; "
                      "free memory or compress smaller buffers",
                      count, bytes, std::strerror(errno));
-      buffer = static_cast<float*>(map);
+      buffer = map;
     }
     *out = std::move(r);
     return Status::kOk;
   }
-  for (float*& buffer : r->buffers_) {
-    buffer = static_cast<float*>(std::aligned_alloc(64, padded == 0 ? 64 : padded));
+  for (void*& buffer : r->buffers_) {
+    buffer = std::aligned_alloc(64, padded == 0 ? 64 : padded);
     SQUALL_REQUIRE(buffer != nullptr, Status::kOutOfMemory, Subsys::kCodec,
                    "out of memory allocating a residual of %zu elements (2 x %zu bytes); "
                    "free memory or compress smaller buffers",
@@ -153,7 +169,7 @@ Status Residual::create(size_t count, std::unique_ptr<Residual>* out) {
 }
 
 Residual::~Residual() {
-  for (float* buffer : buffers_) {
+  for (void* buffer : buffers_) {
     if (buffer == nullptr) continue;
     if (mappedBytes_ != 0) {
       munmap(buffer, mappedBytes_);
@@ -171,15 +187,49 @@ void Residual::commit(bool finite) {
 }
 
 void Residual::reset() {
-  for (float* buffer : buffers_) {
+  for (void* buffer : buffers_) {
     // A mapping drops its pages instead: they read as zeros again, and the
     // next encode that writes them takes them fresh (zeroing them in place
     // here would first fault in every page never written yet).
     if (mappedBytes_ == 0 || madvise(buffer, mappedBytes_, MADV_DONTNEED) != 0)
-      std::memset(buffer, 0, count_ * sizeof(float));
+      std::memset(buffer, 0, count_ * residualElementBytes(store_));
   }
   current_ = 0;
   skipped_ = 0;
+}
+
+ResidualSpan Residual::span(size_t at) {
+  return ResidualSpan(buffers_[current_], buffers_[current_ ^ 1], store_).at(at);
+}
+
+float Residual::value(size_t i) const {
+  if (store_ == ResidualStore::kBf16)
+    return bf16ToFloat(static_cast<const uint16_t*>(buffers_[current_])[i]);
+  return static_cast<const float*>(buffers_[current_])[i];
+}
+
+void Residual::setValue(size_t i, float value) {
+  if (store_ == ResidualStore::kBf16) {
+    static_cast<uint16_t*>(buffers_[current_])[i] = floatToBf16(value);
+  } else {
+    static_cast<float*>(buffers_[current_])[i] = value;
+  }
+}
+
+void Residual::read(float* to, size_t n) const {
+  if (store_ == ResidualStore::kF32) {
+    if (n != 0) std::memcpy(to, buffers_[current_], n * sizeof(float));
+    return;
+  }
+  widenBf16(static_cast<const uint16_t*>(buffers_[current_]), to, n);
+}
+
+void Residual::write(const float* from, size_t n) {
+  if (store_ == ResidualStore::kF32) {
+    if (n != 0) std::memcpy(buffers_[current_], from, n * sizeof(float));
+    return;
+  }
+  narrowToBf16(from, static_cast<uint16_t*>(buffers_[current_]), n);
 }
 
 Status encodedSize(const Spec& spec, size_t count, size_t* bytes) {
@@ -230,11 +280,11 @@ Stores storesFor(size_t bytes) {
 }
 
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
-                 const float* residualIn, float* residualOut, void* output, size_t capacity,
-                 EncodeResult* result, Stores stores) {
+                 ResidualSpan residual, void* output, size_t capacity, EncodeResult* result,
+                 Stores stores) {
   SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the result pointer is NULL");
-  SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
+  SQUALL_REQUIRE((residual.in == nullptr) == (residual.out == nullptr), Status::kInvalidUsage,
                  Subsys::kCodec, "residual input and output must be both set or both NULL");
   Layout layout;
   SQUALL_TRY(checkEncodeArgs(spec, input, dtype, count, output, capacity, Subsys::kCodec, &layout));
@@ -244,10 +294,12 @@ Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
-    r.finite = parallelEncode(k.encode,
-                              EncodeJob{input, dtype, count, spec, layout, residualIn, residualOut,
-                                        out + kHeaderBytes, stores == Stores::kStream},
-                              codecThreads());
+    const Bf16Residual bf16 = bf16Of(residual);
+    r.finite =
+        parallelEncode(k.encode,
+                       EncodeJob{input, dtype, count, spec, layout, f32In(residual),
+                                 f32Out(residual), out + kHeaderBytes, stores == Stores::kStream},
+                       codecThreads(), bf16.in != nullptr ? &bf16 : nullptr);
   }
   *result = r;
   return Status::kOk;
@@ -262,8 +314,8 @@ Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Re
                    residual->count(), count);
   }
   SQUALL_TRY(encodeRaw(spec, input, dtype, count,
-                       residual != nullptr ? residual->current() : nullptr,
-                       residual != nullptr ? residual->next() : nullptr, output, capacity, result));
+                       residual != nullptr ? residual->span() : ResidualSpan{}, output, capacity,
+                       result));
   if (residual != nullptr) residual->commit(result->finite);
   return Status::kOk;
 }
@@ -297,11 +349,11 @@ Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float*
 }
 
 Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
-                 size_t count, int divisor, const float* residualIn, float* residualOut,
-                 void* output, size_t capacity, EncodeResult* result, Stores stores) {
+                 size_t count, int divisor, ResidualSpan residual, void* output, size_t capacity,
+                 EncodeResult* result, Stores stores) {
   SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
                  "the result pointer is NULL");
-  SQUALL_REQUIRE((residualIn == nullptr) == (residualOut == nullptr), Status::kInvalidUsage,
+  SQUALL_REQUIRE((residual.in == nullptr) == (residual.out == nullptr), Status::kInvalidUsage,
                  Subsys::kCodec, "residual input and output must be both set or both NULL");
   Payloads payloads(n);
   Spec inSpec;
@@ -337,13 +389,15 @@ Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, si
                         count,
                         spec,
                         layout,
-                        residualIn,
-                        residualOut,
+                        f32In(residual),
+                        f32Out(residual),
                         out + kHeaderBytes,
                         stores == Stores::kStream};
     const CodecKernels& k = table.codecs[static_cast<int>(spec.codec)];
-    r.finite = parallelEncodeSum(k, SumJob{payloads.data(), n, count, spec, layout, divisor},
-                                 k.encode, job, codecThreads());
+    const Bf16Residual bf16 = bf16Of(residual);
+    r.finite =
+        parallelEncodeSum(k, SumJob{payloads.data(), n, count, spec, layout, divisor}, k.encode,
+                          job, codecThreads(), bf16.in != nullptr ? &bf16 : nullptr);
   }
   *result = r;
   return Status::kOk;

@@ -15,6 +15,34 @@
 
 namespace squall::codec {
 
+// How a residual keeps its elements (Residual, below).
+enum class ResidualStore : uint8_t { kF32, kBf16 };
+
+constexpr size_t residualElementBytes(ResidualStore store) {
+  return store == ResidualStore::kBf16 ? 2 : 4;
+}
+
+// The elements of a residual one encode reads (`in`: the error owed) and
+// writes (`out`: the error it leaves), from the encode's first element, in
+// the residual's store; in == nullptr: no error feedback.
+struct ResidualSpan {
+  const void* in = nullptr;
+  void* out = nullptr;
+  ResidualStore store = ResidualStore::kF32;
+
+  ResidualSpan() = default;
+  ResidualSpan(const float* in_, float* out_) : in(in_), out(out_) {}
+  ResidualSpan(const void* in_, void* out_, ResidualStore store_)
+      : in(in_), out(out_), store(store_) {}
+  // The span from element `offset` on (no feedback stays none).
+  ResidualSpan at(size_t offset) const {
+    if (in == nullptr) return *this;
+    const size_t skip = offset * residualElementBytes(store);
+    return ResidualSpan(static_cast<const uint8_t*>(in) + skip, static_cast<uint8_t*>(out) + skip,
+                        store);
+  }
+};
+
 // Error-feedback state of one buffer, double-buffered so that a call can be
 // abandoned (the non-finite rule) without a second pass: encode reads
 // current(), writes next(), and commit() flips them only when every block of
@@ -24,26 +52,52 @@ namespace squall::codec {
 // creating a residual costs microseconds whatever its size: its pages are
 // faulted in and zeroed by the first encode that writes them (on the thread
 // that runs the collective, not on the one that created the state).
+//
+// The store is fp32, or bf16 for half the memory (and half the residual's
+// share of an encode's memory traffic): the encode still computes in fp32,
+// reading each owed value widened (exactly) and storing each new one
+// rounded to the nearest bf16, ties to even. So a bf16 residual holds
+// exactly what an fp32 one would hold if every committed value were
+// rounded to bf16.
 class Residual {
  public:
-  static Status create(size_t count, std::unique_ptr<Residual>* out);
+  static Status create(size_t count, std::unique_ptr<Residual>* out,
+                       ResidualStore store = ResidualStore::kF32);
   ~Residual();
   Residual(const Residual&) = delete;
   Residual& operator=(const Residual&) = delete;
 
   size_t count() const { return count_; }
-  const float* current() const { return buffers_[current_]; }
-  float* current() { return buffers_[current_]; }
-  float* next() { return buffers_[current_ ^ 1]; }
+  ResidualStore store() const { return store_; }
+  // Both halves' bytes (what the residual costs in memory).
+  size_t bytes() const { return 2 * count_ * residualElementBytes(store_); }
+  // The halves as fp32 arrays: an fp32 store only (null for bf16).
+  const float* current() const { return f32(current_); }
+  float* current() { return f32(current_); }
+  float* next() { return f32(current_ ^ 1); }
+  // What an encode of elements [at, count()) reads and writes: the current
+  // half and the next, either store.
+  ResidualSpan span(size_t at = 0);
+  // Element i of the current half, widened; and set to `value` (rounded to
+  // the store).
+  float value(size_t i) const;
+  void setValue(size_t i, float value);
+  // The current half's first n elements as fp32, and set from fp32.
+  void read(float* to, size_t n) const;
+  void write(const float* from, size_t n);
   // Makes next() current when `finite`; otherwise counts a skipped call.
   void commit(bool finite);
   void reset();
   uint64_t skipped() const { return skipped_; }
 
  private:
-  explicit Residual(size_t count) : count_(count) {}
+  Residual(size_t count, ResidualStore store) : count_(count), store_(store) {}
+  float* f32(int half) const {
+    return store_ == ResidualStore::kF32 ? static_cast<float*>(buffers_[half]) : nullptr;
+  }
   size_t count_;
-  float* buffers_[2] = {nullptr, nullptr};
+  ResidualStore store_;
+  void* buffers_[2] = {nullptr, nullptr};
   size_t mappedBytes_ = 0;  // each buffer's mapping; 0: from aligned_alloc
   int current_ = 0;
   uint64_t skipped_ = 0;
@@ -78,12 +132,20 @@ Stores storesFor(size_t bytes);
 // codec's scale kind but onebit's are not part of the encoding).
 bool sameEncoding(const Spec& a, const Spec& b);
 
-// Low-level encode: reads residualIn (may be null), writes residualOut for
-// every element (may alias nothing else). Callers such as the collectives
-// encode sub-ranges with this and commit the residual once per call.
+// Low-level encode: reads residual.in (may be null: no error feedback),
+// writes residual.out for every element (may alias nothing else). Callers
+// such as the collectives encode sub-ranges with this and commit the
+// residual once per call.
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
-                 const float* residualIn, float* residualOut, void* output, size_t capacity,
-                 EncodeResult* result, Stores stores = Stores::kCached);
+                 ResidualSpan residual, void* output, size_t capacity, EncodeResult* result,
+                 Stores stores = Stores::kCached);
+// The same with fp32 residual halves.
+inline Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
+                        const float* residualIn, float* residualOut, void* output, size_t capacity,
+                        EncodeResult* result, Stores stores = Stores::kCached) {
+  return encodeRaw(spec, input, dtype, count, ResidualSpan{residualIn, residualOut}, output,
+                   capacity, result, stores);
+}
 
 // Encode with an optional Residual object, committed when the call is finite.
 Status encode(const Spec& spec, const void* input, DType dtype, size_t count, Residual* residual,
@@ -102,13 +164,19 @@ Status decodeAccumulate(const void* input, size_t bytes, float* accumulator, siz
 Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float* out, size_t count,
                  int divisor, Stores stores = Stores::kCached);
 
-// The same sum, encoded with error feedback with `spec` (residualIn and
-// residualOut as in encodeRaw) into `output`, without ever being stored: the
-// bytes and residuals of decodeSum followed by encodeRaw, in one pass.
+// The same sum, encoded with error feedback with `spec` (`residual` as in
+// encodeRaw) into `output`, without ever being stored: the bytes and
+// residuals of decodeSum followed by encodeRaw, in one pass.
 Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
-                 size_t count, int divisor, const float* residualIn, float* residualOut,
-                 void* output, size_t capacity, EncodeResult* result,
-                 Stores stores = Stores::kCached);
+                 size_t count, int divisor, ResidualSpan residual, void* output, size_t capacity,
+                 EncodeResult* result, Stores stores = Stores::kCached);
+inline Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
+                        size_t count, int divisor, const float* residualIn, float* residualOut,
+                        void* output, size_t capacity, EncodeResult* result,
+                        Stores stores = Stores::kCached) {
+  return encodeSum(spec, encodings, n, bytes, count, divisor, ResidualSpan{residualIn, residualOut},
+                   output, capacity, result, stores);
+}
 
 // acc[i] /= n for i < count, exactly (see parallel.h).
 void divideAll(float* acc, size_t count, int n);

@@ -66,9 +66,36 @@ struct CodecKernels {
   SumFn sum = nullptr;  // nullptr: parallel.cc sums tile by tile with decode and accumulate
 };
 
+// A bf16 residual's conversions (parallel.h, Bf16Residual): to[i] = the
+// bf16 from[i] widened to fp32 (exact), and from[i] rounded to the nearest
+// bf16, ties to even, a NaN quietened (numeric.h's floatToBf16). Integer
+// operations only, so every implementation gives the same bits.
+using WidenFn = void (*)(const uint16_t* from, float* to, size_t n);
+using NarrowFn = void (*)(const float* from, uint16_t* to, size_t n);
+
+// The loops every implementation compiles with its own instructions.
+// Static, as streamStores above.
+static inline void widenBf16Loop(const uint16_t* from, float* to, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(from[i]) << 16;
+    __builtin_memcpy(to + i, &bits, 4);
+  }
+}
+static inline void narrowBf16Loop(const float* from, uint16_t* to, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    __builtin_memcpy(&u, from + i, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (u >> 16) | 0x0040u;
+    to[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+
 struct KernelTable {
   const char* name;  // "scalar", "avx2", "avx512"
   CodecKernels codecs[kNumCodecs];
+  WidenFn widenBf16;
+  NarrowFn narrowToBf16;
 };
 
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };

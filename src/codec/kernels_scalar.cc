@@ -231,6 +231,9 @@ constexpr CodecKernels elementwiseKernels() {
           elementwiseDecode<Format, true>};
 }
 
+void widenBf16Scalar(const uint16_t* from, float* to, size_t n) { widenBf16Loop(from, to, n); }
+void narrowBf16Scalar(const float* from, uint16_t* to, size_t n) { narrowBf16Loop(from, to, n); }
+
 constexpr KernelTable kScalar = {
     "scalar",
     {
@@ -242,6 +245,8 @@ constexpr KernelTable kScalar = {
         intKernels<CodecId::kInt2>(),                             // int2
         intKernels<CodecId::kInt4>(),                             // int4
     },
+    widenBf16Scalar,
+    narrowBf16Scalar,
 };
 
 }  // namespace

@@ -204,47 +204,6 @@ void rebase(const Spec& spec, const Layout& whole, const Range& r, Payload* payl
   }
 }
 
-struct EncodeContext {
-  EncodeFn fn;
-  const EncodeJob* job;
-  int pieces;
-  std::atomic<bool>* finite;
-};
-
-void encodePiece(const void* context, int i) {
-  const auto& c = *static_cast<const EncodeContext*>(context);
-  const EncodeJob& whole = *c.job;
-  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
-  if (r.end <= r.begin) return;
-  EncodeJob job = whole;
-  job.input = static_cast<const uint8_t*>(whole.input) + r.begin * dtypeSize(whole.dtype);
-  job.count = r.end - r.begin;
-  if (whole.residualIn != nullptr) {
-    job.residualIn = whole.residualIn + r.begin;
-    job.residualOut = whole.residualOut + r.begin;
-  }
-  rebase(whole.spec, whole.layout, r, &job.payload, &job.layout);
-  if (!c.fn(job)) c.finite->store(false, std::memory_order_relaxed);
-}
-
-struct DecodeContext {
-  DecodeFn fn;
-  const DecodeJob* job;
-  int pieces;
-};
-
-void decodePiece(const void* context, int i) {
-  const auto& c = *static_cast<const DecodeContext*>(context);
-  const DecodeJob& whole = *c.job;
-  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
-  if (r.end <= r.begin) return;
-  DecodeJob job = whole;
-  job.count = r.end - r.begin;
-  job.output = whole.output + r.begin;
-  rebase(whole.spec, whole.layout, r, &job.payload, &job.layout);
-  c.fn(job);
-}
-
 // ---- sums of several encodings, tile by tile --------------------------------
 
 // A tile holds whole units, at least kTileElements elements when the unit is
@@ -264,6 +223,102 @@ Range tileRange(const Spec& spec, size_t begin, size_t length) {
     r.blocks = (length + spec.block - 1) / spec.block;
   }
   return r;
+}
+
+// A thread's buffers for the tiles of one piece: the tile's sum (a sum's
+// encode), and a bf16 residual's owed values widened and the new ones
+// before rounding. On the stack for tiles of at most kTileElements.
+class Tiles {
+ public:
+  explicit Tiles(size_t length) : length_(length) {
+    if (length > kTileElements) heap_.resize(3 * length);
+  }
+  float* sum() { return at(0); }
+  float* owed() { return at(1); }
+  float* left() { return at(2); }
+
+ private:
+  float* at(int k) {
+    return heap_.empty() ? onStack_[k] : heap_.data() + static_cast<size_t>(k) * length_;
+  }
+  alignas(64) float onStack_[3][kTileElements];
+  std::vector<float> heap_;
+  size_t length_;
+};
+
+// Encodes the elements `t` of `whole` from `input` (t's own elements, of
+// `dtype`): the residual at t.begin of whole's fp32 halves, or, with `bf16`,
+// the tile's owed values widened into `owed` and the new ones left in
+// `left`, then rounded into bf16->out. Returns whether every block was finite.
+bool encodeTile(EncodeFn fn, const EncodeJob& whole, const Bf16Residual* bf16, const Range& t,
+                const void* input, DType dtype, float* owed, float* left) {
+  EncodeJob job = whole;
+  job.input = input;
+  job.dtype = dtype;
+  job.count = t.end - t.begin;
+  if (bf16 != nullptr) {
+    widenBf16(bf16->in + t.begin, owed, job.count);
+    job.residualIn = owed;
+    job.residualOut = left;
+    job.stream = false;
+  } else if (job.residualIn != nullptr) {
+    job.residualIn += t.begin;
+    job.residualOut += t.begin;
+  }
+  rebase(whole.spec, whole.layout, t, &job.payload, &job.layout);
+  const bool finite = fn(job);
+  if (bf16 != nullptr) narrowToBf16(left, bf16->out + t.begin, job.count);
+  return finite;
+}
+
+struct EncodeContext {
+  EncodeFn fn;
+  const EncodeJob* job;
+  int pieces;
+  std::atomic<bool>* finite;
+  const Bf16Residual* bf16;
+};
+
+void encodePiece(const void* context, int i) {
+  const auto& c = *static_cast<const EncodeContext*>(context);
+  const EncodeJob& whole = *c.job;
+  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
+  if (r.end <= r.begin) return;
+  const auto* input = static_cast<const uint8_t*>(whole.input);
+  const size_t size = dtypeSize(whole.dtype);
+  bool finite = true;
+  if (c.bf16 == nullptr) {  // the kernel takes the whole piece
+    finite =
+        encodeTile(c.fn, whole, nullptr, r, input + r.begin * size, whole.dtype, nullptr, nullptr);
+  } else {
+    const size_t length = tileElements(whole.spec);
+    Tiles tiles(length);
+    for (size_t at = r.begin; at < r.end; at += length) {
+      const Range t = tileRange(whole.spec, at, std::min(length, r.end - at));
+      finite = encodeTile(c.fn, whole, c.bf16, t, input + at * size, whole.dtype, tiles.owed(),
+                          tiles.left()) &&
+               finite;
+    }
+  }
+  if (!finite) c.finite->store(false, std::memory_order_relaxed);
+}
+
+struct DecodeContext {
+  DecodeFn fn;
+  const DecodeJob* job;
+  int pieces;
+};
+
+void decodePiece(const void* context, int i) {
+  const auto& c = *static_cast<const DecodeContext*>(context);
+  const DecodeJob& whole = *c.job;
+  const Range r = pieceRange(whole.spec, whole.count, c.pieces, i);
+  if (r.end <= r.begin) return;
+  DecodeJob job = whole;
+  job.count = r.end - r.begin;
+  job.output = whole.output + r.begin;
+  rebase(whole.spec, whole.layout, r, &job.payload, &job.layout);
+  c.fn(job);
 }
 
 // tile[0, t.end - t.begin) = the divided sum of the n encodings' elements
@@ -301,18 +356,16 @@ void storeFence() {
 #endif
 }
 
-// Runs visit(range, tile) for every tile of piece i of `pieces` over the
-// sum's elements, with a tile buffer of this thread's own.
+// Runs visit(range, tiles) for every tile of piece i of `pieces` over the
+// sum's elements, with tile buffers of this thread's own.
 template <typename Visit>
 void eachTile(const SumJob& sum, int pieces, int i, Visit&& visit) {
   const Range r = pieceRange(sum.spec, sum.count, pieces, i);
   if (r.end <= r.begin) return;
   const size_t length = tileElements(sum.spec);
-  alignas(64) float onStack[kTileElements];
-  std::vector<float> onHeap(length > kTileElements ? length : 0);
-  float* tile = length > kTileElements ? onHeap.data() : onStack;
+  Tiles tiles(length);
   for (size_t at = r.begin; at < r.end; at += length) {
-    visit(tileRange(sum.spec, at, std::min(length, r.end - at)), tile);
+    visit(tileRange(sum.spec, at, std::min(length, r.end - at)), tiles);
   }
 }
 
@@ -341,9 +394,9 @@ void decodeSumPiece(const void* context, int i) {
     c.kernels->sum(jobs.data(), sum.n, sum.divisor);
     return;
   }
-  eachTile(*c.sum, c.pieces, i, [&](const Range& t, float* tile) {
-    sumTile(*c.kernels, *c.sum, t, tile);
-    storeTile(c.output + t.begin, tile, t.end - t.begin, c.stream);
+  eachTile(*c.sum, c.pieces, i, [&](const Range& t, Tiles& tiles) {
+    sumTile(*c.kernels, *c.sum, t, tiles.sum());
+    storeTile(c.output + t.begin, tiles.sum(), t.end - t.begin, c.stream);
   });
   if (c.stream) storeFence();
 }
@@ -355,23 +408,17 @@ struct EncodeSumContext {
   const EncodeJob* job;
   int pieces;
   std::atomic<bool>* finite;
+  const Bf16Residual* bf16;
 };
 
 void encodeSumPiece(const void* context, int i) {
   const auto& c = *static_cast<const EncodeSumContext*>(context);
   bool finite = true;
-  eachTile(*c.sum, c.pieces, i, [&](const Range& t, float* tile) {
-    sumTile(*c.kernels, *c.sum, t, tile);
-    EncodeJob job = *c.job;
-    job.input = tile;
-    job.dtype = DType::kF32;
-    job.count = t.end - t.begin;
-    if (job.residualIn != nullptr) {
-      job.residualIn += t.begin;
-      job.residualOut += t.begin;
-    }
-    rebase(job.spec, c.job->layout, t, &job.payload, &job.layout);
-    finite = c.encode(job) && finite;
+  eachTile(*c.sum, c.pieces, i, [&](const Range& t, Tiles& tiles) {
+    sumTile(*c.kernels, *c.sum, t, tiles.sum());
+    finite = encodeTile(c.encode, *c.job, c.bf16, t, tiles.sum(), DType::kF32, tiles.owed(),
+                        tiles.left()) &&
+             finite;
   });
   if (!finite) c.finite->store(false, std::memory_order_relaxed);
 }
@@ -398,10 +445,10 @@ void parallelDecodeSum(const CodecKernels& kernels, const SumJob& sum, float* ou
 }
 
 bool parallelEncodeSum(const CodecKernels& kernels, const SumJob& sum, EncodeFn encode,
-                       const EncodeJob& job, int threads) {
+                       const EncodeJob& job, int threads, const Bf16Residual* bf16) {
   const int pieces = piecesFor(sum.count, threads);
   std::atomic<bool> finite{true};
-  const EncodeSumContext context{&kernels, &sum, encode, &job, pieces, &finite};
+  const EncodeSumContext context{&kernels, &sum, encode, &job, pieces, &finite, bf16};
   runPieces(pieces, encodeSumPiece, &context);
   return finite.load(std::memory_order_relaxed);
 }
@@ -468,11 +515,19 @@ int piecesFor(size_t count, int threads) {
   return static_cast<int>(std::clamp<size_t>(byWork, 1, static_cast<size_t>(std::max(threads, 1))));
 }
 
-bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads) {
+void widenBf16(const uint16_t* from, float* to, size_t n) {
+  activeKernels().widenBf16(from, to, n);
+}
+
+void narrowToBf16(const float* from, uint16_t* to, size_t n) {
+  activeKernels().narrowToBf16(from, to, n);
+}
+
+bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads, const Bf16Residual* bf16) {
   const int pieces = piecesFor(job.count, threads);
-  if (pieces <= 1) return fn(job);
+  if (pieces <= 1 && bf16 == nullptr) return fn(job);
   std::atomic<bool> finite{true};
-  const EncodeContext context{fn, &job, pieces, &finite};
+  const EncodeContext context{fn, &job, pieces, &finite, bf16};
   runPieces(pieces, encodePiece, &context);
   return finite.load(std::memory_order_relaxed);
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "src/codec/kernels.h"
 
@@ -39,10 +40,29 @@ size_t minElementsPerThread();
 // How many pieces a call of `count` elements is cut into with `threads`.
 int piecesFor(size_t count, int threads);
 
+// A residual stored in bf16 (codec.h, ResidualStore::kBf16), for the
+// encodes below: the job's residualIn and residualOut are null, and each
+// piece is encoded tile by tile (tiles of whole blocks, at most a block or
+// 4096 elements), its owed values widened into an fp32 buffer the L1 cache
+// holds, the kernel run on that, and the new values rounded back to bf16.
+// The kernels see fp32 only, so every implementation stores the same bits.
+struct Bf16Residual {
+  const uint16_t* in = nullptr;
+  uint16_t* out = nullptr;
+};
+
+// to[i] = the bf16 from[i] as fp32 (exact); and to[i] = from[i] rounded to
+// the nearest bf16, ties to even (numeric.h's floatToBf16): the active
+// implementation's conversions (kernels.h), the same bits on every one.
+void widenBf16(const uint16_t* from, float* to, size_t n);
+void narrowToBf16(const float* from, uint16_t* to, size_t n);
+
 // Runs the kernel of `job` on up to `threads` threads; returns the AND of the
 // pieces' finite flags. When another thread is already using the pool, the
 // call runs on the caller alone (same bytes, no waiting on the other call).
-bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads);
+// `bf16`: the residual when it is stored in bf16 (above).
+bool parallelEncode(EncodeFn fn, const EncodeJob& job, int threads,
+                    const Bf16Residual* bf16 = nullptr);
 void parallelDecode(DecodeFn fn, const DecodeJob& job, int threads);
 
 // The sum of n encodings of the same `count` elements (one spec, one layout;
@@ -69,7 +89,7 @@ void parallelDecodeSum(const CodecKernels& kernels, const SumJob& sum, float* ou
 // output: input and dtype are ignored, the sums are its fp32 input); returns
 // whether every block was finite.
 bool parallelEncodeSum(const CodecKernels& kernels, const SumJob& sum, EncodeFn encode,
-                       const EncodeJob& job, int threads);
+                       const EncodeJob& job, int threads, const Bf16Residual* bf16 = nullptr);
 
 // acc[i] /= n, exactly (a multiply by the exact inverse when n is a power
 // of two, which gives the same bits as the division).

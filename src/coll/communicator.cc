@@ -518,13 +518,13 @@ Communicator::Body Communicator::reduceScatterBody(const void* in, void* out, Da
 }
 
 Status Communicator::createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
-                                           std::unique_ptr<CompressedState>* out,
-                                           Feedback feedback) const {
+                                           std::unique_ptr<CompressedState>* out, Feedback feedback,
+                                           codec::ResidualStore store) const {
   if (hierarchy_ == nullptr)
-    return CompressedState::create(size(), count, spec, out, phase, feedback);
+    return CompressedState::create(size(), count, spec, out, phase, feedback, store);
   const HostLayout& l = hierarchy_->layout;
   return CompressedState::createHierarchical(l.hosts, l.local, l.localIndex, count, spec, out,
-                                             feedback);
+                                             feedback, store);
 }
 
 Status Communicator::compressedAllReduce(const void* in, void* out, DataType dtype, ReduceOp op,

@@ -145,11 +145,13 @@ class Communicator {
   // A state for compressed allreduces of `count` elements on this
   // communicator: hierarchical when it has a hierarchy, else flat, of phase
   // `phase` (the hierarchical layout has none), keeping error feedback or
-  // not. (A flat state made with CompressedState::create runs the flat
-  // algorithm on any communicator of its size.)
+  // not, its residuals in `store`. (A flat state made with
+  // CompressedState::create runs the flat algorithm on any communicator of
+  // its size.)
   Status createCompressedState(size_t count, const codec::Spec& spec, size_t phase,
                                std::unique_ptr<CompressedState>* out,
-                               Feedback feedback = Feedback::kKept) const;
+                               Feedback feedback = Feedback::kKept,
+                               codec::ResidualStore store = codec::ResidualStore::kF32) const;
 
  private:
   using Body = std::function<Status(const OpContext&)>;

@@ -143,10 +143,10 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   for (size_t k = 0; k < segments; ++k) {
     const size_t at = firstOf(k);  // the worker residual is indexed virtually
     if (hooks != nullptr) SQUALL_TRY(hooks->inputNeeded(std::min((k + 1) * seg, span) - phase));
-    const CompressedState::Halves residual = state->workerAt(at);
+    const codec::ResidualSpan residual = state->workerAt(at);
     codec::EncodeResult result;
     SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
-                           residual.in, residual.out, slotOf(rr, k), slot, &result, stores));
+                           residual, slotOf(rr, k), slot, &result, stores));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();

@@ -38,7 +38,9 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
 // its buffers (input, output, the worker residual's two halves when it keeps
 // one) against the last-level cache (codec::storesFor).
 inline codec::Stores callStores(const CompressedState& state, size_t elementSize) {
-  const size_t residual = state.feedback() == Feedback::kKept ? 2 * sizeof(float) : 0;
+  const size_t residual = state.feedback() == Feedback::kKept
+                              ? 2 * codec::residualElementBytes(state.residualStore())
+                              : 0;
   return codec::storesFor(state.count() * (2 * elementSize + residual));
 }
 
@@ -68,10 +70,6 @@ inline Status pieceBytes(const codec::Spec& spec, Piece piece, size_t* bytes) {
   return Status::kOk;
 }
 
-// p + at, or null for a call without error feedback (no residual).
-inline const float* residualAt(const float* p, size_t at) { return p == nullptr ? p : p + at; }
-inline float* residualAt(float* p, size_t at) { return p == nullptr ? p : p + at; }
-
 // encode(head, output, capacity, result) then encode(rest, ...) for a piece
 // with a head, each with its own part of the output; `encode` takes the
 // part's element offset and count: the two encodings travel back to back.
@@ -90,15 +88,14 @@ Status encodeParts(Piece piece, uint8_t* output, size_t capacity, codec::EncodeR
 
 // codec::encodeRaw of a piece: the head's encoding, then the rest's.
 inline Status encodePiece(const codec::Spec& spec, Piece piece, const uint8_t* input,
-                          codec::DType dtype, const float* residualIn, float* residualOut,
-                          uint8_t* output, size_t capacity, codec::EncodeResult* result,
+                          codec::DType dtype, codec::ResidualSpan residual, uint8_t* output,
+                          size_t capacity, codec::EncodeResult* result,
                           codec::Stores stores = codec::Stores::kCached) {
   return encodeParts(
       piece, output, capacity, result,
       [&](size_t at, size_t count, uint8_t* to, size_t room, codec::EncodeResult* part) {
         return codec::encodeRaw(spec, input + at * codec::dtypeSize(dtype), dtype, count,
-                                residualAt(residualIn, at), residualAt(residualOut, at), to, room,
-                                part, stores);
+                                residual.at(at), to, room, part, stores);
       });
 }
 
@@ -130,12 +127,12 @@ inline Status decodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* c
 // The same sum encoded with error feedback (codec::encodeSum): the head's
 // encoding, then the rest's, as encodePiece writes them.
 inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* const> encodings,
-                             size_t bytes, Piece piece, int divisor, const float* residualIn,
-                             float* residualOut, uint8_t* output, size_t capacity,
-                             codec::EncodeResult* result, codec::Stores stores) {
+                             size_t bytes, Piece piece, int divisor, codec::ResidualSpan residual,
+                             uint8_t* output, size_t capacity, codec::EncodeResult* result,
+                             codec::Stores stores) {
   if (piece.head == 0) {
     return codec::encodeSum(spec, encodings.data(), encodings.size(), bytes, piece.count, divisor,
-                            residualIn, residualOut, output, capacity, result, stores);
+                            residual, output, capacity, result, stores);
   }
   // A headed piece: the rest's encodings start past each head's.
   const size_t head = headBytes(spec, piece);
@@ -148,8 +145,7 @@ inline Status encodeSumPiece(const codec::Spec& spec, std::span<const uint8_t* c
           for (const uint8_t*& p : parts) p += head;
         }
         return codec::encodeSum(spec, parts.data(), parts.size(), length, count, divisor,
-                                residualAt(residualIn, at), residualAt(residualOut, at), to, room,
-                                part, stores);
+                                residual.at(at), to, room, part, stores);
       });
 }
 

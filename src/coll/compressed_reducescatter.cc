@@ -111,10 +111,10 @@ Status directCompressedReduceScatter(const OpContext& ctx, const void* in, void*
     for (size_t i = 1; i <= nn; ++i) {
       const size_t c = (rr + i) % nn;
       const size_t at = c * piece + k * seg;
-      const CompressedState::Halves residual = state->workerAt(at);
+      const codec::ResidualSpan residual = state->workerAt(at);
       codec::EncodeResult result;
-      SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, countOf(k), residual.in,
-                                  residual.out, sendSlot(c, k), slot, &result, stores));
+      SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, countOf(k), residual,
+                                  sendSlot(c, k), slot, &result, stores));
       finite = finite && result.finite;
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }

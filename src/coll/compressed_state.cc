@@ -8,30 +8,20 @@
 #include "src/common/params.h"
 
 namespace squall::coll {
-namespace {
 
-// SQUALL_RESIDUAL_PRECISION: whether committed residuals are rounded to bf16.
-bool roundsToBf16() {
+codec::ResidualStore residualStoreParam() {
   const std::string precision = paramString(Param::kResidualPrecision);
-  if (precision == "bf16") return true;
+  if (precision == "bf16") return codec::ResidualStore::kBf16;
   if (precision != "fp32") {
     SQUALL_WARN(Subsys::kEnv, "SQUALL_RESIDUAL_PRECISION=%s is not fp32 or bf16; using fp32",
                 precision.c_str());
   }
-  return false;
+  return codec::ResidualStore::kF32;
 }
-
-void roundToBf16(codec::Residual& r) {
-  float* values = r.current();
-  for (size_t i = 0; i < r.count(); ++i)
-    values[i] = codec::bf16ToFloat(codec::floatToBf16(values[i]));
-}
-
-}  // namespace
 
 Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec,
                                std::unique_ptr<CompressedState>* out, size_t phase,
-                               Feedback feedback) {
+                               Feedback feedback, codec::ResidualStore store) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(nranks >= 1, Status::kInvalidArgument, Subsys::kColl,
@@ -53,9 +43,8 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
   const size_t padded = (phase + count + group - 1) / group * group;
   s->chunk_ = padded / static_cast<size_t>(nranks);
   if (feedback == Feedback::kKept) {
-    SQUALL_TRY(codec::Residual::create(padded, &s->worker_));
-    SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_));
-    s->roundBf16_ = roundsToBf16();
+    SQUALL_TRY(codec::Residual::create(padded, &s->worker_, store));
+    SQUALL_TRY(codec::Residual::create(s->chunk_, &s->server_, store));
   }
   *out = std::move(s);
   return Status::kOk;
@@ -63,7 +52,7 @@ Status CompressedState::create(int nranks, size_t count, const codec::Spec& spec
 
 Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const codec::Spec& spec,
                                             std::unique_ptr<CompressedState>* out,
-                                            Feedback feedback) {
+                                            Feedback feedback, codec::ResidualStore store) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(nranks >= 1, Status::kInvalidArgument, Subsys::kColl,
@@ -81,8 +70,7 @@ Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const 
   s->unit_ = codec::usesBlocks(spec.codec) ? spec.block : 1;
   s->reduceScatter_ = true;
   if (feedback == Feedback::kKept) {
-    SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_));
-    s->roundBf16_ = roundsToBf16();
+    SQUALL_TRY(codec::Residual::create(s->count_, &s->worker_, store));
   }
   *out = std::move(s);
   return Status::kOk;
@@ -90,8 +78,8 @@ Status CompressedState::createReduceScatter(int nranks, size_t recvcount, const 
 
 Status CompressedState::createHierarchical(int hosts, int local, int localIndex, size_t count,
                                            const codec::Spec& spec,
-                                           std::unique_ptr<CompressedState>* out,
-                                           Feedback feedback) {
+                                           std::unique_ptr<CompressedState>* out, Feedback feedback,
+                                           codec::ResidualStore store) {
   SQUALL_REQUIRE(out != nullptr, Status::kInvalidArgument, Subsys::kColl,
                  "the compressed-state output pointer is NULL");
   SQUALL_REQUIRE(hosts >= 2 && local >= 2 && localIndex >= 0 && localIndex < local,
@@ -119,7 +107,7 @@ Status CompressedState::createHierarchical(int hosts, int local, int localIndex,
     const size_t begin = l * (groups / ll) + std::min(l, groups % ll);
     s->slices_[l] = std::min(begin * group, count);
   }
-  SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_, 0, feedback));
+  SQUALL_TRY(create(hosts, s->sliceCount(localIndex), spec, &s->cross_, 0, feedback, store));
   *out = std::move(s);
   return Status::kOk;
 }
@@ -149,9 +137,6 @@ void CompressedState::commit(bool finite, bool serverUsed) {
   if (worker_ == nullptr) return;
   worker_->commit(finite);
   if (serverUsed && server_ != nullptr) server_->commit(finite);
-  if (!finite || !roundBf16_) return;
-  roundToBf16(*worker_);
-  if (serverUsed && server_ != nullptr) roundToBf16(*server_);
 }
 
 }  // namespace squall::coll

@@ -64,22 +64,31 @@ struct CompressedStats {
   uint64_t messagesSent = 0;
 };
 
+// SQUALL_RESIDUAL_PRECISION: the store of the residuals of the compressors
+// made on host communicators (fp32 unless it says bf16; anything else is
+// warned about and taken as fp32).
+codec::ResidualStore residualStoreParam();
+
 class CompressedState {
  public:
+  // `store`: how the residuals keep their elements (codec::Residual).
   static Status create(int nranks, size_t count, const codec::Spec& spec,
                        std::unique_ptr<CompressedState>* out, size_t phase = 0,
-                       Feedback feedback = Feedback::kKept);
+                       Feedback feedback = Feedback::kKept,
+                       codec::ResidualStore store = codec::ResidualStore::kF32);
   // The hierarchical layout for local index localIndex of `local` ranks per
   // host on `hosts` hosts (nranks() = hosts * local).
   static Status createHierarchical(int hosts, int local, int localIndex, size_t count,
                                    const codec::Spec& spec, std::unique_ptr<CompressedState>* out,
-                                   Feedback feedback = Feedback::kKept);
+                                   Feedback feedback = Feedback::kKept,
+                                   codec::ResidualStore store = codec::ResidualStore::kF32);
 
   // The reduce-scatter layout for `nranks` ranks of `recvcount` elements
   // each (above).
   static Status createReduceScatter(int nranks, size_t recvcount, const codec::Spec& spec,
                                     std::unique_ptr<CompressedState>* out,
-                                    Feedback feedback = Feedback::kKept);
+                                    Feedback feedback = Feedback::kKept,
+                                    codec::ResidualStore store = codec::ResidualStore::kF32);
 
   bool hierarchical() const { return cross_ != nullptr; }
   bool reduceScatter() const { return reduceScatter_; }
@@ -117,20 +126,27 @@ class CompressedState {
     if (cross_ != nullptr) return cross_->feedback();
     return worker_ != nullptr ? Feedback::kKept : Feedback::kNone;
   }
+  // How the residuals keep their elements (fp32 without feedback).
+  codec::ResidualStore residualStore() const {
+    if (cross_ != nullptr) return cross_->residualStore();
+    return worker_ != nullptr ? worker_->store() : codec::ResidualStore::kF32;
+  }
+  // The residuals' memory, both halves of both (0 without feedback).
+  size_t residualBytes() const {
+    if (cross_ != nullptr) return cross_->residualBytes();
+    return (worker_ != nullptr ? worker_->bytes() : 0) +
+           (server_ != nullptr ? server_->bytes() : 0);
+  }
   // The residuals; only for a state that keeps error feedback (server():
   // not for the reduce-scatter layout).
   codec::Residual& worker() { return cross_ != nullptr ? cross_->worker() : *worker_; }
   codec::Residual& server() { return cross_ != nullptr ? cross_->server() : *server_; }
   // What the algorithms hand an encode at position `at` of the worker residual
   // (virtual positions) or of the server residual (positions in the chunk):
-  // the half it reads and the half it writes, both null without feedback.
-  // Flat layout (the hierarchical algorithm asks cross()).
-  struct Halves {
-    const float* in = nullptr;
-    float* out = nullptr;
-  };
-  Halves workerAt(size_t at) { return halves(worker_.get(), at); }
-  Halves serverAt(size_t at) { return halves(server_.get(), at); }
+  // the half it reads and the half it writes, none without feedback. Flat
+  // layout (the hierarchical algorithm asks cross()).
+  codec::ResidualSpan workerAt(size_t at) { return spanOf(worker_.get(), at); }
+  codec::ResidualSpan serverAt(size_t at) { return spanOf(server_.get(), at); }
   // The end of a call: the worker residual, and the server's when the call
   // used it, become current when `finite` (codec::Residual::commit); nothing
   // without feedback.
@@ -162,8 +178,8 @@ class CompressedState {
   Scratch& scratch() { return scratch_; }
 
  private:
-  static Halves halves(codec::Residual* r, size_t at) {
-    return r == nullptr ? Halves{} : Halves{r->current() + at, r->next() + at};
+  static codec::ResidualSpan spanOf(codec::Residual* r, size_t at) {
+    return r == nullptr ? codec::ResidualSpan{} : r->span(at);
   }
 
   Scratch scratch_;
@@ -178,7 +194,6 @@ class CompressedState {
   codec::Spec spec_, gatherSpec_;
   CompressedAlgo algo_{};                             // kAuto
   std::unique_ptr<codec::Residual> worker_, server_;  // null without feedback
-  bool roundBf16_ = false;  // SQUALL_RESIDUAL_PRECISION=bf16: commits round to bf16
   // Hierarchical only.
   std::unique_ptr<CompressedState> cross_;
   int local_ = 1;

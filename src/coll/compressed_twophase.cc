@@ -161,19 +161,18 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     for (size_t j = 0; j < nn; ++j) encodings[j] = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
     // The server residual is indexed by position within the chunk.
     const size_t at = firstOf(rr, k) - rr * chunk;
-    const CompressedState::Halves residual = state->serverAt(at);
+    const codec::ResidualSpan residual = state->serverAt(at);
     codec::EncodeResult result;
     const int divisor = op == ReduceOp::kAvg ? n : 1;
     if (fused) {
-      SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, divisor, residual.in, residual.out,
-                                serverSlot(k), gslot, &result, stores));
+      SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, divisor, residual, serverSlot(k),
+                                gslot, &result, stores));
     } else {
       float* sum = state->scratch().accumulator.data();
       SQUALL_TRY(
           decodeSumPiece(spec, encodings, bytes, piece, sum, divisor, codec::Stores::kCached));
       SQUALL_TRY(encodePiece(gspec, piece, reinterpret_cast<const uint8_t*>(sum),
-                             codec::DType::kF32, residual.in, residual.out, serverSlot(k), gslot,
-                             &result));
+                             codec::DType::kF32, residual, serverSlot(k), gslot, &result));
     }
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
@@ -203,10 +202,10 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       const Piece piece = pieceOf(c, k);
       if (piece.count == 0) continue;
       const size_t at = firstOf(c, k);  // the worker residual is indexed virtually
-      const CompressedState::Halves residual = state->workerAt(at);
+      const codec::ResidualSpan residual = state->workerAt(at);
       codec::EncodeResult result;
-      SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType, residual.in,
-                             residual.out, sendSlot(c, k), slot, &result, stores));
+      SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType, residual,
+                             sendSlot(c, k), slot, &result, stores));
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());

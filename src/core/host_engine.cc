@@ -59,19 +59,19 @@ class HostCompressor final : public Compressor {
     if (!keepsFeedback()) return Status::kOk;  // nothing is owed
     coll::CompressedState& s = *state_;
     const size_t phase = s.phase(), n = count();
-    float* worker = s.worker().current();
-    for (size_t i = 0; i < n; ++i) owed[i] += worker[phase + i];
-    std::fill(worker, worker + s.paddedCount(), 0.0f);
+    codec::Residual& worker = s.worker();
+    for (size_t i = 0; i < n; ++i) owed[i] += worker.value(phase + i);
+    for (size_t i = 0; i < s.paddedCount(); ++i) worker.setValue(i, 0.0f);
     if (s.reduceScatter()) return Status::kOk;  // no server residual
     // This rank's chunk of the virtual layout (compressed_state.h).
     const float scale = op == ReduceOp::kAvg ? static_cast<float>(s.nranks()) : 1.0f;
     const size_t first = static_cast<size_t>(comm().rank()) * s.chunk();
-    float* server = s.server().current();
+    codec::Residual& server = s.server();
     for (size_t j = 0; j < s.chunk(); ++j) {
       const size_t at = first + j;
-      if (at >= phase && at - phase < n) owed[at - phase] += scale * server[j];
+      if (at >= phase && at - phase < n) owed[at - phase] += scale * server.value(j);
+      server.setValue(j, 0.0f);
     }
-    std::fill(server, server + s.chunk(), 0.0f);
     return Status::kOk;
   }
   Status seed(const float* owed, void*) override {
@@ -79,8 +79,10 @@ class HostCompressor final : public Compressor {
     SQUALL_REQUIRE(keepsFeedback(), Status::kInvalidUsage, Subsys::kApi,
                    "this compressor was made without error feedback and holds no residual to "
                    "seed; make it with feedback kept to carry an owed error into its calls");
-    float* worker = state_->worker().current() + state_->phase();
-    for (size_t i = 0; i < count(); ++i) worker[i] += owed[i];
+    codec::Residual& worker = state_->worker();
+    const size_t phase = state_->phase();
+    for (size_t i = 0; i < count(); ++i)
+      worker.setValue(phase + i, worker.value(phase + i) + owed[i]);
     return Status::kOk;
   }
 
@@ -92,15 +94,15 @@ class HostCompressor final : public Compressor {
   Status readResiduals(void* worker, void* server) override {
     size_t w = 0, s = 0;
     SQUALL_TRY(residualCounts(&w, &s));
-    if (w != 0) std::memcpy(worker, state_->worker().current(), w * sizeof(float));
-    if (s != 0) std::memcpy(server, state_->server().current(), s * sizeof(float));
+    if (w != 0) state_->worker().read(static_cast<float*>(worker), w);
+    if (s != 0) state_->server().read(static_cast<float*>(server), s);
     return Status::kOk;
   }
   Status writeResiduals(const void* worker, const void* server) override {
     size_t w = 0, s = 0;
     SQUALL_TRY(residualCounts(&w, &s));
-    if (w != 0) std::memcpy(state_->worker().current(), worker, w * sizeof(float));
-    if (s != 0) std::memcpy(state_->server().current(), server, s * sizeof(float));
+    if (w != 0) state_->worker().write(static_cast<const float*>(worker), w);
+    if (s != 0) state_->server().write(static_cast<const float*>(server), s);
     return Status::kOk;
   }
 
@@ -225,7 +227,8 @@ class HostEngine final : public Engine {
   Status createCompressor(const Comm* owner, size_t count, const codec::Spec& spec, size_t phase,
                           coll::Feedback feedback, std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::CompressedState> state;
-    SQUALL_TRY(coll_->createCompressedState(count, spec, phase, &state, feedback));
+    SQUALL_TRY(coll_->createCompressedState(count, spec, phase, &state, feedback,
+                                            coll::residualStoreParam()));
     *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
     return Status::kOk;
   }
@@ -246,8 +249,8 @@ class HostEngine final : public Engine {
                                        coll::Feedback feedback,
                                        std::unique_ptr<Compressor>* out) override {
     std::unique_ptr<coll::CompressedState> state;
-    SQUALL_TRY(
-        coll::CompressedState::createReduceScatter(size(), recvcount, spec, &state, feedback));
+    SQUALL_TRY(coll::CompressedState::createReduceScatter(size(), recvcount, spec, &state, feedback,
+                                                          coll::residualStoreParam()));
     const size_t count = state->count();
     *out = std::make_unique<HostCompressor>(owner, count, spec, std::move(state));
     return Status::kOk;

@@ -466,6 +466,60 @@ TEST_P(CommApi, CompressorStateResumesBitForBit) {
   }
 }
 
+// SQUALL_RESIDUAL_PRECISION=bf16 when a compressor is made stores its
+// residuals in bf16: its saved state (the host layout's fp32 values) loaded
+// into an fp32 compressor gives that compressor its next call bit for bit,
+// while an fp32 compressor that ran the same calls owes finer values and
+// sends other bytes. Both layouts.
+TEST_P(CommApi, Bf16ResidualStoreFromTheEnvironment) {
+  const int n = 2;
+  const size_t recvcount = 900;
+  for (bool scatter : {false, true}) {
+    setenv("SQUALL_RESIDUAL_PRECISION", "bf16", 1);
+    runRanks(n, [&](squallComm_t comm, int rank) {
+      squallCodecSpec_t spec;
+      ASSERT_EQ(squallCodecSpecParse("int4:block=64", &spec), squallSuccess);
+      auto make = [&]() {
+        squallCompressor_t c = nullptr;
+        EXPECT_OK(scatter ? squallCompressorCreateReduceScatter(comm, recvcount, &spec, &c)
+                          : squallCompressorCreate(comm, recvcount * n, &spec, &c));
+        return c;
+      };
+      auto call = [&](squallCompressor_t c, int k) {
+        std::vector<float> x(recvcount * n), y(scatter ? recvcount : recvcount * n);
+        for (size_t i = 0; i < x.size(); ++i)
+          x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(rank + 7 * k));
+        EXPECT_OK(scatter ? squallCompressedReduceScatter(x.data(), y.data(), recvcount,
+                                                          squallFloat32, squallAvg, c, comm)
+                          : squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg,
+                                                      c, comm));
+        return y;
+      };
+      squallCompressor_t narrow = make();
+      ASSERT_EQ(squallBarrier(comm), squallSuccess);
+      if (rank == 0) unsetenv("SQUALL_RESIDUAL_PRECISION");
+      ASSERT_EQ(squallBarrier(comm), squallSuccess);
+      squallCompressor_t wide = make(), loaded = make();
+      for (int k = 0; k < 3; ++k) {
+        const auto a = call(narrow, k), b = call(wide, k);
+        if (k == 0) {
+          EXPECT_EQ(a, b);  // nothing owed yet
+        }
+      }
+      size_t bytes = 0, written = 0;
+      EXPECT_OK(squallCompressorStateSize(narrow, &bytes));
+      std::vector<uint8_t> state(bytes);
+      EXPECT_OK(squallCompressorSaveState(narrow, state.data(), bytes, &written));
+      EXPECT_OK(squallCompressorLoadState(loaded, state.data(), bytes));
+      const auto next = call(narrow, 3);
+      EXPECT_EQ(call(loaded, 3), next);
+      EXPECT_NE(call(wide, 3), next);
+      for (squallCompressor_t c : {narrow, wide, loaded}) EXPECT_OK(squallCompressorDestroy(c));
+    });
+    unsetenv("SQUALL_RESIDUAL_PRECISION");
+  }
+}
+
 TEST_P(CommApi, SplitFormsSubgroups) {
   runRanks(4, [&](squallComm_t comm, int rank) {
     squallComm_t sub = nullptr;

@@ -556,6 +556,72 @@ TEST_P(CompressedAllReduce, NonFiniteInputPoisonsItsBlocksAndSkipsCommits) {
   }
 }
 
+// Residuals stored in bf16 (half the memory): over both algorithms, a
+// buffer inside a block (phase), segments, an element-wise and two block
+// codecs, every output and both residuals are those of fp32 residuals
+// rounded to bf16 after every commit, bit for bit, call after call, a
+// non-finite call (committed by neither) included.
+TEST_P(CompressedAllReduce, Bf16ResidualsAreRoundedFp32Ones) {
+  constexpr int kN = 4;
+  constexpr size_t kCount = 4 * 256 + 40;
+  auto round = [](codec::Residual& r) {
+    for (size_t i = 0; i < r.count(); ++i)
+      r.setValue(i, codec::bf16ToFloat(codec::floatToBf16(r.value(i))));
+  };
+  auto same = [](codec::Residual& a, codec::Residual& b) {
+    for (size_t i = 0; i < a.count(); ++i) {
+      if (codec::floatBits(a.value(i)) != codec::floatBits(b.value(i))) return false;
+    }
+    return a.count() == b.count();
+  };
+  for (CompressedAlgo algo : {CompressedAlgo::kTwoPhase, CompressedAlgo::kAllGather}) {
+    for (const codec::Spec& spec :
+         {specOf(codec::CodecId::kInt4, 64), specOf(codec::CodecId::kOnebit, 64),
+          specOf(codec::CodecId::kFp16, 1)}) {
+      const size_t phase = codec::usesBlocks(spec.codec) ? 24 : 0;
+      SCOPED_TRACE(::testing::Message()
+                   << codec::codecName(spec.codec) << " "
+                   << (algo == CompressedAlgo::kTwoPhase ? "twophase" : "allgather"));
+      coll::Options options = testing::testOptions();
+      options.compressedAlgo = algo;
+      options.segmentBytes = 1024;
+      Group group(kN, options);
+      std::vector<std::unique_ptr<CompressedState>> wide(kN), narrow(kN);
+      for (int r = 0; r < kN; ++r) {
+        ASSERT_EQ(CompressedState::create(kN, kCount, spec, &wide[r], phase), Status::kOk);
+        ASSERT_EQ(CompressedState::create(kN, kCount, spec, &narrow[r], phase,
+                                          coll::Feedback::kKept, codec::ResidualStore::kBf16),
+                  Status::kOk);
+      }
+      EXPECT_EQ(narrow[0]->residualBytes() * 2, wide[0]->residualBytes());
+      for (int call = 0; call < 4; ++call) {
+        auto inputs = randomInputs(kN, kCount, 70u + static_cast<unsigned>(call));
+        if (call == 2) inputs[3][500] = INFINITY;
+        std::vector<std::vector<float>> a(kN, std::vector<float>(kCount)), b = a;
+        group.run([&](Communicator& comm, int r) {
+          EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), a[r].data(), DataType::kF32,
+                                             ReduceOp::kAvg, narrow[r].get()),
+                    Status::kOk);
+          EXPECT_EQ(comm.compressedAllReduce(inputs[r].data(), b[r].data(), DataType::kF32,
+                                             ReduceOp::kAvg, wide[r].get()),
+                    Status::kOk);
+        });
+        for (int r = 0; r < kN; ++r) {
+          ASSERT_TRUE(sameBits(a[r].data(), b[r].data(), kCount))
+              << "rank " << r << " call " << call;
+          round(wide[r]->worker());
+          round(wide[r]->server());
+          ASSERT_TRUE(same(narrow[r]->worker(), wide[r]->worker()))
+              << "rank " << r << " call " << call;
+          ASSERT_TRUE(same(narrow[r]->server(), wide[r]->server()))
+              << "rank " << r << " call " << call;
+          ASSERT_EQ(narrow[r]->worker().skipped(), call >= 2 ? 1u : 0u);
+        }
+      }
+    }
+  }
+}
+
 // A state without error feedback keeps no residual and sends, call after
 // call, exactly what a state with feedback sends right after reset(): over
 // both algorithms, sum and avg, block and element-wise codecs, a buffer
