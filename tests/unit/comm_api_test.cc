@@ -397,6 +397,21 @@ TEST_P(CommApi, CompressorGatherCodecWidensTheSecondRound) {
   EXPECT_LT(wideErr, narrowErr);
 }
 
+// Call k of a compressor on rank `rank` of n: the allreduce of n x
+// recvcount elements, or (scatter) their reduce-scatter; returns the output.
+std::vector<float> compressedCall(squallComm_t comm, squallCompressor_t c, bool scatter, int rank,
+                                  int n, size_t recvcount, int k) {
+  const auto total = recvcount * static_cast<size_t>(n);
+  std::vector<float> x(total), y(scatter ? recvcount : total);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(rank + 7 * k));
+  EXPECT_OK(scatter
+                ? squallCompressedReduceScatter(x.data(), y.data(), recvcount, squallFloat32,
+                                                squallAvg, c, comm)
+                : squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg, c, comm));
+  return y;
+}
+
 // A compressor's state resumes bit for bit: after three calls, rank r's
 // saved residuals loaded into a fresh compressor give the fourth call's
 // output exactly as the compressor that went on (and a fresh one without
@@ -418,14 +433,7 @@ TEST_P(CommApi, CompressorStateResumesBitForBit) {
         return c;
       };
       auto call = [&](squallCompressor_t c, int k) {
-        std::vector<float> x(recvcount * n), y(scatter ? recvcount : recvcount * n);
-        for (size_t i = 0; i < x.size(); ++i)
-          x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(rank + 7 * k));
-        EXPECT_OK(scatter ? squallCompressedReduceScatter(x.data(), y.data(), recvcount,
-                                                          squallFloat32, squallAvg, c, comm)
-                          : squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg,
-                                                      c, comm));
-        return y;
+        return compressedCall(comm, c, scatter, rank, n, recvcount, k);
       };
       squallCompressor_t a = make(recvcount * n);
       for (int k = 0; k < 3; ++k) call(a, k);
@@ -486,14 +494,7 @@ TEST_P(CommApi, Bf16ResidualStoreFromTheEnvironment) {
         return c;
       };
       auto call = [&](squallCompressor_t c, int k) {
-        std::vector<float> x(recvcount * n), y(scatter ? recvcount : recvcount * n);
-        for (size_t i = 0; i < x.size(); ++i)
-          x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(rank + 7 * k));
-        EXPECT_OK(scatter ? squallCompressedReduceScatter(x.data(), y.data(), recvcount,
-                                                          squallFloat32, squallAvg, c, comm)
-                          : squallCompressedAllReduce(x.data(), y.data(), squallFloat32, squallAvg,
-                                                      c, comm));
-        return y;
+        return compressedCall(comm, c, scatter, rank, n, recvcount, k);
       };
       squallCompressor_t narrow = make();
       ASSERT_EQ(squallBarrier(comm), squallSuccess);
