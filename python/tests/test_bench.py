@@ -93,7 +93,7 @@ def test_codec_at_a_tiny_size_writes_a_record(tmp_path):
     assert data["bench"] == "codec"
     kernels = {r["cell"]["kernel"] for r in data["rows"]}
     assert kernels == {"encode+EF", "decode", "accumulate", "encode+EF stream", "decode stream",
-                       "sum2 separate", "sum2 fused"}
+                       "sum2 separate", "sum2 fused", "encode+EF bf16"}
     assert {r["cell"]["codec"] for r in data["rows"]} == {"onebit", "int2", "int4", "int8"}
     for r in data["rows"]:
         assert r["cell"]["elements"] == 64 << 10 and r["unit"] == "elements/s"
