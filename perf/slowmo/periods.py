@@ -31,7 +31,7 @@ END = "<!-- slowmo-periods:end -->"
 AT_50 = ["adam", "slowmo_default", "slowmo_int2", "diloco", "streamed", "streamed_carry",
          "diloco@100"]
 AT_100 = ["slowmo_default@100", "streamed@100"]
-METHODS = [m for m in AT_50 + AT_100 + ["slowmo_default@250"] if m != "adam"]
+METHODS = [m for m in AT_50 + AT_100 + ["slowmo_default@250", "diloco@250"] if m != "adam"]
 # name: (tasks, seeds, steps, methods): what fit in about an hour on 2 cores, 4 ranks
 PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000, AT_50),
          "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100),
@@ -41,7 +41,12 @@ PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000
          "long100b": ("charcnn,charlm", (3, 2), 4000, ["adam", "slowmo_default@100"]),
          "long250": ("charcnn,charlm", 2, 10000, ["adam", "slowmo_default@250"]),
          # the GRU LM's seeds 2-4 at tau 250 (the family that misses)
-         "long250b": ("charlm", (2, 3), 10000, ["adam", "slowmo_default@250"])}
+         "long250b": ("charlm", (2, 3), 10000, ["adam", "slowmo_default@250"]),
+         # DiLoCo's outer step over 40 syncs on the GRU LM (paired with
+         # long250's and long250b's AdamW runs)
+         "long250d": ("charlm", 5, 10000, ["diloco@250"]),
+         # the transformer over 40 syncs at tau 100
+         "tflong100": ("transformer", 5, 4000, ["adam", "slowmo_default@100"])}
 # The plans whose runs are as long as the others (the table's first block).
 SHORT = ("lm", "tf", "lm100", "tf100")
 
