@@ -85,7 +85,6 @@ def _compress_fsdp(config):
 
     original = impl.fully_shard
     comms = squall.fsdp._Comms(None)
-    prefetch = squall.fsdp._ForwardPrefetch()  # the parameter gathers overlap compute
 
     def fully_shard(module, *args, **kwargs):
         result = original(module, *args, **kwargs)
@@ -96,7 +95,6 @@ def _compress_fsdp(config):
             if config.get("fsdp_params"):
                 _fsdp_all_gathers.append(squall.fsdp.AllGather(config["fsdp_params"], comms))
                 m.set_custom_all_gather(_fsdp_all_gathers[-1])
-                prefetch.add(m)
             _fsdp_compressed_params.update(id(p) for p in m.parameters())
         return result
 

@@ -33,10 +33,10 @@ Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
 ``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
 Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
-parameter all-gathers too (:class:`AllGather`; off unless given), on the
-host on a thread of their own with each module prefetching the next one's
-gather in forward, so the wire overlaps compute (``overlap=False``: each
-gather in FSDP's call). With HSDP
+parameter all-gathers too (:class:`AllGather`; off unless given);
+``overlap=True`` runs the host ones on a thread of their own, each module
+prefetching the next one's gather in forward, so that the wire can overlap
+compute (off by default: no gain where each rank has one core). With HSDP
 only the reduce-scatter inside each shard group is compressed; the
 all-reduce across replicas stays FSDP's.
 
@@ -343,9 +343,9 @@ class AllGather:
     `overlap` (host communicators): the gather runs on the comms' gatherer
     thread over a communicator of its own and FSDP gets a Work to wait on,
     so a gather FSDP prefetches overlaps the compute before its wait;
-    False runs it in the call."""
+    False (the default) runs it in the call."""
 
-    def __init__(self, codec, comms, name="", overlap=True):
+    def __init__(self, codec, comms, name="", overlap=False):
         from .codec import parse_codec
 
         self.spec = parse_codec(codec)  # refused here, not at the first forward
@@ -553,7 +553,7 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
 
 
 def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None,
-             transport="auto", overlap=True):
+             transport="auto", overlap=False):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
     (after ``fully_shard``; before the first backward). `warmup`: the
     full-precision reduce-scatters of each module first. `params`: a code
@@ -561,10 +561,12 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     default, leaves them at full precision; FSDP1 has no all-gather hook).
     `transport`: where CUDA gradients are reduced: "auto" (on the GPU over
     NCCL when libsquall has its GPU path, else staged through host memory),
-    "nccl" or "host" (see the module's docstring). `overlap` (with
+    "nccl" or "host" (see the module's docstring). `overlap=True` (with
     `params`): the host all-gathers run on a thread of their own, each
     module prefetching the next one's in forward from the second step on,
-    so they overlap compute (False: each in FSDP's call, no prefetch set).
+    so that their wire time can overlap compute (default False: each in
+    FSDP's call, no prefetch set; on one core per rank it gained nothing,
+    docs/benchmarks.md).
     Returns a :class:`Compressed` with the per-module objects and their
     counters."""
     modules, units = _fsdp_modules(model)

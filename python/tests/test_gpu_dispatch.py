@@ -387,7 +387,7 @@ def _collectives(rank, world):
         assert [c[0] for c in calls] == ["squallCommInitFromNccl", "reduce_scatter"][-len(calls):]
     # and its parameter all-gathers on the device path, with the host path's bits
     ag_gpu = fsdp.AllGather("int8:block=256", on_gpu, "m")
-    ag_host = fsdp.AllGather("int8:block=256", on_host, "m")
+    ag_host = fsdp.AllGather("int8:block=256", on_host, "m", overlap=True)
     x = torch.randn(n, generator=torch.Generator().manual_seed(99 + rank))
     og, oh = cuda(torch.empty(world * n)), torch.empty(world * n)
     del calls[:]

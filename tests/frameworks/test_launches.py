@@ -170,14 +170,15 @@ def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
 
 
 def test_fsdp_overlapped_gathers(tmp_path):
-    """compress(params=...) runs the host all-gathers on a thread of their
-    own, every module prefetching the next one's in forward (the root and
-    three Linears, in the order the first step ran them): every gather went
-    there, and the job's losses and parameters are the ones of the same job
-    with each gather in FSDP's call (overlap=False), bit for bit."""
+    """compress(params=..., overlap=True) runs the host all-gathers on a
+    thread of their own, every module prefetching the next one's in forward
+    (the root and three Linears, in the order the first step ran them):
+    every gather went there, and the job's losses and parameters are the
+    ones of the same job with each gather in FSDP's call (the default,
+    overlap=False), bit for bit."""
     codec = "int4:block=256+int8:block=256"
-    inline, _, _ = _run(f"spawn-fsdp2-squall-{codec}+inline", "adamw", None, tmp_path, "inline")
-    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "overlap")
+    inline, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "inline")
+    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}+overlap", "adamw", None, tmp_path, "overlap")
     for a, b in zip(ranks, inline):
         assert a["losses"] == b["losses"] and a["params"] == b["params"]
         gathers, alone = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]

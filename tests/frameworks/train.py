@@ -18,7 +18,7 @@ LAUNCH is how the ranks come to be:
   spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
                        and squall.fsdp.compress(model, codec=CODEC, warmup=20); CODEC+PCODEC
                        (FSDP2) also compresses the parameter all-gathers with PCODEC,
-                       CODEC+PCODEC+inline with overlap=False
+                       CODEC+PCODEC+overlap with overlap=True
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
@@ -283,9 +283,9 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
         import squall.fsdp
 
         codec, _, params = squall_codec.partition("+")
-        params, _, inline = params.partition("+")
+        params, _, overlap = params.partition("+")
         compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None,
-                                          overlap=inline != "inline")
+                                          overlap=overlap == "overlap")
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
     if version == "fsdp2":
