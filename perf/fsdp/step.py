@@ -85,7 +85,7 @@ def _worker(args):
         for step in range(1, args.steps + 1):
             x, y = batch(step)
             b0 = linkrun.eth0_tx_bytes()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(net(x), y)
             t1 = time.perf_counter()
@@ -93,14 +93,17 @@ def _worker(args):
             t2 = time.perf_counter()
             opt.step()
             times.append(time.perf_counter() - t0)
-            parts.append((t1 - t0, t2 - t1, times[-1] - (t2 - t0)))  # forward, backward, step
+            # forward, backward, optimizer; and the CPU time of all the
+            # process's threads (its codec and communication threads too)
+            parts.append((t1 - t0, t2 - t1, times[-1] - (t2 - t0), time.process_time() - c0))
             sent.append(linkrun.eth0_tx_bytes() - b0)
         results[name] = {"times": times, "parts": parts, "sent": sent, "loss": float(loss),
                          "stats": compressed.stats if compressed is not None else None}
         if rank == 0:
-            f, b, o = (1e3 * statistics.median(p[i] for p in parts[1:]) for i in range(3))
+            f, b, o, cpu = (1e3 * statistics.median(p[i] for p in parts[1:]) for i in range(4))
             print(f"  {name}: step median {1e3 * statistics.median(times[1:]):.0f} ms (forward "
-                  f"{f:.0f}, backward {b:.0f}, optimizer {o:.0f})", file=sys.stderr, flush=True)
+                  f"{f:.0f}, backward {b:.0f}, optimizer {o:.0f}; CPU {cpu:.0f})", file=sys.stderr,
+                  flush=True)
         del net, opt
         dist.barrier()
     if rank == 0:
@@ -112,8 +115,11 @@ def _worker(args):
 
 def _cell(r, warmup):
     after = slice(warmup + 2, None)
-    return {"step_ms": 1e3 * statistics.median(r["times"][after]),
+    cell = {"step_ms": 1e3 * statistics.median(r["times"][after]),
             "sent": statistics.median(r["sent"][after]), "loss": r["loss"]}
+    if "parts" in r:  # the process's CPU time per step (all its threads)
+        cell["cpu_ms"] = 1e3 * statistics.median(p[3] for p in r["parts"][after])
+    return cell
 
 
 def summary(args, runs):
@@ -122,10 +128,12 @@ def summary(args, runs):
         for name, r in res.items():
             table.setdefault((name, rate), []).append(_cell(r, args.warmup))
     lines = [f"{args.ranks} ranks; {args.steps} steps, squall's warmup {args.warmup}; step ms "
-             "median [range] over the repeats; bytes this rank put on its link per step", "",
+             "median [range] over the repeats; bytes this rank put on its link per step; CPU: "
+             "the rank process's CPU time per step (every thread), median over rates and repeats",
+             "",
              "| variant | " + " | ".join(f"{r} step | {r} vs fp32" for r in args.rates)
-             + " | bytes/step | last loss |",
-             "|---|" + "---|---|" * len(args.rates) + "---|---|"]
+             + " | bytes/step | CPU ms/step | last loss |",
+             "|---|" + "---|---|" * len(args.rates) + "---|---|---|"]
     for name in args.variants:
         row = f"| {LABELS[name]} |"
         cells_all = []
@@ -142,7 +150,9 @@ def summary(args, runs):
                 row += " – | – |"
         sent = statistics.median([c["sent"] for c in cells_all]) if cells_all else 0
         loss = statistics.median([c["loss"] for c in cells_all]) if cells_all else float("nan")
-        row += f" {sent / 1e6:.2f} MB | {loss:.4f} |"
+        cpu = [c["cpu_ms"] for c in cells_all if "cpu_ms" in c]
+        row += f" {sent / 1e6:.2f} MB | {statistics.median(cpu) if cpu else float('nan'):.0f} |"
+        row += f" {loss:.4f} |"
         lines.append(row)
     text = "\n".join(lines) + "\n"
     print(text)
