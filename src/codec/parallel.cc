@@ -204,7 +204,7 @@ void rebase(const Spec& spec, const Layout& whole, const Range& r, Payload* payl
   }
 }
 
-// ---- sums of several encodings, tile by tile --------------------------------
+// ---- tiles: a bf16 residual's encodes, and sums of several encodings --------
 
 // A tile holds whole units, at least kTileElements elements when the unit is
 // smaller: 16 KiB of fp32, which the L1 cache holds next to the encodings'
@@ -245,6 +245,19 @@ class Tiles {
   std::vector<float> heap_;
   size_t length_;
 };
+
+// Runs visit(range, tiles) for every tile of piece i of `pieces` over
+// `count` elements coded with `spec`, with tile buffers of this thread's own.
+template <typename Visit>
+void eachTile(const Spec& spec, size_t count, int pieces, int i, Visit&& visit) {
+  const Range r = pieceRange(spec, count, pieces, i);
+  if (r.end <= r.begin) return;
+  const size_t length = tileElements(spec);
+  Tiles tiles(length);
+  for (size_t at = r.begin; at < r.end; at += length) {
+    visit(tileRange(spec, at, std::min(length, r.end - at)), tiles);
+  }
+}
 
 // Encodes the elements `t` of `whole` from `input` (t's own elements, of
 // `dtype`): the residual at t.begin of whole's fp32 halves, or, with `bf16`,
@@ -291,14 +304,11 @@ void encodePiece(const void* context, int i) {
     finite =
         encodeTile(c.fn, whole, nullptr, r, input + r.begin * size, whole.dtype, nullptr, nullptr);
   } else {
-    const size_t length = tileElements(whole.spec);
-    Tiles tiles(length);
-    for (size_t at = r.begin; at < r.end; at += length) {
-      const Range t = tileRange(whole.spec, at, std::min(length, r.end - at));
-      finite = encodeTile(c.fn, whole, c.bf16, t, input + at * size, whole.dtype, tiles.owed(),
+    eachTile(whole.spec, whole.count, c.pieces, i, [&](const Range& t, Tiles& tiles) {
+      finite = encodeTile(c.fn, whole, c.bf16, t, input + t.begin * size, whole.dtype, tiles.owed(),
                           tiles.left()) &&
                finite;
-    }
+    });
   }
   if (!finite) c.finite->store(false, std::memory_order_relaxed);
 }
@@ -356,19 +366,6 @@ void storeFence() {
 #endif
 }
 
-// Runs visit(range, tiles) for every tile of piece i of `pieces` over the
-// sum's elements, with tile buffers of this thread's own.
-template <typename Visit>
-void eachTile(const SumJob& sum, int pieces, int i, Visit&& visit) {
-  const Range r = pieceRange(sum.spec, sum.count, pieces, i);
-  if (r.end <= r.begin) return;
-  const size_t length = tileElements(sum.spec);
-  Tiles tiles(length);
-  for (size_t at = r.begin; at < r.end; at += length) {
-    visit(tileRange(sum.spec, at, std::min(length, r.end - at)), tiles);
-  }
-}
-
 struct DecodeSumContext {
   const CodecKernels* kernels;
   const SumJob* sum;
@@ -394,7 +391,7 @@ void decodeSumPiece(const void* context, int i) {
     c.kernels->sum(jobs.data(), sum.n, sum.divisor);
     return;
   }
-  eachTile(*c.sum, c.pieces, i, [&](const Range& t, Tiles& tiles) {
+  eachTile(c.sum->spec, c.sum->count, c.pieces, i, [&](const Range& t, Tiles& tiles) {
     sumTile(*c.kernels, *c.sum, t, tiles.sum());
     storeTile(c.output + t.begin, tiles.sum(), t.end - t.begin, c.stream);
   });
@@ -414,7 +411,7 @@ struct EncodeSumContext {
 void encodeSumPiece(const void* context, int i) {
   const auto& c = *static_cast<const EncodeSumContext*>(context);
   bool finite = true;
-  eachTile(*c.sum, c.pieces, i, [&](const Range& t, Tiles& tiles) {
+  eachTile(c.sum->spec, c.sum->count, c.pieces, i, [&](const Range& t, Tiles& tiles) {
     sumTile(*c.kernels, *c.sum, t, tiles.sum());
     finite = encodeTile(c.encode, *c.job, c.bf16, t, tiles.sum(), DType::kF32, tiles.owed(),
                         tiles.left()) &&

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <string>
 
-#include "src/codec/numeric.h"
 #include "src/common/log.h"
 #include "src/common/params.h"
 
