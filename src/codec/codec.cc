@@ -262,21 +262,36 @@ Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t 
   return Status::kOk;
 }
 
-Stores storesFor(size_t bytes) {
-  // Past the last-level cache, a written line is evicted before anyone reads
-  // it; sysconf may not know the size (0 or -1), then 32 MiB is assumed.
-  // SQUALL_STREAM_STORES=always / never moves the threshold to 0 / infinity.
-  static const size_t threshold = [] {
-    const std::string mode = paramString(Param::kStreamStores);
-    if (mode == "always") return size_t{0};
-    if (mode == "never") return SIZE_MAX;
-    if (!mode.empty() && mode != "auto")
-      SQUALL_WARN(Subsys::kEnv, "SQUALL_STREAM_STORES=%s is not auto, always or never; using auto",
-                  mode.c_str());
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+namespace {
+
+// kStream past `cache` bytes, a cache's size from sysconf (0 or -1 where it
+// does not know it: then `fallback`). SQUALL_STREAM_STORES=always / never
+// moves every threshold to 0 / infinity.
+Stores streamPast(size_t bytes, int cache, size_t fallback) {
+  static const std::string mode = [] {
+    std::string m = paramString(Param::kStreamStores);
+    if (m != "always" && m != "never" && m != "auto") {
+      if (!m.empty())
+        SQUALL_WARN(Subsys::kEnv,
+                    "SQUALL_STREAM_STORES=%s is not auto, always or never; using auto", m.c_str());
+      m = "auto";
+    }
+    return m;
   }();
+  if (mode != "auto") return mode == "always" ? Stores::kStream : Stores::kCached;
+  const long size = sysconf(cache);
+  const size_t threshold = size > 0 ? static_cast<size_t>(size) : fallback;
   return bytes > threshold ? Stores::kStream : Stores::kCached;
+}
+
+}  // namespace
+
+Stores storesFor(size_t bytes) {
+  return streamPast(bytes, _SC_LEVEL3_CACHE_SIZE, size_t{32} << 20);
+}
+
+Stores residualStoresFor(size_t bytes) {
+  return streamPast(bytes, _SC_LEVEL2_CACHE_SIZE, size_t{1} << 20);
 }
 
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,

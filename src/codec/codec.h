@@ -125,8 +125,17 @@ Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t 
 enum class Stores : uint8_t { kCached, kStream };
 
 // kStream when `bytes` of buffers are touched by a call: more than the last
-// level cache holds (so cached stores would be evicted unread anyway).
+// level cache holds (so cached stores would be evicted unread anyway). For
+// a call's output, which its caller reads next.
 Stores storesFor(size_t bytes);
+
+// The same for a call's new residuals: kStream past one core's L2 cache. A
+// residual is read again only by the next call on the same buffer, after the
+// caller's own work (a training step's forward and backward) has been
+// through the caches; meanwhile a cached store would first read each line
+// (read-for-ownership) of the residual's other half, which the call does not
+// otherwise touch.
+Stores residualStoresFor(size_t bytes);
 
 // Whether two specs encode alike (an element-wise codec's block and any
 // codec's scale kind but onebit's are not part of the encoding).

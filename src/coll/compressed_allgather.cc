@@ -121,8 +121,8 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
   state->scratch().recvBuffer.resize(nn * segments * slot);  // slot (j, k); own encodings too
   if (dtype != DataType::kF32) state->scratch().accumulator.resize(seg);
   // With hooks the caller reads each decoded segment next, from the cache.
-  const codec::Stores stores =
-      hooks != nullptr ? codec::Stores::kCached : callStores(*state, esize);
+  CallStores stores = callStores(*state, esize);
+  if (hooks != nullptr) stores.output = codec::Stores::kCached;
   auto slotOf = [&](size_t j, size_t k) {
     return state->scratch().recvBuffer.data() + (j * segments + k) * slot;
   };
@@ -146,7 +146,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     const codec::ResidualSpan residual = state->workerAt(at);
     codec::EncodeResult result;
     SQUALL_TRY(encodePiece(spec, pieceOf(k), input + (at - phase) * esize, codecDType(dtype),
-                           residual, slotOf(rr, k), slot, &result, stores));
+                           residual, slotOf(rr, k), slot, &result, stores.residual));
     for (size_t j = 0; j < nn; ++j) {
       if (j == rr) continue;
       sends.emplace_back();
@@ -184,7 +184,7 @@ Status allGatherCompressedAllReduce(const OpContext& ctx, const void* in, void* 
     SQUALL_TRY(pieceBytes(spec, piece, &bytes));
     for (size_t j = 0; j < nn; ++j) encodings[j] = slotOf(j, k);
     SQUALL_TRY(decodeSumPiece(spec, encodings, bytes, piece, sum, op == ReduceOp::kAvg ? n : 1,
-                              f32 ? stores : codec::Stores::kCached));
+                              f32 ? stores.output : codec::Stores::kCached));
     if (!f32) storeDecoded(dtype, sum, out, at, piece.count);
     if (hooks != nullptr) SQUALL_TRY(hooks->outputReady(at + piece.count, finite));
   }

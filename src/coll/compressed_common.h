@@ -34,14 +34,21 @@ inline size_t segmentLength(const Options& options, size_t unit, size_t span) {
   return std::min(elements, span);
 }
 
-// Whether a call's large fp32 writes (residuals, output) bypass the caches:
-// its buffers (input, output, the worker residual's two halves when it keeps
-// one) against the last-level cache (codec::storesFor).
-inline codec::Stores callStores(const CompressedState& state, size_t elementSize) {
+// Whether a call's large fp32 writes bypass the caches, by the bytes of its
+// buffers (input, output, the worker residual's two halves when it keeps
+// one): the new residuals past one core's L2 (codec::residualStoresFor),
+// the output past the last-level cache (codec::storesFor).
+struct CallStores {
+  codec::Stores residual;
+  codec::Stores output;
+};
+
+inline CallStores callStores(const CompressedState& state, size_t elementSize) {
   const size_t residual = state.feedback() == Feedback::kKept
                               ? 2 * codec::residualElementBytes(state.residualStore())
                               : 0;
-  return codec::storesFor(state.count() * (2 * elementSize + residual));
+  const size_t bytes = state.count() * (2 * elementSize + residual);
+  return {codec::residualStoresFor(bytes), codec::storesFor(bytes)};
 }
 
 // A piece of a call: `count` elements, of which the first `head` end a codec

@@ -70,7 +70,7 @@ Status directCompressedReduceScatter(const OpContext& ctx, const void* in, void*
   scratch.recvBuffer.resize(nn * segments * slot);
   scratch.verdicts.assign(nn, 1);  // [j]: rank j's verdict, this rank's own at rr
   if (dtype != DataType::kF32) scratch.decoded.resize(seg);
-  const codec::Stores stores = callStores(*state, esize);
+  const CallStores stores = callStores(*state, esize);
   auto sendSlot = [&](size_t c, size_t k) {
     return scratch.sendBuffer.data() + (c * segments + k) * slot;
   };
@@ -114,7 +114,7 @@ Status directCompressedReduceScatter(const OpContext& ctx, const void* in, void*
       const codec::ResidualSpan residual = state->workerAt(at);
       codec::EncodeResult result;
       SQUALL_TRY(codec::encodeRaw(spec, input + at * esize, inType, countOf(k), residual,
-                                  sendSlot(c, k), slot, &result, stores));
+                                  sendSlot(c, k), slot, &result, stores.residual));
       finite = finite && result.finite;
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
@@ -146,7 +146,8 @@ Status directCompressedReduceScatter(const OpContext& ctx, const void* in, void*
     for (size_t j = 0; j < nn; ++j) encodings[j] = j == rr ? sendSlot(rr, k) : recvSlot(j, k);
     if (dtype == DataType::kF32) {
       SQUALL_TRY(codec::decodeSum(encodings.data(), nn, bytesOf[k],
-                                  static_cast<float*>(out) + k * seg, countOf(k), divisor, stores));
+                                  static_cast<float*>(out) + k * seg, countOf(k), divisor,
+                                  stores.output));
     } else {
       SQUALL_TRY(codec::decodeSum(encodings.data(), nn, bytesOf[k], scratch.decoded.data(),
                                   countOf(k), divisor));

@@ -106,7 +106,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   state->scratch().serverBuffer.resize(segments * gslot);
   if (dtype != DataType::kF32) state->scratch().decoded.resize(seg);
   if (!fused) state->scratch().accumulator.resize(seg);
-  const codec::Stores stores = callStores(*state, esize);
+  const CallStores stores = callStores(*state, esize);
   auto sendSlot = [&](size_t c, size_t k) {
     return state->scratch().sendBuffer.data() + (c * segments + k) * slot;
   };
@@ -166,13 +166,14 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
     const int divisor = op == ReduceOp::kAvg ? n : 1;
     if (fused) {
       SQUALL_TRY(encodeSumPiece(spec, encodings, bytes, piece, divisor, residual, serverSlot(k),
-                                gslot, &result, stores));
+                                gslot, &result, stores.residual));
     } else {
       float* sum = state->scratch().accumulator.data();
       SQUALL_TRY(
           decodeSumPiece(spec, encodings, bytes, piece, sum, divisor, codec::Stores::kCached));
       SQUALL_TRY(encodePiece(gspec, piece, reinterpret_cast<const uint8_t*>(sum),
-                             codec::DType::kF32, residual, serverSlot(k), gslot, &result));
+                             codec::DType::kF32, residual, serverSlot(k), gslot, &result,
+                             stores.residual));
     }
     serverBytes[k] = result.bytes;
     for (size_t j = 0; j < nn; ++j) {
@@ -205,7 +206,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
       const codec::ResidualSpan residual = state->workerAt(at);
       codec::EncodeResult result;
       SQUALL_TRY(encodePiece(spec, piece, input + (at - phase) * esize, inType, residual,
-                             sendSlot(c, k), slot, &result, stores));
+                             sendSlot(c, k), slot, &result, stores.residual));
       if (c != rr) SQUALL_TRY(post(c, static_cast<uint32_t>(k), sendSlot(c, k), result.bytes));
     }
     SQUALL_TRY(ctx.transport->progress());
@@ -245,7 +246,7 @@ Status twoPhaseCompressedAllReduce(const OpContext& ctx, const void* in, void* o
   SQUALL_TRY(eachPiece([&](const uint8_t* encoded, size_t bytes, Piece piece, size_t at) {
     if (dtype == DataType::kF32) {
       return decodePiece(gspec, encoded, bytes, piece, static_cast<float*>(out) + at, false,
-                         stores);
+                         stores.output);
     }
     SQUALL_TRY(decodePiece(gspec, encoded, bytes, piece, state->scratch().decoded.data(), false));
     storeDecoded(dtype, state->scratch().decoded.data(), out, at, piece.count);

@@ -6,6 +6,7 @@
 // every implementation, codec, encoding count, divisor, tile-crossing length,
 // thread count, output alignment and store kind.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -242,6 +243,19 @@ TEST(CodecSumCalls, RefuseMismatchedEncodingsAndWriteNothing) {
   for (float v : out) ASSERT_EQ(v, 9.0f) << "a refused sum wrote its output";
   for (uint8_t b : enc) ASSERT_EQ(b, 0x5a) << "a refused encodeSum wrote its output";
   for (float v : resOut) ASSERT_EQ(v, 3.0f) << "a refused encodeSum wrote its residual";
+}
+
+// Under SQUALL_STREAM_STORES=auto (the tests' default) the new residuals
+// stream past one core's L2 and the outputs past the last-level cache.
+TEST(StoreKinds, ResidualsStreamPastTheL2AndOutputsPastTheLastLevelCache) {
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE), l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l2 <= 0 || l3 <= l2) GTEST_SKIP() << "sysconf does not give an L2 below the L3";
+  const size_t a = static_cast<size_t>(l2), b = static_cast<size_t>(l3);
+  EXPECT_EQ(residualStoresFor(a), Stores::kCached);
+  EXPECT_EQ(residualStoresFor(a + 1), Stores::kStream);
+  EXPECT_EQ(storesFor(a + 1), Stores::kCached);
+  EXPECT_EQ(storesFor(b), Stores::kCached);
+  EXPECT_EQ(storesFor(b + 1), Stores::kStream);
 }
 
 }  // namespace
