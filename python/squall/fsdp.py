@@ -36,9 +36,19 @@ Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
 parameter all-gathers too (:class:`AllGather`; off unless given);
 ``overlap=True`` runs the host ones on a thread of their own, each module
 prefetching the next one's gather in forward, so that the wire can overlap
-compute (off by default: no gain where each rank has one core). With HSDP
-only the reduce-scatter inside each shard group is compressed; the
-all-reduce across replicas stays FSDP's.
+compute (off by default: no gain where each rank has one core).
+
+HSDP (shards inside a host, replicas across the slow links): native HSDP
+(``fully_shard(mesh=2-D mesh)``) all-reduces across replicas inside FSDP,
+before any hook, at full precision. Sharding over the shard dimension alone
+(``fully_shard(mesh=mesh["shard"])``) and passing the replica group,
+``compress(model, replicas=mesh["replicate"].get_group())``, gives the same
+training with that all-reduce compressed: every FSDPModule's
+:class:`AllReduce` (``set_all_reduce_hook``) averages its reduce-scatter
+output across the replicas with a Squall compressor of its own (error
+feedback per module; bit-identical on every replica, so the replicas' shards
+stay equal). ``codec=None`` leaves the reduce-scatter inside the shard group
+FSDP's own.
 
 CUDA gradients: with ``transport="auto"`` (the default) and a libsquall
 built with its GPU path, the reduce-scatter runs on the GPU over an NCCL
@@ -254,43 +264,38 @@ class _Comms:
         return comm
 
 
-class ReduceScatter:
-    """A module's compressed reduce-scatter (torch's FSDP2 ReduceScatter
-    interface: ``allocate`` and ``__call__``). Counters: `calls`,
-    `full_calls`, `compressed_calls`, `stats` (bytes of the compressed calls)."""
+class _Compressed:
+    """What a module's gradient collective with error feedback keeps: its
+    call counters, the Squall compressor (the residual; made at the first
+    compressed call, again if the input's size changes) and a residual loaded
+    before that call. Counters: `calls`, `full_calls`, `compressed_calls`,
+    `stats` (bytes of the compressed calls)."""
+
+    kind = "allreduce"  # the compressor's
 
     def __init__(self, codec, warmup, comms, name=""):
         self.codec, self.warmup, self.name = codec, int(warmup), name
-        self.group = None  # FSDP1's process group (FSDP2 passes it to each call)
         self._comms = comms
         self._compressor = None
         self._pending = None  # a loaded residual for the compressor not made yet
         self.calls = self.full_calls = self.compressed_calls = 0
 
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+    def _full(self):
+        """Counts a call; whether it is one of the warmup's full-precision ones."""
         self.calls += 1
-        if self.calls <= self.warmup or op not in (_SUM, _AVG):
-            # Full precision: the warmup, and ops a compressed sum cannot
-            # give (PREMUL_SUM: the caller's scale folded into NCCL's sum).
-            self.full_calls += 1
-            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
-                                              async_op=async_op)
-        comm = self._comms.get(group, nccl=self._comms.on_device(input_tensor))
+        return self.calls <= self.warmup
+
+    def _compressor_for(self, tensor, group):
+        comm = self._comms.get(group, nccl=self._comms.on_device(tensor))
         c = self._compressor
-        if c is None or c.numel != input_tensor.numel() or c.comm is not comm:
+        if c is None or c.numel != tensor.numel() or c.comm is not comm:
             if c is not None:
                 c.close()  # the module's parameters changed size: start over
-            c = self._compressor = Compressor(comm, input_tensor.numel(), self.codec,
-                                              kind="reduce_scatter")
+            c = self._compressor = Compressor(comm, tensor.numel(), self.codec, kind=self.kind)
             if self._pending is not None:  # from load_state_dict, before the first call
                 state, self._pending = self._pending, None
                 c.load_state(state)
-        c.reduce_scatter(input_tensor, output_tensor, "avg" if op == _AVG else "sum")
-        self.compressed_calls += 1
-        return None
+        return c
 
     @property
     def stats(self):
@@ -327,6 +332,55 @@ class ReduceScatter:
         self.calls = int(state["calls"])
         self.full_calls = int(state.get("full_calls", 0))
         self.compressed_calls = int(state.get("compressed_calls", 0))
+
+
+class ReduceScatter(_Compressed):
+    """A module's compressed reduce-scatter (torch's FSDP2 ReduceScatter
+    interface: ``allocate`` and ``__call__``)."""
+
+    kind = "reduce_scatter"
+
+    def __init__(self, codec, warmup, comms, name=""):
+        super().__init__(codec, warmup, comms, name)
+        self.group = None  # FSDP1's process group (FSDP2 passes it to each call)
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if self._full() or op not in (_SUM, _AVG):
+            # Full precision: the warmup, and ops a compressed sum cannot
+            # give (PREMUL_SUM: the caller's scale folded into NCCL's sum).
+            self.full_calls += 1
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
+        c = self._compressor_for(input_tensor, group)
+        c.reduce_scatter(input_tensor, output_tensor, "avg" if op == _AVG else "sum")
+        self.compressed_calls += 1
+        return None
+
+
+class AllReduce(_Compressed):
+    """A module's gradient average across HSDP's replicas, compressed: the
+    hook FSDP2 calls with each reduce-scatter output
+    (``FSDPModule.set_all_reduce_hook``) when the model is sharded over the
+    shard group alone. The first `warmup` calls average at full precision
+    (torch's all-reduce over `group`); later ones through a Squall
+    compressor of the module's own, in place, bit-identical on every
+    replica."""
+
+    def __init__(self, codec, warmup, comms, group, name=""):
+        super().__init__(codec, warmup, comms, name)
+        self.group = group
+
+    def __call__(self, reduce_output):
+        if self._full():
+            self.full_calls += 1
+            dist.all_reduce(reduce_output, group=self.group)  # gloo has no AVG: sum, divide
+            reduce_output.div_(self.group.size())
+            return
+        self._compressor_for(reduce_output, self.group).allreduce(reduce_output, "avg")
+        self.compressed_calls += 1
 
 
 class AllGather:
@@ -443,11 +497,14 @@ class AllGather:
 
 class Compressed:
     """What :func:`compress` put on a model: ``reduce_scatters`` (one per
-    FSDPModule, in model.modules() order) and summed counters."""
+    FSDPModule, in model.modules() order; none with codec=None),
+    ``all_gathers`` (with params), ``all_reduces`` (with replicas) and summed
+    counters."""
 
-    def __init__(self, reduce_scatters, all_gathers=(), prefetch=None):
+    def __init__(self, reduce_scatters, all_gathers=(), prefetch=None, all_reduces=()):
         self.reduce_scatters = reduce_scatters
         self.all_gathers = list(all_gathers)
+        self.all_reduces = list(all_reduces)
         self._prefetch = prefetch
 
     @property
@@ -477,10 +534,12 @@ class Compressed:
                 for k in ("bytes_sent", "bytes_received"):
                     gathers[k] += ag.stats[k]
             out["all_gather"] = gathers
+        if self.all_reduces:
+            out["all_reduce"] = _summed(self.all_reduces)
         return out
 
     def reset(self):
-        for rs in self.reduce_scatters:
+        for rs in self.reduce_scatters + self.all_reduces:
             rs.reset()
 
     def state_dict(self):
@@ -489,8 +548,11 @@ class Compressed:
         are this rank's own (each rank compresses its own gradient), so each
         rank saves its own, e.g. ``torch.save(c.state_dict(),
         f"squall-{rank}.pt")`` beside the model's checkpoint."""
-        return {"format": 1, "rank": dist.get_rank() if dist.is_initialized() else 0,
-                "modules": {rs.name: rs.state_dict() for rs in self.reduce_scatters}}
+        state = {"format": 1, "rank": dist.get_rank() if dist.is_initialized() else 0,
+                 "modules": {rs.name: rs.state_dict() for rs in self.reduce_scatters}}
+        if self.all_reduces:
+            state["all_reduce"] = {ar.name: ar.state_dict() for ar in self.all_reduces}
+        return state
 
     def load_state_dict(self, state):
         """Loads what :meth:`state_dict` returned on this rank, before the
@@ -503,17 +565,32 @@ class Compressed:
             raise SquallInvalidArgument(
                 f"squall.fsdp: the state is rank {state['rank']}'s and this is rank {rank}: "
                 "each rank loads the state it saved")
-        saved = state["modules"]
-        names = [rs.name for rs in self.reduce_scatters]
-        missing = [n or "(root)" for n in names if n not in saved]
-        extra = [n or "(root)" for n in saved if n not in names]
-        if missing or extra:
-            raise SquallInvalidArgument(
-                "squall.fsdp: the saved state does not match the model's FSDP modules (missing: "
-                f"{', '.join(missing) or 'none'}; not in the model: {', '.join(extra) or 'none'});"
-                " shard the model as when it was saved")
-        for rs in self.reduce_scatters:
-            rs.load_state_dict(saved[rs.name])
+        parts = [(self.reduce_scatters, state["modules"], "reduce-scatters"),
+                 (self.all_reduces, state.get("all_reduce", {}), "all-reduces across replicas")]
+        for objects, saved, what in parts:  # every part checked before any is loaded
+            names = [o.name for o in objects]
+            missing = [n or "(root)" for n in names if n not in saved]
+            extra = [n or "(root)" for n in saved if n not in names]
+            if missing or extra:
+                raise SquallInvalidArgument(
+                    f"squall.fsdp: the saved state's {what} do not match the model's FSDP "
+                    f"modules (missing: {', '.join(missing) or 'none'}; not in the model: "
+                    f"{', '.join(extra) or 'none'}); shard and compress the model as when it was "
+                    "saved")
+        for objects, saved, _ in parts:
+            for o in objects:
+                o.load_state_dict(saved[o.name])
+
+
+def _summed(objects):
+    out = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
+           "bytes_received": 0}
+    for o in objects:
+        for k in ("calls", "full_calls", "compressed_calls"):
+            out[k] += getattr(o, k)
+        for k in ("bytes_sent", "bytes_received"):
+            out[k] += o.stats.get(k, 0)
+    return out
 
 
 def _fsdp1_hook(rs, padded_unsharded_grad, new_sharded_grad):
@@ -553,10 +630,15 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
 
 
 def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None,
-             transport="auto", overlap=False):
+             transport="auto", overlap=False, replicas=None, replicas_codec=DEFAULT_CODEC):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
-    (after ``fully_shard``; before the first backward). `warmup`: the
-    full-precision reduce-scatters of each module first. `params`: a code
+    (after ``fully_shard``; before the first backward; `codec` None leaves
+    FSDP's own). `warmup`: the full-precision calls of each module first.
+    `replicas`: HSDP's replica process group, for a model sharded over its
+    shard group alone (``fully_shard(mesh=mesh["shard"])``; see the module's
+    docstring): every FSDPModule then also averages its reduce-scatter output
+    across the replicas with `replicas_codec` (FSDP2 only; not with a model
+    sharded over a 2-D mesh, whose all-reduce FSDP makes itself). `params`: a code
     for FSDP2's parameter all-gathers too (e.g. "int8:block=256"; None, the
     default, leaves them at full precision; FSDP1 has no all-gather hook).
     `transport`: where CUDA gradients are reduced: "auto" (on the GPU over
@@ -570,6 +652,12 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     Returns a :class:`Compressed` with the per-module objects and their
     counters."""
     modules, units = _fsdp_modules(model)
+    if replicas is not None:
+        _check_replicas(modules, units, replicas)
+    elif codec is None:
+        raise SquallInvalidArgument(
+            "squall.fsdp.compress(codec=None) compresses nothing without replicas=; give a code "
+            "for the reduce-scatter, or the replica group whose all-reduce to compress")
     if params is not None and units:
         raise SquallInvalidArgument(
             "squall.fsdp.compress(params=...): FSDP1 takes no custom all-gather, so its "
@@ -583,12 +671,16 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     if int(warmup) != warmup or warmup < 0:
         raise SquallInvalidArgument(f"squall.fsdp.compress: warmup must be an int >= 0: {warmup}")
     comms = _Comms(timeout, transport)
-    made, gathers = [], []
+    made, gathers, averages = [], [], []
     prefetch = _ForwardPrefetch() if params is not None and overlap else None
     ids2, ids1 = {id(m) for m in modules}, {id(m) for m in units}
     for name, m in model.named_modules():
         if id(m) in ids2:
-            made.append(attach(m, codec, warmup, comms, name))
+            if codec is not None:
+                made.append(attach(m, codec, warmup, comms, name))
+            if replicas is not None:
+                averages.append(AllReduce(replicas_codec, warmup, comms, replicas, name))
+                m.set_all_reduce_hook(averages[-1])
             if params is not None:
                 gathers.append(AllGather(params, comms, name, overlap=overlap))
                 m.set_custom_all_gather(gathers[-1])
@@ -600,4 +692,25 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
                 raise SquallInvalidArgument(
                     f"squall.fsdp.compress: FSDP1 unit {name or '(root)'}: {why}")
             made.append(rs)
-    return Compressed(made, gathers, prefetch)
+    return Compressed(made, gathers, prefetch, averages)
+
+
+def _check_replicas(modules, units, replicas):
+    """Refuses what cannot take the cross-replica hook, before any module is
+    changed."""
+    if units:
+        raise SquallInvalidArgument(
+            "squall.fsdp.compress(replicas=...): FSDP1 takes no all-reduce hook; shard the model "
+            "with FSDP2's fully_shard over the shard group")
+    if not isinstance(replicas, dist.ProcessGroup):
+        raise SquallInvalidArgument(
+            "squall.fsdp.compress(replicas=...) takes the replica process group, e.g. "
+            f"mesh['replicate'].get_group(), not {type(replicas).__name__}")
+    for m in modules:
+        state = m._get_fsdp_state()
+        if any(getattr(g, "_is_hsdp", False) for g in state._fsdp_param_groups):
+            raise SquallInvalidArgument(
+                "squall.fsdp.compress(replicas=...): the model is sharded over a 2-D mesh, so FSDP "
+                "all-reduces across replicas itself, at full precision, before any hook; shard it "
+                "over the shard dimension alone (fully_shard(module, mesh=mesh['shard'])) and "
+                "pass replicas=mesh['replicate'].get_group()")

@@ -64,7 +64,7 @@ def _command(launch, kind, out):
     return [sys.executable, TRAIN, launch, kind, str(STEPS), out, port]
 
 
-def _run(launch, kind, options, tmp_path, name):
+def _run(launch, kind, options, tmp_path, name, world=2):
     out = tmp_path / name
     out.mkdir()
     cmd = _command(launch, kind, str(out))
@@ -80,7 +80,7 @@ def _run(launch, kind, options, tmp_path, name):
             f.unlink()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240, cwd=out)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]
+    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(world)]
     reports = [json.loads((out / f"squallrun-rank{k}.json").read_text())
                for k in (0, 1)] if options is not None else None
     return ranks, reports, r.stderr
@@ -216,6 +216,46 @@ def test_fsdp_checkpoint_resumes_exactly(tmp_path):
         assert r["without_squall_state"] != r["losses"], r
         assert r["resumed_stats"]["compressed_calls"] == 3 * (STEPS - 20), r
         assert r["without_squall_state_stats"]["compressed_calls"] == 0, r
+
+
+@pytest.mark.parametrize("codec", ["none", "int4:block=256"])
+def test_hsdp_replicas_compressed(codec, tmp_path):
+    """HSDP on 4 ranks, 2 replicas of 2 shards: sharded over the shard groups
+    with squall.fsdp.compress(codec=None, replicas=<replica group>), every
+    Linear module's all-reduce across replicas goes through Squall (20
+    full-precision calls, then compressed), all 4 ranks end with the same
+    parameters, and the loss is native HSDP's: within float rounding at
+    'none' (the sums run in another order), within FSDP_BOUND at int4, which
+    sends 7x fewer bytes than the fp32 all-reduce of 2 replicas would."""
+    plain, _, _ = _run("spawn-hsdp", "adamw", None, tmp_path, "plain", world=4)
+    ranks, _, _ = _run(f"spawn-hsdp-squall-{codec}", "adamw", None, tmp_path, "squall", world=4)
+    assert len({r["params"] for r in plain}) == 1, "native HSDP's ranks differ"
+    assert len({r["params"] for r in ranks}) == 1, "the replicas' parameters differ"
+    stats = ranks[0]["fsdp"]
+    assert stats["calls"] == 0, stats  # the reduce-scatter is FSDP's own
+    average = stats["all_reduce"]
+    assert average["calls"] == 3 * STEPS and average["full_calls"] == 3 * 20, average
+    assert average["compressed_calls"] == 3 * (STEPS - 20), average
+    # Each rank's shard of the three modules, every compressed step.
+    shard = ((IN * HIDDEN + HIDDEN) + (HIDDEN * HIDDEN + HIDDEN) + (HIDDEN * CLASSES + CLASSES)) / 2
+    fp32 = (STEPS - 20) * 4.0 * shard  # an fp32 all-reduce of 2 sends one copy
+    rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
+    if codec == "none":
+        assert abs(rel) <= 0.01, f"loss {rel:+.4f}% from native HSDP"
+        assert 0.98 * fp32 <= average["bytes_sent"] <= 1.02 * fp32, (average, fp32)
+    else:
+        assert abs(rel) <= FSDP_BOUND, f"{codec}: loss {rel:+.2f}% from native HSDP"
+        assert average["bytes_sent"] <= fp32 / 7, (average, fp32)
+
+
+def test_hsdp_native_mesh_refused(tmp_path):
+    """compress(replicas=...) on a model sharded over the 2-D mesh (native
+    HSDP, whose all-reduce FSDP makes itself before any hook) refuses on
+    every rank, saying how to shard instead."""
+    ranks, _, _ = _run("spawn-hsdp-squall-refused", "adamw", None, tmp_path, "refused", world=4)
+    for r in ranks:
+        assert "sharded over a 2-D mesh" in r["refused"], r
+        assert "mesh=mesh['shard']" in r["refused"], r
 
 
 @pytest.mark.parametrize("launch,kind", [("lightning-squall", "sgd"),

@@ -21,6 +21,9 @@ LAUNCH is how the ranks come to be:
                        CODEC+PCODEC+overlap with overlap=True
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
+  spawn-hsdp, spawn-hsdp-squall-CODEC    FSDP2's HSDP on 4 ranks (2 replicas of 2
+                       shards), native, or sharded over the shard groups with the
+                       all-reduce across replicas compressed (squall.fsdp, CODEC)
 OPTIMIZER is sgd (momentum 0.9) or adamw. Every rank writes OUT/rank<R>.json:
 its loss at every step and a digest of its final parameters.
 
@@ -307,6 +310,52 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     finish()
 
 
+def spawned_hsdp(rank, kind, steps, out, port, squall_codec=None):
+    """HSDP over 4 ranks, 2 replicas of 2 shards (shard groups {0, 1} and
+    {2, 3}, replica groups {0, 2} and {1, 3}), each rank on its own batches.
+    Without squall_codec: FSDP's native HSDP (fully_shard over the 2-D mesh).
+    With it: fully_shard over the shard dimension alone and
+    squall.fsdp.compress(codec=None, replicas=<replica group>,
+    replicas_codec=squall_codec, warmup=20): the all-reduce across replicas
+    compressed, the reduce-scatter inside each shard group FSDP's. squall_codec
+    "refused": native HSDP, and what compress(replicas=...) says to it."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2 * WORLD)
+    mesh = init_device_mesh("cpu", (2, WORLD), mesh_dim_names=("replicate", "shard"))
+    net = model()
+    refused = squall_codec == "refused"
+    target = mesh["shard"] if squall_codec and not refused else mesh
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=target)
+    fully_shard(net, mesh=target)
+    compressed = None
+    if squall_codec:
+        import squall.fsdp
+
+        try:
+            compressed = squall.fsdp.compress(net, codec=None, warmup=20,
+                                              replicas=mesh["replicate"].get_group(),
+                                              replicas_codec="int4:block=256" if refused
+                                              else squall_codec)
+        except squall.SquallInvalidArgument as e:
+            refused = str(e)
+        steps = 0 if refused else steps
+    opt = optimizer(kind, net.parameters())
+    losses = plain_loop(rank, kind, steps, net, opt)
+    h = hashlib.sha256()
+    for v in net.state_dict().values():
+        h.update(v.full_tensor().detach().float().contiguous().numpy().tobytes())
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest(),
+                       fsdp=compressed.stats if compressed else None, refused=refused), f)
+    finish()
+
+
 def spawned_fsdp_resume(rank, kind, steps, out, port, codec):
     """A checkpoint mid-run and a resume from it, FSDP2 under
     squall.fsdp.compress(codec, warmup=20): the model's, the optimizer's and
@@ -376,6 +425,10 @@ def main():
     elif launch.startswith("spawn-fsdp2-resume-"):  # the codec follows
         torch.multiprocessing.spawn(spawned_fsdp_resume, nprocs=WORLD,
                                     args=(kind, steps, out, port, launch.split("-", 3)[3]))
+    elif launch == "spawn-hsdp" or launch.startswith("spawn-hsdp-squall-"):  # the codec follows
+        codec = launch.split("-", 3)[3] if launch != "spawn-hsdp" else None
+        torch.multiprocessing.spawn(spawned_hsdp, nprocs=2 * WORLD,
+                                    args=(kind, steps, out, port, codec))
     elif launch.startswith(("spawn-fsdp2-squall-", "spawn-fsdp1-squall-")):  # the codec follows
         _, version, _, codec = launch.split("-", 3)
         torch.multiprocessing.spawn(spawned_fsdp, nprocs=WORLD,
