@@ -37,6 +37,7 @@ import weakref
 import torch
 
 from ._comm import Compressor, Traffic, get_default
+from ._lib import SquallInvalidArgument
 
 #: OnebitState's defaults, chosen by `perf/bench.py ddp-quality` (docs/benchmarks.md).
 DEFAULT_CODEC = "onebit"
@@ -158,29 +159,39 @@ def _stop_completion_threads():
 
 
 class _Layout:
-    """Which elements of one bucket go through the compressed allreduce: all of
-    them, or those of parameters of at least `min_param_numel` elements that are
-    not 1-dimensional (biases and norm scales stay at full precision)."""
+    """Which elements of one bucket go through the compressed allreduce (all
+    of them, or with keep_1d_full those of parameters that are not
+    1-dimensional: biases and norm scales stay at full precision), and in
+    which order: the compressed elements are taken parameter by parameter in
+    `canon` order (each parameter's index in the order the hook first saw
+    them, which is DDP's first iteration's), so that the residual and the
+    shared momentum keep their meaning when DDP reorders a bucket's
+    parameters (it rebuilds its buckets after the first iteration, in the
+    order the gradients arrived) and a resumed job, whose first iteration
+    has the first layout again, finds them where it left them.
+    `key` says which state fits: the parameters' canonical indices and the
+    dtype (the size and the dtype where the parameters are not known)."""
 
-    def __init__(self, buf, params, keep_1d_full):
+    def __init__(self, buf, params, keep_1d_full, canon=None):
         n = buf.numel()
         self.numel, self.dtype = n, buf.dtype
-        comp, full, off = [], [], 0
-        if params is None or not keep_1d_full:
-            comp = [(0, n)]
-        else:
+        comp, full = [(0, n)], []
+        if params is not None and sum(p.numel() for p in params) == n:
+            at, off = {}, 0
             for p in params:
-                k = p.numel()
-                (full if p.dim() <= 1 else comp).append((off, off + k))
-                off += k
-            if off != n:  # an unexpected layout: compress all of it
-                comp, full = [(0, n)], []
+                at[id(p)] = (off, off + p.numel())
+                off += p.numel()
+            order = sorted(params, key=lambda p: canon[id(p)]) if canon is not None else params
+            comp = [at[id(p)] for p in order if not keep_1d_full or p.dim() > 1]
+            full = [at[id(p)] for p in order if keep_1d_full and p.dim() <= 1]
+            self.key = (tuple(sorted(canon[id(p)] for p in params)) if canon is not None
+                        else n, str(buf.dtype))
+        else:  # parameters unknown, or an unexpected layout: compress all of it
+            self.key = (n, str(buf.dtype))
         self.comp, self.full = _merge(comp), _merge(full)
         self.comp_numel = sum(b - a for a, b in self.comp)
         self.full_numel = n - self.comp_numel
-
-    def matches(self, buf):
-        return buf.numel() == self.numel and buf.dtype == self.dtype
+        self.whole = self.comp == [(0, n)]  # the compressed elements are the buffer as it is
 
 
 def _merge(ranges):
@@ -211,16 +222,16 @@ class _Bucket:
     """Per-bucket state: the layout, the compressor (the residuals) and, for
     compressed momentum, the shared momentum and the work buffers."""
 
-    def __init__(self, comm, buf, params, state):
-        self.layout = _Layout(buf, params, state.keep_1d_full)
-        n = self.layout.comp_numel
+    def __init__(self, comm, layout, buf, state):
+        self.layout = layout
+        n = layout.comp_numel
         self.compressor = Compressor(comm, n, state.codec) if n else None
-        whole = self.layout.full_numel == 0
-        self.comp_buf = None if (whole and state.momentum_of() == 0) else torch.empty(
+        self.comp_buf = None if (layout.whole and state.momentum_of() == 0) else torch.empty(
             n, dtype=buf.dtype, device=buf.device)
-        self.full_buf = None if (whole or n == 0) else torch.empty(
-            self.layout.full_numel, dtype=buf.dtype, device=buf.device)
+        self.full_buf = None if (layout.full_numel == 0 or n == 0) else torch.empty(
+            layout.full_numel, dtype=buf.dtype, device=buf.device)
         self.mbar = None  # the averaged momentum of the compressed elements (every rank's)
+        self.device = buf.device
 
     def close(self):
         if self.compressor is not None:
@@ -258,10 +269,17 @@ class OnebitState:
     allreduce. Default: "torch" when torch.distributed is initialised.
 
     counters() returns every counter at once. Per-bucket state is keyed by
-    bucket index and re-created (residuals zeroed) when a bucket's size or
-    dtype changes, e.g. when DDP rebuilds its buckets after the first
-    iteration; keep warmup_steps >= 1 so that happens before compression
+    bucket index, over the bucket's compressed elements in the order the
+    hook first saw their parameters (_Layout): when DDP rebuilds its buckets
+    after the first iteration and reorders a bucket's parameters the state
+    follows them; a bucket whose parameters change is re-created (residuals
+    zeroed), so keep warmup_steps >= 1 so that happens before compression
     starts.
+
+    Checkpoints: state_dict() holds this rank's residuals, the shared
+    momentum and the iteration count; load_state_dict() in the resumed job
+    (before its first backward) puts them back, each bucket's when DDP makes
+    a bucket of that index, size and dtype.
     """
 
     def __init__(self, comm=None, warmup_steps=DEFAULT_WARMUP_STEPS, codec=DEFAULT_CODEC,
@@ -301,6 +319,9 @@ class OnebitState:
         self.traffic = Traffic()  # cumulative bytes of this hook's Squall allreduces
         self.torch_bytes = 0  # payload bytes handed to torch.distributed in warmup
         self._completer = _Completer(self.traffic, self._lock)
+        self._pending = {}  # bucket index -> loaded state not yet matched by a bucket
+        self._canon = {}  # id(parameter) -> the order the hook first saw it in (_Layout)
+        self._loaded_at = None  # the step load_state_dict set
 
     def _comm(self):
         return self.comm if self.comm is not None else get_default()
@@ -363,13 +384,102 @@ class OnebitState:
         return self.counters()
 
     def bucket(self, index, buf, params):
+        self._see(params)
+        layout = _Layout(buf, params, self.keep_1d_full, self._canon if params else None)
         b = self.buckets.get(index)
-        if b is None or not b.layout.matches(buf):
-            if b is not None:
-                b.close()
-            b = _Bucket(self._comm(), buf, params, self)
-            self.buckets[index] = b
+        if b is not None and b.layout.key == layout.key:
+            if b.layout.comp != layout.comp or b.layout.full != layout.full:
+                if b.comp_buf is None and not layout.whole:
+                    b.comp_buf = torch.empty(layout.comp_numel, dtype=buf.dtype,
+                                             device=buf.device)
+                b.layout = layout  # the same parameters reordered: their state stays
+            return b
+        if b is not None:
+            b.close()  # other parameters: start over
+        b = _Bucket(self._comm(), layout, buf, self)
+        self.buckets[index] = b
+        self._restore(index, b)
         return b
+
+    def _see(self, params):
+        """Numbers the parameters in the order the hook first meets them."""
+        if params is not None:
+            for p in params:
+                if id(p) not in self._canon:
+                    self._canon[id(p)] = len(self._canon)
+
+    def state_dict(self):
+        """This rank's part of the hook's state, for the checkpoint: the
+        iteration count (so a resumed job does not warm up again), the
+        counters and, per DDP bucket index, the bucket's size and dtype, this
+        rank's residual and, with compressed momentum, the shared averaged
+        momentum. Take it between iterations (DDP has waited for the hook's
+        work by the end of backward); each rank saves its own, beside the
+        model's and the optimizer's state."""
+        with self._lock:
+            buckets = dict(self._pending)  # loaded, and not matched by a bucket yet
+            for index, b in self.buckets.items():
+                buckets[index] = {
+                    "key": b.layout.key,
+                    "residual": b.compressor.save_state() if b.compressor is not None else None,
+                    "momentum": b.mbar.detach().to("cpu", copy=True) if b.mbar is not None
+                    else None}
+            return {"format": 1, "rank": _rank(), "codec": self.codec, "step": self.step,
+                    "full_buckets": self.full_buckets,
+                    "compressed_buckets": self.compressed_buckets, "buckets": buckets}
+
+    def load_state_dict(self, state):
+        """Loads what state_dict() returned on this rank, before the resumed
+        job's first backward. A bucket's residual and momentum come back when
+        DDP makes the bucket of that index with the saved size and dtype (the
+        same model, bucket sizes and world give the same buckets); any still
+        unmatched two iterations later are dropped with a warning (that
+        bucket starts from zero residual and momentum, as at a first step)."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise SquallInvalidArgument(
+                "squall.ddp.OnebitState: not a state from OnebitState.state_dict (no 'format': 1)")
+        if state.get("rank", _rank()) != _rank():
+            raise SquallInvalidArgument(
+                f"squall.ddp.OnebitState: the state is rank {state['rank']}'s and this is rank "
+                f"{_rank()}: each rank loads the state it saved")
+        if state.get("codec", self.codec) != self.codec:
+            raise SquallInvalidArgument(
+                f"squall.ddp.OnebitState: the state was saved compressing with {state['codec']} "
+                f"and this state compresses with {self.codec}: a residual is owed in its own "
+                "code; make the state with the saved code, or do not load it")
+        with self._lock:
+            self.step = int(state["step"])
+            self.full_buckets = int(state.get("full_buckets", 0))
+            self.compressed_buckets = int(state.get("compressed_buckets", 0))
+            self._pending = {int(i): e for i, e in state["buckets"].items()}
+            self._loaded_at = self.step
+        for index, b in list(self.buckets.items()):
+            self._restore(index, b)
+
+    def _restore(self, index, b):
+        """Puts a loaded bucket state into bucket `index` if it is the one saved."""
+        entry = self._pending.get(index)
+        if entry is None or _key(entry["key"]) != b.layout.key:
+            return
+        if entry["residual"] is not None and b.compressor is not None:
+            b.compressor.load_state(entry["residual"])  # refused as a whole: nothing changed
+        elif b.compressor is not None:
+            b.compressor.reset()
+        m = entry["momentum"]
+        b.mbar = None if m is None else m.to(b.device, copy=True)
+        del self._pending[index]
+
+    def _drop_unmatched(self):
+        """Once two iterations have run after a load (DDP rebuilds its
+        buckets after the first), bucket states no bucket took are dropped,
+        saying so."""
+        if self._pending and self._loaded_at is not None and self.step >= self._loaded_at + 2:
+            warnings.warn(
+                "squall.ddp.OnebitState: the loaded state of DDP bucket(s) "
+                f"{sorted(self._pending)} matched no bucket of this job (another model, bucket "
+                "size or world?); those buckets started from zero residual and momentum",
+                stacklevel=3)
+            self._pending = {}
 
     def close(self):
         """Stops the completion thread (after the operations in flight) and frees
@@ -387,6 +497,17 @@ class OnebitState:
 
     def __getstate__(self):
         raise TypeError("squall.ddp.OnebitState cannot be pickled")
+
+
+def _key(saved):
+    """A layout key as saved (torch.save keeps tuples; other savers may make lists)."""
+    first, dtype = saved
+    return (tuple(first) if isinstance(first, (list, tuple)) else first, dtype)
+
+
+def _rank():
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _torch_average(state, buf):
@@ -440,12 +561,15 @@ def onebit_hook(state, bucket):
     comm = state._comm()
     warm = state.step < state.warmup_steps
     small = buf.numel() < state.min_compress_numel
+    params = _bucket_params(bucket)
+    state._see(params)  # from the first iteration on: DDP's first layout orders the state
+    state._drop_unmatched()
     if _is_last(bucket):
         state.step += 1  # the futures of this iteration are waited for before the next
     beta = state.momentum_of()
     b = None
     if beta and not small:
-        b = state.bucket(bucket.index(), buf, _bucket_params(bucket))
+        b = state.bucket(bucket.index(), buf, params)
     if warm or small:
         with state._lock:
             state.full_buckets += 1
@@ -465,7 +589,7 @@ def onebit_hook(state, bucket):
     with state._lock:
         state.compressed_buckets += 1
     if b is None:
-        b = state.bucket(bucket.index(), buf, _bucket_params(bucket))
+        b = state.bucket(bucket.index(), buf, params)
     return _compressed_average(state, comm, b, buf, beta)
 
 
@@ -477,7 +601,7 @@ def _momentum_tracker(b, beta):
     def track(avg):
         if b.mbar is None:
             b.mbar = torch.zeros(lay.comp_numel, dtype=avg.dtype, device=avg.device)
-        g = avg if lay.full_numel == 0 else _ranges_copy(avg, lay.comp, b.comp_buf)
+        g = avg if lay.whole else _ranges_copy(avg, lay.comp, b.comp_buf)
         b.mbar.mul_(beta).add_(g)
 
     return track
@@ -496,7 +620,7 @@ def _compressed_average(state, comm, b, buf, beta):
     reqs = []
     if lay.comp_numel:
         src = buf if b.comp_buf is None else b.comp_buf
-        if lay.full_numel:
+        if not lay.whole:
             _gather(buf, lay.comp, src)
         elif src is not buf:
             src.copy_(buf)
@@ -541,7 +665,7 @@ def _compressed_average(state, comm, b, buf, beta):
                 b.comp_buf = delta  # the old buffer becomes next step's work buffer
                 src = delta
             if src is not buf:
-                if lay.full_numel:
+                if not lay.whole:
                     _scatter(src, lay.comp, buf)
                 else:
                     buf.copy_(src)
