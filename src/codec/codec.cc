@@ -216,6 +216,10 @@ void Residual::setValue(size_t i, float value) {
   }
 }
 
+void Residual::clear() {
+  if (count_ != 0) std::memset(buffers_[current_], 0, count_ * residualElementBytes(store_));
+}
+
 void Residual::read(float* to, size_t n) const {
   if (store_ == ResidualStore::kF32) {
     if (n != 0) std::memcpy(to, buffers_[current_], n * sizeof(float));

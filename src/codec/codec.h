@@ -85,6 +85,8 @@ class Residual {
   // The current half's first n elements as fp32, and set from fp32.
   void read(float* to, size_t n) const;
   void write(const float* from, size_t n);
+  // Zeroes the current half: nothing owed (the skipped count stays).
+  void clear();
   // Makes next() current when `finite`; otherwise counts a skipped call.
   void commit(bool finite);
   void reset();

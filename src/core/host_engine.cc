@@ -61,7 +61,7 @@ class HostCompressor final : public Compressor {
     const size_t phase = s.phase(), n = count();
     codec::Residual& worker = s.worker();
     for (size_t i = 0; i < n; ++i) owed[i] += worker.value(phase + i);
-    for (size_t i = 0; i < s.paddedCount(); ++i) worker.setValue(i, 0.0f);
+    worker.clear();
     if (s.reduceScatter()) return Status::kOk;  // no server residual
     // This rank's chunk of the virtual layout (compressed_state.h).
     const float scale = op == ReduceOp::kAvg ? static_cast<float>(s.nranks()) : 1.0f;
@@ -70,8 +70,8 @@ class HostCompressor final : public Compressor {
     for (size_t j = 0; j < s.chunk(); ++j) {
       const size_t at = first + j;
       if (at >= phase && at - phase < n) owed[at - phase] += scale * server.value(j);
-      server.setValue(j, 0.0f);
     }
+    server.clear();
     return Status::kOk;
   }
   Status seed(const float* owed, void*) override {
