@@ -180,13 +180,17 @@ class TextData:
     name order; the last 10% is validation. Loaded once per process."""
     _cache = None
 
+    @staticmethod
+    def files():
+        root = "/usr/share/common-licenses"
+        return [os.path.join(root, f) for f in sorted(os.listdir(root))]
+
     @classmethod
     def load(cls):
         if cls._cache is None:
-            root = "/usr/share/common-licenses"
             seen, parts = set(), []
-            for f in sorted(os.listdir(root)):
-                real = os.path.realpath(os.path.join(root, f))
+            for f in cls.files():
+                real = os.path.realpath(f)
                 if real in seen or not os.path.isfile(real):
                     continue
                 seen.add(real)
@@ -200,14 +204,28 @@ class TextData:
         return cls._cache
 
 
+class CodeData(TextData):
+    """A text 16x larger, for the larger transformer (which overfits the
+    licenses within a few thousand steps): the top-level modules of Debian 12's
+    Python standard library (/usr/lib/python3.11/*.py, 171 files, 4.7 MB),
+    concatenated in name order; the last 10% is validation."""
+    _cache = None
+
+    @staticmethod
+    def files():
+        root = "/usr/lib/python3.11"
+        return [os.path.join(root, f) for f in sorted(os.listdir(root)) if f.endswith(".py")]
+
+
 class CharLMTask:
     """Character-level LM on TextData. The GRU: 1 layer, embedding 32, hidden
     --lm-hidden. Evaluated on fixed validation windows: loss and next-character
     accuracy."""
     name = "charlm"
+    data = TextData
 
     def __init__(self, args):
-        data, self.vocab, self.files = TextData.load()
+        data, self.vocab, self.files = self.data.load()
         self.nchars = len(data)
         cut = int(len(data) * 0.9)
         self.train, self.val = data[:cut], data[cut:]
@@ -270,6 +288,21 @@ class TransformerLMTask(CharLMTask):
 
     def model(self):
         return TinyTransformerLM(self.vocab, self.max_len)
+
+
+class LargerTransformerLMTask(TransformerLMTask):
+    """A transformer 12x the small one's size (width 128, 4 layers, 4 heads,
+    feed-forward 512: 0.8 M parameters) on CodeData, which it does not
+    overfit within the runs here."""
+    name = "transformer_large"
+    data = CodeData
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.lr = {"adam": args.tflarge_lr, "sgd": args.lm_sgd_lr}
+
+    def model(self):
+        return TinyTransformerLM(self.vocab, self.max_len, d=128, layers=4, heads=4, ff=512)
 
 
 class TabularTask:
@@ -378,6 +411,7 @@ TASKS = {
     "charlm": (CharLMTask, 160, "charlm (GRU)"),
     "charcnn": (CharCNNTask, 300, "charcnn (gated conv LM)"),
     "transformer": (TransformerLMTask, 300, "transformer LM"),
+    "transformer_large": (LargerTransformerLMTask, 2000, "transformer LM, 0.8 M (code text)"),
     "tabular_small": (lambda a: TabularTask(a, "tabular_small"), 300,
                       "tabular, 455 rows (MLP)"),
     "tabular_large": (lambda a: TabularTask(a, "tabular_large"), 600,
@@ -948,6 +982,7 @@ def parser():
     ap.add_argument("--cnnlm-lr", type=float, default=3e-3)
     ap.add_argument("--tflm-seq", type=int, default=32, help="transformer's windows")
     ap.add_argument("--tflm-lr", type=float, default=3e-3)
+    ap.add_argument("--tflarge-lr", type=float, default=1e-3, help="transformer_large's")
     ap.add_argument("--tab-small-batch", type=int, default=32, help="global batch")
     ap.add_argument("--tab-small-lr", type=float, default=3e-3)
     ap.add_argument("--tab-large-batch", type=int, default=128, help="global batch")
