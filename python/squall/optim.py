@@ -611,13 +611,29 @@ class _InFlight:
         self.launched = launched  # the piece's parameters at launch (merge="carry"), else None
 
 
-def _fragments_of(params, fragments):
-    """Fragment of each parameter: contiguous runs of whole tensors, balanced by size."""
-    sizes = [p.numel() for p in params]
-    total = sum(sizes)
+def _fragment_parts(params, fragments):
+    """Per parameter, its parts as (fragment, tensor): the parameters'
+    elements in order are cut into `fragments` equal runs (fragment f holds
+    elements [total * f // fragments, total * (f + 1) // fragments)), so every
+    fragment's sync moves the same bytes; a tensor crossing a cut goes as
+    flat views of its pieces, which share its storage. A non-contiguous
+    tensor (it has no flat view) goes whole, to the run holding its middle."""
+    total = sum(p.numel() for p in params)
+    ends = [total * (f + 1) // fragments for f in range(fragments)]
     out, before = [], 0
-    for n in sizes:
-        out.append(min(fragments - 1, int((before + n / 2) * fragments // max(total, 1))))
+    for p in params:
+        n = p.numel()
+        if not p.is_contiguous():
+            middle = before + n // 2
+            out.append([(next(f for f, e in enumerate(ends) if middle < e or e == total), p)])
+        else:
+            parts, a = [], 0
+            while a < n:
+                f = next(f for f, e in enumerate(ends) if before + a < e)
+                b = min(n, ends[f] - before)
+                parts.append((f, p if a == 0 and b == n else p.detach().view(-1)[a:b]))
+                a = b
+            out.append(parts or [(0, p)])  # an empty tensor: anywhere
         before += n
     return out
 
@@ -642,10 +658,11 @@ class SlowMo(torch.optim.Optimizer):
     sync on six model families where onebit lost 2-11%: docs/codecs.md);
     'full' averages the parameters in full precision.
 
-    Streaming (fragments > 1): the parameters are cut into `fragments` runs of
-    whole tensors of about equal size, and fragment f syncs every tau steps
-    at its own offset (tau * (f + 1) // fragments), so no step carries a
-    whole-model sync. delay > 0 overlaps each sync with the next `delay`
+    Streaming (fragments > 1): the parameters' elements are cut into
+    `fragments` equal runs (a tensor crossing a cut goes as flat views of its
+    pieces, so no fragment waits on one large tensor), and fragment f syncs
+    every tau steps at its own offset (tau * (f + 1) // fragments), so no step
+    carries a whole-model sync. delay > 0 overlaps each sync with the next `delay`
     inner steps: the sync starts in the background and its result is merged
     `delay` steps later (on every rank at the same step, from the same bytes).
     merge says what the merge keeps of the inner steps made meanwhile:
@@ -712,7 +729,7 @@ class SlowMo(torch.optim.Optimizer):
             _check_same_setting(self.comm, self._setting(), "SlowMo")
         self._pieces = []
         every = [p for g in base.param_groups for p in g["params"]]
-        self._assign(range(len(base.param_groups)), _fragments_of(every, self.fragments),
+        self._assign(range(len(base.param_groups)), _fragment_parts(every, self.fragments),
                      broadcast_initial)
 
     def _setting(self):
@@ -737,8 +754,9 @@ class SlowMo(torch.optim.Optimizer):
     state = property(lambda self: self.base.state)
     defaults = property(lambda self: self.base.defaults)
 
-    def _assign(self, groups, fragment_of, broadcast):
-        """Pieces for the groups of these indices (fragment_of[j]: their j-th tensor's)."""
+    def _assign(self, groups, parts_of, broadcast):
+        """Pieces for the groups of these indices (parts_of[j]: their j-th tensor's
+        parts, as (fragment, tensor or flat view of it))."""
         j = 0
         for gi in groups:
             params = self.base.param_groups[gi]["params"]
@@ -747,7 +765,7 @@ class SlowMo(torch.optim.Optimizer):
                     raise SquallInvalidArgument("squall.optim.SlowMo: parameters must be dense "
                                                 "floating-point tensors")
             for f in range(self.fragments):
-                mine = [p for k, p in enumerate(params) if fragment_of[j + k] == f]
+                mine = [t for k in range(len(params)) for g, t in parts_of[j + k] if g == f]
                 if mine:
                     self._add_piece(_Piece(gi, mine, f), broadcast)
             j += len(params)
@@ -775,7 +793,7 @@ class SlowMo(torch.optim.Optimizer):
         for piece in self._pieces:
             size[piece.fragment] += piece.numel
         smallest = size.index(min(size))
-        self._assign([gi], [smallest] * len(self.base.param_groups[gi]["params"]), True)
+        self._assign([gi], [[(smallest, p)] for p in self.base.param_groups[gi]["params"]], True)
 
     def zero_grad(self, set_to_none=None):
         if set_to_none is None:  # the base optimizer's own default
@@ -934,8 +952,11 @@ class SlowMo(torch.optim.Optimizer):
                 f", this optimizer has fragments={self.fragments}; build it with the saved value")
         if len(s["x_prev"]) != len(self._pieces) or any(
                 a.numel() != p.numel for a, p in zip(s["x_prev"], self._pieces)):
-            raise SquallInvalidArgument("squall.optim.SlowMo.load_state_dict: the parameter "
-                                        "groups differ from the saved ones")
+            raise SquallInvalidArgument(
+                "squall.optim.SlowMo.load_state_dict: the parameter groups differ from the saved "
+                "ones (or, with fragments > 1, the state was saved by a Squall that cut fragments "
+                "at whole tensors; resume it with that version, or start SlowMo's state afresh "
+                "with opt.base.load_state_dict(saved['base']) alone)")
         residuals = s.get("residuals") or [None] * len(self._pieces)
         if s.get("codec") != (self.codec if self.mode == "compressed" else None):
             residuals = [None] * len(self._pieces)  # another code's (or none): start afresh

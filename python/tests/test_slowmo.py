@@ -184,43 +184,61 @@ def test_slowmo_single_rank_with_lr_scheduler():
 
 # ------------------------------------------------------------ streaming ----
 
-def _frag_of_param(i):
-    return i  # _params(): 50 and 7 elements, so fragments=2 puts one tensor in each
+def _units(fragments):
+    """(tensor, first, end, fragment): _params()'s 57 elements in `fragments`
+    equal runs, fragment f elements [57 f // F, 57 (f + 1) // F); at 2, the
+    first tensor (50 elements) is cut after its 28th."""
+    ends = [57 * (f + 1) // fragments for f in range(fragments)]
+    units, before = [], 0
+    for i, n in enumerate((50, 7)):
+        a = 0
+        while a < n:
+            f = next(f for f, e in enumerate(ends) if before + a < e)
+            b = min(n, ends[f] - before)
+            units.append((i, a, b, f))
+            a = b
+        before += n
+    return units
 
 
 def _streamed_reference(world, steps, tau, alpha, beta, fragments, delay, merge, nesterov):
     """Streamed SlowMo, full precision, every rank simulated in one process."""
     replicas = [_params() for _ in range(world)]
     opts = [torch.optim.SGD(_groups(ps), momentum=0.9) for ps in replicas]
-    x_prev = [p.detach().clone() for p in replicas[0]]
-    u = [torch.zeros_like(p) for p in x_prev]
+    units = _units(fragments)
+
+    def part(r, k):  # unit k of rank r's parameters (a view)
+        i, a, b, _ = units[k]
+        return replicas[r][i].detach().view(-1)[a:b]
+
+    x_prev = [part(0, k).clone() for k in range(len(units))]
+    u = [torch.zeros_like(x) for x in x_prev]
     lrs = [0.1, 0.05]
-    in_flight = []  # (param, land, average, launched per rank)
+    in_flight = []  # (unit, land, average, launched per rank)
     for s in range(1, steps + 1):
         for r in range(world):
             for i, p in enumerate(replicas[r]):
                 p.grad = _grad(r, s - 1, p, i)
             opts[r].step()
         with torch.no_grad():
-            for i in range(2):
-                f = _frag_of_param(i) if fragments == 2 else 0
+            for k, (_, _, _, f) in enumerate(units):
                 if s % tau == tau * (f + 1) // fragments % tau:
-                    avg = sum(replicas[r][i].detach() for r in range(world)) / world
-                    in_flight.append((i, s + delay, avg,
-                                      [replicas[r][i].detach().clone() for r in range(world)]))
-            for i, land, avg, launched in [t for t in in_flight if t[1] <= s]:
-                delta = x_prev[i] - avg
-                u[i] = beta * u[i] + delta / lrs[i]
+                    avg = sum(part(r, k) for r in range(world)) / world
+                    in_flight.append((k, s + delay, avg,
+                                      [part(r, k).clone() for r in range(world)]))
+            for k, land, avg, launched in [t for t in in_flight if t[1] <= s]:
+                lr = lrs[units[k][0]]
+                delta = x_prev[k] - avg
+                u[k] = beta * u[k] + delta / lr
                 if alpha == 1 and beta == 0:
-                    x_prev[i] = avg.clone()
+                    x_prev[k] = avg.clone()
                 elif nesterov:
-                    x_prev[i] = x_prev[i] - alpha * (delta + beta * lrs[i] * u[i])
+                    x_prev[k] = x_prev[k] - alpha * (delta + beta * lr * u[k])
                 else:
-                    x_prev[i] = x_prev[i] - u[i] * (alpha * lrs[i])
+                    x_prev[k] = x_prev[k] - u[k] * (alpha * lr)
                 for r in range(world):
-                    now = replicas[r][i].detach()
-                    keep = now - launched[r] if merge == "carry" and delay > 0 else 0
-                    replicas[r][i].copy_(x_prev[i] + keep)
+                    keep = part(r, k) - launched[r] if merge == "carry" and delay > 0 else 0
+                    part(r, k).copy_(x_prev[k] + keep)
             in_flight = [t for t in in_flight if t[1] > s]
     return [[p.detach() for p in ps] for ps in replicas]
 
@@ -393,3 +411,24 @@ def test_a_non_finite_average_is_skipped_on_every_rank(mode):
         assert torch.equal(r["params"][0], r0["start"][0])
         assert not torch.equal(r["params"][1], r0["start"][1])
     assert all(torch.equal(a, b) for a, b in zip(r0["params"], r1["params"]))
+
+
+def test_fragments_are_equal_runs_that_cut_large_tensors():
+    """Streamed fragments are equal runs of the parameters' elements: a
+    tensor holding most of them is cut across fragments, as views that write
+    through to it, so no fragment's sync is larger than its share (whole
+    tensors left one fragment with 4.2 M of an MLP's 6.3 M parameters)."""
+    import squall
+    from squall.optim import SlowMo
+
+    with squall.Communicator.from_unique_id(squall.get_unique_id(), 1, 0, transport="tcp") as c:
+        big = torch.zeros(100, 30, requires_grad=True)
+        small = torch.zeros(10, requires_grad=True)
+        opt = SlowMo(torch.optim.SGD([big, small], lr=0.1), tau=4, fragments=4, comm=c)
+        sizes = [sum(p.numel for p in opt._pieces if p.fragment == f) for f in range(4)]
+        assert sizes == [752, 753, 752, 753], sizes  # 3010 elements
+        first = opt._pieces[0].params[0]
+        with torch.no_grad():
+            first.fill_(1.0)
+        assert big.view(-1)[:752].eq(1).all() and big.view(-1)[752:].eq(0).all()
+        assert opt._pieces[-1].params[-1] is small  # the last run ends with it, whole
