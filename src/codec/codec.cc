@@ -268,10 +268,11 @@ Status checkEncodeArgs(const Spec& spec, const void* input, DType dtype, size_t 
 
 namespace {
 
-// kStream past `cache` bytes, a cache's size from sysconf (0 or -1 where it
-// does not know it: then `fallback`). SQUALL_STREAM_STORES=always / never
-// moves every threshold to 0 / infinity.
-Stores streamPast(size_t bytes, int cache, size_t fallback) {
+// The bytes past which a call streams: a cache's size from sysconf (0 or -1
+// where it does not know it: then `fallback`). SQUALL_STREAM_STORES=always /
+// never moves every threshold to 0 / infinity. Read once per threshold (a
+// cache size can cost cpuid instructions, which trap in a VM).
+size_t streamThreshold(int cache, size_t fallback) {
   static const std::string mode = [] {
     std::string m = paramString(Param::kStreamStores);
     if (m != "always" && m != "never" && m != "auto") {
@@ -282,20 +283,22 @@ Stores streamPast(size_t bytes, int cache, size_t fallback) {
     }
     return m;
   }();
-  if (mode != "auto") return mode == "always" ? Stores::kStream : Stores::kCached;
+  if (mode == "always") return 0;
+  if (mode == "never") return SIZE_MAX;
   const long size = sysconf(cache);
-  const size_t threshold = size > 0 ? static_cast<size_t>(size) : fallback;
-  return bytes > threshold ? Stores::kStream : Stores::kCached;
+  return size > 0 ? static_cast<size_t>(size) : fallback;
 }
 
 }  // namespace
 
 Stores storesFor(size_t bytes) {
-  return streamPast(bytes, _SC_LEVEL3_CACHE_SIZE, size_t{32} << 20);
+  static const size_t threshold = streamThreshold(_SC_LEVEL3_CACHE_SIZE, size_t{32} << 20);
+  return bytes > threshold ? Stores::kStream : Stores::kCached;
 }
 
 Stores residualStoresFor(size_t bytes) {
-  return streamPast(bytes, _SC_LEVEL2_CACHE_SIZE, size_t{1} << 20);
+  static const size_t threshold = streamThreshold(_SC_LEVEL2_CACHE_SIZE, size_t{1} << 20);
+  return bytes > threshold ? Stores::kStream : Stores::kCached;
 }
 
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
