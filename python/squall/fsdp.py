@@ -517,23 +517,9 @@ class Compressed:
 
     @property
     def stats(self):
-        out = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
-               "bytes_received": 0}
-        for rs in self.reduce_scatters:
-            out["calls"] += rs.calls
-            out["full_calls"] += rs.full_calls
-            out["compressed_calls"] += rs.compressed_calls
-            for k in ("bytes_sent", "bytes_received"):
-                out[k] += rs.stats.get(k, 0)
+        out = _summed(self.reduce_scatters)
         if self.all_gathers:
-            gathers = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "overlapped_calls": 0,
-                       "bytes_sent": 0, "bytes_received": 0}
-            for ag in self.all_gathers:
-                for k in ("calls", "full_calls", "compressed_calls", "overlapped_calls"):
-                    gathers[k] += getattr(ag, k)
-                for k in ("bytes_sent", "bytes_received"):
-                    gathers[k] += ag.stats[k]
-            out["all_gather"] = gathers
+            out["all_gather"] = _summed(self.all_gathers, _CALLS + ("overlapped_calls",))
         if self.all_reduces:
             out["all_reduce"] = _summed(self.all_reduces)
         return out
@@ -582,11 +568,14 @@ class Compressed:
                 o.load_state_dict(saved[o.name])
 
 
-def _summed(objects):
-    out = {"calls": 0, "full_calls": 0, "compressed_calls": 0, "bytes_sent": 0,
-           "bytes_received": 0}
+_CALLS = ("calls", "full_calls", "compressed_calls")
+
+
+def _summed(objects, counters=_CALLS):
+    """The objects' call counters and stats bytes, summed."""
+    out = dict.fromkeys(counters + ("bytes_sent", "bytes_received"), 0)
     for o in objects:
-        for k in ("calls", "full_calls", "compressed_calls"):
+        for k in counters:
             out[k] += getattr(o, k)
         for k in ("bytes_sent", "bytes_received"):
             out[k] += o.stats.get(k, 0)
