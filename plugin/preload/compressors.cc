@@ -53,4 +53,29 @@ Status compressorFor(Compressors& residuals, core::Comm& engine, const Policy& p
   return Status::kOk;
 }
 
+StepTracker::Placement StepState::place(size_t count) {
+  StepTracker::Placement at = steps.place(count);
+  if (at.agree) {
+    int64_t proposal[2];
+    steps.proposal(proposal);
+    steps.windowEdges(proposal, &edges);
+    steps.adopt(proposal);
+    SQUALL_INFO(Subsys::kApi, "preload: a step of %lld elements, next call at %lld%s",
+                static_cast<long long>(proposal[0]), static_cast<long long>(proposal[1]),
+                proposal[0] > 0 ? "" : " (none found: learning again)");
+  }
+  if (at.relearn) {
+    residuals.clear();
+    edges.clear();
+    Report::get().relearned();
+  }
+  if (at.known) edges.add(at.offset, count);
+  return at;
+}
+
+std::vector<TensorEdges::Run> cutRuns(const StepState& state, const Policy& policy,
+                                      const CutCall& call) {
+  return state.edges.runs(call.offset, call.count, policy.minBytes / elementBytes(call.dtype));
+}
+
 }  // namespace squall::preload

@@ -34,14 +34,10 @@ namespace squall::preload {
 namespace {
 
 struct CommState {
-  explicit CommState(const Policy& p)
-      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
-  std::mutex mutex;  // the fields below, and this communicator's compressed call
-  int64_t eligible = 0;
-  StepTracker steps;
-  TensorEdges edges;
-  std::unique_ptr<core::Comm> engine;  // outlives the compressors below
-  Compressors residuals;
+  explicit CommState(const Policy& p) : step(p) {}
+  std::mutex mutex;                    // the fields below, and this communicator's compressed call
+  std::unique_ptr<core::Comm> engine;  // outlives the compressors of `step`
+  StepState step;
   bool engineFailed = false;
 };
 
@@ -78,7 +74,7 @@ int finalizing(MPI_Comm, int, void*, void*) {
   drainGraveyard();
   for (CommState* s : gLive) {  // still attached to live communicators: keep the shell
     std::lock_guard<std::mutex> stateLock(s->mutex);
-    s->residuals.clear();
+    s->step.residuals.clear();
     s->engine.reset();
     s->engineFailed = true;
   }
@@ -119,28 +115,12 @@ int typeBytes(MPI_Datatype type) {
 // communicator's state. Every such call is placed in the step, small ones too:
 // they are part of the step's sequence even though they run at full precision.
 Verdict decide(CommState& s, size_t count, bool small, int nranks, int64_t* offset) {
-  const Policy& p = policy();
-  StepTracker::Placement at = s.steps.place(count);
-  if (at.agree) {
-    int64_t proposal[2];
-    s.steps.proposal(proposal);
-    s.steps.windowEdges(proposal, &s.edges);
-    s.steps.adopt(proposal);
-    SQUALL_INFO(Subsys::kApi, "preload: a step of %lld elements, next call at %lld%s",
-                static_cast<long long>(proposal[0]), static_cast<long long>(proposal[1]),
-                proposal[0] > 0 ? "" : " (none found: learning again)");
-  }
-  if (at.relearn) {
-    s.residuals.clear();
-    s.edges.clear();
-    Report::get().relearned();
-  }
-  if (at.known) s.edges.add(at.offset, count);
+  const StepTracker::Placement at = s.step.place(count);
   if (small) return Verdict::kSmall;
-  if (s.eligible++ < p.warmupCalls) return Verdict::kWarmup;
+  if (s.step.eligible++ < policy().warmupCalls) return Verdict::kWarmup;
   if (!at.known) return Verdict::kLearning;
   *offset = at.offset;
-  if (!s.residuals.fits(residualBytes(count, nranks))) return Verdict::kResidualCap;
+  if (!s.step.residuals.fits(residualBytes(count, nranks))) return Verdict::kResidualCap;
   if (s.engineFailed) return Verdict::kEngine;
   return Verdict::kCompress;
 }
@@ -175,7 +155,7 @@ bool startEngine(MPI_Comm comm, CommState* state) {
   const bool allReady = everyRank(comm, ready);
   const bool made = allReady && core::Comm::fromMpi(&comm, config, &state->engine) == Status::kOk;
   if (allReady && everyRank(comm, made)) return true;
-  state->residuals.clear();
+  state->step.residuals.clear();
   state->engine.reset();
   // The cause was logged where it was found, on the rank that found it.
   SQUALL_WARN(Subsys::kApi,
@@ -250,47 +230,38 @@ extern "C" [[gnu::visibility("default")]] int MPI_Allreduce(const void* sendbuf,
     return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
   }
 
-  // The call cut at the tensor edges learnt so far: small tensors inside a
-  // fused buffer (biases, norms) go at full precision, as they would alone,
-  // and no codec block spans two runs.
-  const size_t minElements = policy().minBytes / sizeof(float);
-  const std::vector<TensorEdges::Run> runs = state->edges.runs(offset, facts.count, minElements);
+  // Small tensors inside a fused buffer (biases, norms) go at full precision.
+  const CutCall cut{DataType::kF32, offset, facts.count, nranks, ReduceOp::kSum, nullptr};
+  const std::vector<TensorEdges::Run> runs = cutRuns(state->step, policy(), cut);
   if (runs.size() == 1 && runs[0].full) {
     lock.unlock();
     Report::get().passed(Verdict::kSmall, fullBytes);
     return real_mpi::allReduce(sendbuf, recvbuf, count, datatype, op, comm);
   }
   InsideSquall inside;
-  uint64_t sent = 0;
-  for (const TensorEdges::Run& run : runs) {
-    const auto skip = static_cast<size_t>(run.offset - offset);
-    float* out = static_cast<float*>(recvbuf) + skip;
-    const float* in = (sendbuf == MPI_IN_PLACE ? static_cast<const float*>(recvbuf)
-                                               : static_cast<const float*>(sendbuf)) +
-                      skip;
-    core::Compressor* c = nullptr;
-    if (!run.full && compressorFor(state->residuals, *state->engine, policy(),
-                                   ResidualKey{DataType::kF32, run.offset, run.count}, nranks,
-                                   ReduceOp::kSum, nullptr, &c) != Status::kOk)
-      return MPI_ERR_INTERN;  // described where it failed
-    if (c == nullptr) {
-      // A small run, or a state over the cap (decide() normally says so
-      // first): the same on every rank, so all send it at full precision.
-      const int rc = real_mpi::allReduce(sendbuf == MPI_IN_PLACE ? MPI_IN_PLACE : in, out,
-                                         static_cast<int>(run.count), MPI_FLOAT, MPI_SUM, comm);
-      if (rc != MPI_SUCCESS) return rc;
-      sent += fullPrecisionBytes(run.count, DataType::kF32, nranks);
-      if (run.full) Report::get().keptFull(run.count);
-      continue;
+  struct {
+    const float* in;
+    float* out;
+    bool inPlace;
+    MPI_Comm comm;
+    core::Comm& engine;
+    int full(size_t skip, size_t n) const {
+      return real_mpi::allReduce(inPlace ? MPI_IN_PLACE : in + skip, out + skip,
+                                 static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
     }
-    // Past this point the peers are in the compressed allreduce too: a
-    // failure cannot fall back to MPI, it is the collective's error.
-    if (state->engine->compressedAllReduce(in, out, DataType::kF32, ReduceOp::kSum, *c) !=
-        Status::kOk)
-      return MPI_ERR_OTHER;
-    core::CompressorStats stats;
-    sent += c->stats(&stats) == Status::kOk ? stats.bytesSent : 0;
-  }
+    int compressed(size_t skip, core::Compressor& c) const {
+      return engine.compressedAllReduce(in + skip, out + skip, DataType::kF32, ReduceOp::kSum, c) ==
+                     Status::kOk
+                 ? MPI_SUCCESS
+                 : MPI_ERR_OTHER;
+    }
+    static int failed(Status) { return MPI_ERR_INTERN; }  // described where it failed
+  } front{static_cast<const float*>(sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf),
+          static_cast<float*>(recvbuf), sendbuf == MPI_IN_PLACE, comm, *state->engine};
+  uint64_t sent = 0;
+  if (const int rc = runCut(state->step, *state->engine, policy(), cut, runs, front, &sent);
+      rc != MPI_SUCCESS)
+    return rc;
   Report::get().compressed(policy().codec.codec, sent, fullBytes);
   return MPI_SUCCESS;
 }

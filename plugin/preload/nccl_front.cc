@@ -47,22 +47,11 @@ struct DeviceState {
   Gathers gathers;
 };
 
-// What a communicator keeps per collective: its calls are placed in steps
-// of their own (a step's reduce-scatters are not its allreduces), with
-// residuals of their own.
-struct CollState {
-  explicit CollState(const Policy& p)
-      : steps(p.stepElements, p.stepLearnCalls), residuals(p.residualCapBytes) {}
-  int64_t eligible = 0;
-  StepTracker steps;
-  Compressors residuals;
-};
-
 struct CommState {
   CommState(const Policy& p, bool nonBlocking, bool revoked = false)
       : nonBlocking(nonBlocking),
         revoked(revoked),
-        colls{CollState(p), CollState(p), CollState(p)} {}
+        colls{StepState(p), StepState(p), StepState(p)} {}
   // A state whose communicator was aborted or revoked frees its device
   // memory off this thread (releaseDevice).
   ~CommState() { releaseDevice(releaseOffThread.load()); }
@@ -72,8 +61,8 @@ struct CommState {
   // its step and counters, and makes a new engine if it compresses again.
   void releaseDevice(bool offThread) {
     if (engine == nullptr) return;  // compressors are made on the engine only
-    CollState& all = of(Coll::kAllReduce);
-    CollState& scatter = of(Coll::kReduceScatter);
+    StepState& all = of(Coll::kAllReduce);
+    StepState& scatter = of(Coll::kReduceScatter);
     auto doomed = std::make_shared<DeviceState>(
         DeviceState{std::move(engine), std::move(all.residuals), std::move(scatter.residuals),
                     std::move(gathers)});
@@ -101,11 +90,13 @@ struct CommState {
   bool pending = true;
   bool suspended = false;              // between ncclCommSuspend and ncclCommResume
   std::unique_ptr<core::Comm> engine;  // outlives the compressors of `colls`
-  CollState colls[static_cast<int>(Coll::kCount)];
+  // Per collective: its calls are placed in steps of their own (a step's
+  // reduce-scatters are not its allreduces), with residuals of their own.
+  StepState colls[static_cast<int>(Coll::kCount)];
   Gathers gathers;
   bool engineFailed = false;
 
-  CollState& of(Coll coll) { return colls[static_cast<int>(coll)]; }
+  StepState& of(Coll coll) { return colls[static_cast<int>(coll)]; }
 };
 
 // The registry's lock, held only to look a state up: each state has its own,
@@ -562,6 +553,48 @@ struct Call {
   const ncclCollConfig_t* config;  // of the Config entry point, perhaps null
 };
 
+// A compressed allreduce at `offset` of its step, cut at
+// the tensor edges learnt so far (runCut): the runs of small tensors go to
+// NCCL's allreduce at full precision, the rest through Squall on the same
+// stream. A call of small tensors only goes to NCCL whole.
+template <class Forward>
+ncclResult_t cutAllReduce(const Call& call, const CallFacts& facts, CommState& s, int64_t offset,
+                          uint64_t uncompressed, std::unique_lock<std::mutex>& lock,
+                          Forward forward) {
+  const CutCall cut{facts.dtype, offset, facts.count, s.nranks, facts.op, call.stream};
+  const std::vector<TensorEdges::Run> runs = cutRuns(s.of(Coll::kAllReduce), policy(), cut);
+  if (runs.size() == 1 && runs[0].full) {
+    lock.unlock();
+    Report::get().passed(Verdict::kSmall, uncompressed, Coll::kAllReduce);
+    return forward();
+  }
+  InsideSquall inside;
+  struct {
+    const Call& call;
+    DataType dtype;
+    ReduceOp op;
+    core::Comm& engine;
+    size_t bytes(size_t skip) const { return skip * elementBytes(dtype); }
+    int full(size_t skip, size_t n) const {
+      return realNccl().allReduce(static_cast<const char*>(call.send) + bytes(skip),
+                                  static_cast<char*>(call.recv) + bytes(skip), n, call.datatype,
+                                  call.op, call.comm, call.stream);
+    }
+    int compressed(size_t skip, core::Compressor& c) const {
+      return transport::nccl::ncclResultOf(engine.compressedAllReduceOnStream(
+          static_cast<const char*>(call.send) + bytes(skip),
+          static_cast<char*>(call.recv) + bytes(skip), dtype, op, c, call.stream));
+    }
+    static int failed(Status why) { return transport::nccl::ncclResultOf(why); }
+  } front{call, facts.dtype, facts.op, *s.engine};
+  uint64_t sent = 0;
+  if (const int rc = runCut(s.of(Coll::kAllReduce), *s.engine, policy(), cut, runs, front, &sent);
+      rc != nccl_abi::kSuccess)
+    return static_cast<ncclResult_t>(rc);
+  Report::get().compressed(policy().codec.codec, sent, uncompressed, Coll::kAllReduce);
+  return nccl_abi::kSuccess;
+}
+
 // An allreduce or reduce-scatter; `forward` passes it to the entry point it
 // came through, with its arguments unchanged. A config the interposer
 // cannot honour makes an otherwise compressed call pass through; the call
@@ -612,17 +645,8 @@ ncclResult_t intercept(const Call& call, Forward forward) {
       verdict = Verdict::kEngine;
     }
   } else if (placed) {
-    CollState& st = s->of(coll);
-    StepTracker::Placement at = st.steps.place(count);
-    if (at.agree) {
-      int64_t proposal[2];
-      st.steps.proposal(proposal);
-      st.steps.adopt(proposal);
-    }
-    if (at.relearn) {
-      st.residuals.clear();
-      Report::get().relearned();
-    }
+    StepState& st = s->of(coll);
+    const StepTracker::Placement at = st.place(count);
     offset = at.offset;
     if (verdict == Verdict::kSmall) {
       // placed, and passed through
@@ -660,6 +684,7 @@ ncclResult_t intercept(const Call& call, Forward forward) {
     return forward();
   }
 
+  if (coll == Coll::kAllReduce) return cutAllReduce(call, facts, *s, offset, full, lock, forward);
   InsideSquall inside;
   core::Compressor* c = nullptr;
   if (coll == Coll::kAllGather) {
@@ -686,17 +711,12 @@ ncclResult_t intercept(const Call& call, Forward forward) {
     Report::get().passed(Verdict::kResidualCap, full, coll);
     return forward();
   }
-  Status ran = Status::kOk;
-  if (coll == Coll::kAllGather) {
-    ran =
-        s->engine->compressedAllGatherOnStream(call.send, call.recv, facts.dtype, *c, call.stream);
-  } else if (coll == Coll::kReduceScatter) {
-    ran = s->engine->compressedReduceScatterOnStream(call.send, call.recv, call.count, facts.dtype,
-                                                     facts.op, *c, call.stream);
-  } else {
-    ran = s->engine->compressedAllReduceOnStream(call.send, call.recv, facts.dtype, facts.op, *c,
-                                                 call.stream);
-  }
+  const Status ran =
+      coll == Coll::kAllGather
+          ? s->engine->compressedAllGatherOnStream(call.send, call.recv, facts.dtype, *c,
+                                                   call.stream)
+          : s->engine->compressedReduceScatterOnStream(call.send, call.recv, call.count,
+                                                       facts.dtype, facts.op, *c, call.stream);
   if (ran != Status::kOk) return transport::nccl::ncclResultOf(ran);
   // The bytes the algorithm sends, known without waiting for the stream
   // (the compressor's statistics would).

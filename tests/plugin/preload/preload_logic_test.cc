@@ -8,10 +8,13 @@
 #include <vector>
 
 #include "plugin/preload/coll_config.h"
+#include "plugin/preload/compressors.h"
 #include "plugin/preload/nccl_abi.h"
 #include "plugin/preload/policy.h"
 #include "plugin/preload/report.h"
 #include "plugin/preload/residual_map.h"
+#include "src/bootstrap/bootstrap.h"
+#include "src/core/comm.h"
 
 namespace squall::preload {
 namespace {
@@ -440,6 +443,90 @@ TEST(PreloadReport, JsonHasTheFields) {
         "\"reduce_scatter\": {\"calls_compressed\": 1, \"calls_passed\": 1, \"bytes_sent\": 21, "
         "\"bytes_full_precision\": 80}"})
     EXPECT_NE(m.find(field), std::string::npos) << field << " in " << m;
+}
+
+// A fused step of four tensors, 10, 500, 20 and 470 elements, the step
+// given; minBytes 64 makes 16 fp32 or 32 bf16 elements small.
+Policy cutPolicy() {
+  Policy p;
+  p.stepElements = 1000;
+  p.minBytes = 64;
+  return p;
+}
+
+TEST(PreloadCut, TheStepStateLearnsEdgesAndCutsByElementSize) {
+  const Policy p = cutPolicy();
+  StepState state(p);
+  for (size_t n : {10, 500, 20, 470}) EXPECT_TRUE(state.place(n).known);
+  // fp32: only the 10 is small; the 20 joins the runs around it.
+  auto runs = cutRuns(state, p, CutCall{DataType::kF32, 0, 1000, 2, ReduceOp::kSum, nullptr});
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_TRUE(runs[0].full);
+  EXPECT_EQ(runs[1].offset, 10);
+  EXPECT_EQ(runs[1].count, 990u);
+  // bf16: the 20 is small too.
+  runs = cutRuns(state, p, CutCall{DataType::kBf16, 0, 1000, 2, ReduceOp::kSum, nullptr});
+  ASSERT_EQ(runs.size(), 4u);
+  EXPECT_TRUE(runs[2].full);
+  EXPECT_EQ(runs[2].offset, 510);
+  EXPECT_EQ(runs[3].count, 470u);
+  // A call that crosses the step's end proves it wrong: edges and residuals go.
+  EXPECT_TRUE(state.place(600).known);
+  EXPECT_TRUE(state.place(600).relearn);
+  EXPECT_EQ(state.edges.size(), 0u);
+}
+
+uint64_t keptFullSoFar() {
+  const std::string j = Report::get().json("int4");
+  const std::string field = "\"elements_kept_full\": ";
+  return std::stoull(j.substr(j.find(field) + field.size()));
+}
+
+TEST(PreloadCut, EachRunGoesWhereItLiesAndTheFirstFailureEndsTheCall) {
+  bootstrap::UniqueId id;
+  ASSERT_EQ(bootstrap::createUniqueId(&id), Status::kOk) << lastError();
+  core::CommConfig config;
+  config.transport = core::TransportKind::kTcp;
+  std::unique_ptr<core::Comm> engine;
+  ASSERT_EQ(core::Comm::create(id, 1, 0, config, &engine), Status::kOk) << lastError();
+  const Policy p = cutPolicy();
+  StepState state(p);
+  for (size_t n : {10, 500, 20, 470}) state.place(n);
+  const CutCall call{DataType::kBf16, 0, 1000, 1, ReduceOp::kSum, nullptr};
+  const auto runs = cutRuns(state, p, call);
+
+  using Pieces = std::vector<std::pair<size_t, size_t>>;  // (skip, count)
+  struct Front {
+    Pieces sentFull, sentCompressed;
+    int failAt = -1;  // the compressed piece that fails, with 7
+    int full(size_t skip, size_t n) {
+      sentFull.emplace_back(skip, n);
+      return 0;
+    }
+    int compressed(size_t skip, core::Compressor& c) {
+      sentCompressed.emplace_back(skip, c.count());
+      return static_cast<int>(sentCompressed.size()) - 1 == failAt ? 7 : 0;
+    }
+    static int failed(Status) { return 9; }
+  } front;
+  const uint64_t keptBefore = keptFullSoFar();
+  uint64_t sent = 1;
+  ASSERT_EQ(runCut(state, *engine, p, call, runs, front, &sent), 0);
+  EXPECT_EQ(sent, 0u);  // one rank sends nothing
+  EXPECT_EQ(front.sentFull, (Pieces{{0, 10}, {510, 20}}));
+  EXPECT_EQ(front.sentCompressed, (Pieces{{10, 500}, {530, 470}}));
+  EXPECT_EQ(keptFullSoFar() - keptBefore, 30u);
+  // Each compressed run has a residual of its own, found again next step.
+  EXPECT_EQ(state.residuals.size(), 2u);
+  ASSERT_EQ(runCut(state, *engine, p, call, runs, front, &sent), 0);
+  EXPECT_EQ(state.residuals.size(), 2u);
+
+  // The first failure ends the call: nothing after it is sent.
+  Front failing;
+  failing.failAt = 0;
+  EXPECT_EQ(runCut(state, *engine, p, call, runs, failing, &sent), 7);
+  EXPECT_EQ(failing.sentFull, (Pieces{{0, 10}}));
+  EXPECT_EQ(failing.sentCompressed, (Pieces{{10, 500}}));
 }
 
 }  // namespace
