@@ -21,14 +21,14 @@
 #   SQUALL_GPU_STEPS   comma-separated steps to run after the build (default: all):
 #                      cpu-unit-tests, gpu-codec-tests, gpu-bench, nccl-allreduce-tests,
 #                      python-gpu-tests, gpu-allreduce-bench, nccl-plugin, preload-ddp,
-#                      preload-fsdp, ddp-net-plugin
+#                      preload-fsdp, preload-fused, ddp-net-plugin
 # Budget: configure + build take at most 180 s; the other steps' limits add up
-# to 930 s (190 of them the NCCL plugin's, 120 each the three torch steps over
+# to 1050 s (190 of them the NCCL plugin's, 120 each the four torch steps over
 # torch's own NCCL), plus 90 s for the torch checks. A device call is capped at
 # 600 s, so on a cold machine split the run in two calls that reuse the build
 # directory, e.g.
 #   SQUALL_GPU_STEPS=cpu-unit-tests,gpu-codec-tests,gpu-bench,nccl-allreduce-tests,gpu-allreduce-bench
-#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp,preload-fsdp,ddp-net-plugin
+#   SQUALL_GPU_STEPS=python-gpu-tests,nccl-plugin,preload-ddp,preload-fsdp,preload-fused,ddp-net-plugin
 set -euo pipefail
 
 build="${SQUALL_GPU_BUILD:-build-gpu}"
@@ -206,6 +206,15 @@ if [[ -f $preload_lib ]] && timeout 30 "$py" -c 'import torch; assert torch.cuda
   grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-fsdp.log" | tee -a "$summary" || true
 else
   note "SKIP: preload-fsdp: no interposer or no CUDA torch with a GPU"
+fi
+# The same model with its gradients fused into flat buffers as Horovod does
+# (all in one on even steps, each alone on odd ones): the fused calls cut at
+# the tensor edges the odd steps reveal, the biases sent whole inside them.
+if [[ -f $preload_lib ]] && timeout 30 "$py" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  step preload-fused 120 "$py" tests/plugin/preload/ddp_gpu.py --fused "$preload_lib" "$out" || true
+  grep -E '^(PASS|FAIL)|report:|uncompressed:|interposed:' "$out/preload-fused.log" | tee -a "$summary" || true
+else
+  note "SKIP: preload-fused: no interposer or no CUDA torch with a GPU"
 fi
 # ---- end of the interposer step
 

@@ -3,6 +3,7 @@
 
   ddp_gpu.py LIB OUT_DIR                      (the driver; run by tests/gpu/run.sh)
   ddp_gpu.py --fsdp LIB OUT_DIR               (the same model under FSDP2's fully_shard)
+  ddp_gpu.py --fused LIB OUT_DIR              (the same model, its gradients fused as Horovod does)
   ddp_gpu.py --net-plugin PLUGIN OUT_DIR      (the same job over libnccl-net-squall.so)
 
 Both use the NCCL that torch bundles (its nvidia-nccl wheel), with nothing on
@@ -23,6 +24,13 @@ compress (the report's by_collective.reduce_scatter.calls_compressed > 0, with
 fewer bytes than at full precision), at the same loss bound; the parameters
 are gathered whole (full_tensor) for the finiteness check.
 
+With --fused the gradients go in allreduces of flat buffers the job makes
+itself, as Horovod's fusion does: every gradient in one buffer on even steps
+and each alone on odd ones, so the calls reveal the tensor edges inside the
+fused buffer. The interposer must compress the fused calls cut at those
+edges, the biases (2 KiB, under SQUALL_PRELOAD_MIN_BYTES) sent whole inside
+them (the report's elements_kept_full > 0), at the same loss bound.
+
 With --net-plugin the job runs once with NCCL_NET_PLUGIN=PLUGIN and
 NCCL_NET=squall (Squall's net transport carries every byte between the two
 ranks, at full precision): NCCL's log must show the plugin loaded, at ABI v12
@@ -37,7 +45,22 @@ import subprocess
 import sys
 
 
-def worker(out, fsdp=False):
+def fused_allreduce(params, step):
+    """The gradients averaged as Horovod's fusion sends them: all in one flat
+    buffer on even steps, each in its own on odd ones."""
+    import torch
+    import torch.distributed as dist
+    grads = [p.grad for p in params]
+    for group in ([grads] if step % 2 == 0 else [[g] for g in grads]):
+        flat = torch.cat([g.reshape(-1) for g in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+        offset = 0
+        for g in group:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def worker(out, fsdp=False, fused=False):
     import torch
     import torch.distributed as dist
     dist.init_process_group("nccl")
@@ -53,6 +76,9 @@ def worker(out, fsdp=False):
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
         ddp = fully_shard(model)
+    elif fused:
+        ddp = model
+        dist.broadcast(torch.nn.utils.parameters_to_vector(model.parameters()), 0)
     else:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
@@ -66,6 +92,8 @@ def worker(out, fsdp=False):
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         loss.backward()
+        if fused:
+            fused_allreduce(list(model.parameters()), step)
         opt.step()
         losses.append(loss.item())
     flat = torch.cat([(p.full_tensor() if fsdp else p).detach().reshape(-1)
@@ -86,7 +114,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(lib, out_dir, tag, extra_env=None, fsdp=False):
+def run(lib, out_dir, tag, extra_env=None, fsdp=False, fused=False):
     out = pathlib.Path(out_dir) / f"ddp-{tag}.json"
     port = free_port()
     procs, logs = [], []
@@ -102,7 +130,8 @@ def run(lib, out_dir, tag, extra_env=None, fsdp=False):
         logs.append(log)
         with open(log, "w") as f:
             procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--fsdp-worker" if fsdp else "--worker", str(out)],
+                [sys.executable, __file__,
+                 "--fsdp-worker" if fsdp else "--fused-worker" if fused else "--worker", str(out)],
                 env=env, stdout=f, stderr=subprocess.STDOUT))
     codes = [p.wait(timeout=240) for p in procs]
     for log in logs:
@@ -144,17 +173,19 @@ def net_plugin(plugin, out_dir):
 
 
 def main():
-    if len(sys.argv) > 2 and sys.argv[1] in ("--worker", "--fsdp-worker"):
-        return worker(sys.argv[2], fsdp=sys.argv[1] == "--fsdp-worker")
+    if len(sys.argv) > 2 and sys.argv[1] in ("--worker", "--fsdp-worker", "--fused-worker"):
+        return worker(sys.argv[2], fsdp=sys.argv[1] == "--fsdp-worker",
+                      fused=sys.argv[1] == "--fused-worker")
     if len(sys.argv) > 3 and sys.argv[1] == "--net-plugin":
         return net_plugin(os.path.abspath(sys.argv[2]), sys.argv[3])
-    fsdp = len(sys.argv) > 3 and sys.argv[1] == "--fsdp"
-    args = sys.argv[2:] if fsdp else sys.argv[1:]
+    mode = sys.argv[1] if len(sys.argv) > 3 and sys.argv[1] in ("--fsdp", "--fused") else ""
+    fsdp, fused = mode == "--fsdp", mode == "--fused"
+    args = sys.argv[2:] if mode else sys.argv[1:]
     lib, out_dir = os.path.abspath(args[0]), args[1]
-    name = "preload-fsdp" if fsdp else "preload-ddp"
-    prefix = "fsdp-" if fsdp else ""
-    base = run(None, out_dir, prefix + "off", fsdp=fsdp)
-    mine = run(lib, out_dir, prefix + "on", fsdp=fsdp)
+    name = "preload-" + (mode[2:] if mode else "ddp")
+    prefix = mode[2:] + "-" if mode else ""
+    base = run(None, out_dir, prefix + "off", fsdp=fsdp, fused=fused)
+    mine = run(lib, out_dir, prefix + "on", fsdp=fsdp, fused=fused)
     base.pop("logs")
     mine.pop("logs")
     print(f"uncompressed: {base}\ninterposed: {mine}")
@@ -175,6 +206,9 @@ def main():
         if fsdp and not (scatter.get("calls_compressed", 0) > 0 and
                          scatter["bytes_sent"] < scatter["bytes_full_precision"]):
             failed.append(f"rank {rank} compressed no reduce-scatter: {scatter}")
+        if fused and not rep.get("elements_kept_full", 0) > 0:
+            failed.append(f"rank {rank} sent no bias whole inside a fused call "
+                          f"(elements_kept_full {rep.get('elements_kept_full')})")
     if not (mine["identical"] and mine["finite"]):
         failed.append(f"ranks' parameters differ or are not finite: {mine}")
     rel = 100 * (mine["final_loss"] - base["final_loss"]) / base["final_loss"]
