@@ -19,8 +19,9 @@ LINKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "links.sh")
 
 
 def measure(args, script, worker_args):
-    """args: .out, .repeats, .rates, .ranks, .python, .variants; worker_args(order)
-    gives the worker's arguments for the variants in that order."""
+    """args: .out, .repeats, .rates, .ranks, .python, .variants (and perhaps
+    .ranks_per_host); worker_args(order) gives the worker's arguments for the
+    variants in that order."""
     os.makedirs(args.out, exist_ok=True)
     runs = []
     for rep in range(args.repeats):
@@ -28,8 +29,11 @@ def measure(args, script, worker_args):
         order = args.variants[k:] + args.variants[:k]
         for rate in (args.rates if rep % 2 == 0 else args.rates[::-1]):
             path = os.path.join(args.out, f"{rate}_{rep}.json")
-            cmd = [LINKS, "--rate", rate, "--ranks", str(args.ranks), "--", args.python,
-                   os.path.abspath(script), "--worker-out", path, *worker_args(order)]
+            per_host = getattr(args, "ranks_per_host", 1)
+            cmd = [LINKS, "--rate", rate, "--ranks", str(args.ranks),
+                   "--ranks-per-host", str(per_host), "--", args.python,
+                   os.path.abspath(script), "--worker-out", path, *worker_args(order),
+                   *(["--ranks-per-host", str(per_host)] if per_host > 1 else [])]
             t0 = time.monotonic()
             rc = subprocess.run(cmd).returncode
             if rc == 77:

@@ -15,6 +15,20 @@ an order rotated from repeat to repeat, and the rates alternate.
     perf/fsdp/step.py --python build/venv-torch/bin/python --ranks 2 \\
         --rates 1gbit 10gbit --repeats 2 --out perf/results/fsdp-step/r2
 
+HSDP (--ranks-per-host K, the hsdp_* variants): K ranks share each emulated
+host's shaped link and reach each other over its loopback, as the ranks of
+one machine do; the model is sharded within each host and replicated across
+hosts (a (hosts, K) mesh, "replicate" x "shard"). hsdp_fp32 is FSDP2 over
+that 2-D mesh (its cross-host all-reduce in fp32 over gloo); hsdp_squall
+shards over the "shard" dimension alone and squall.fsdp.compress(codec=None,
+replicas=..., replicas_codec="int4:block=256") averages each module's
+gradient shard across the hosts through Squall, the reduce-scatter inside
+the host left FSDP's. Only the inter-host bytes reach the counted link.
+
+    perf/fsdp/step.py --python build/venv-torch/bin/python --ranks 4 \\
+        --ranks-per-host 2 --rates 1gbit --variants hsdp_fp32 hsdp_squall compute \\
+        --out perf/results/fsdp-step/hsdp
+
 Per cell: the median step after the warmup (squall's variants average at
 full precision for --warmup steps; the first 2 steps after it are left out),
 the bytes this rank put on its link per step (eth0's counters: payload plus
@@ -33,7 +47,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import linkrun  # noqa: E402
 
 VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params_inline",
-            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params", "compute"]
+            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params", "compute",
+            "hsdp_fp32", "hsdp_squall"]
 LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
           "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
           "squall_int8_params_inline": "squall.fsdp + int8:block=256 parameter gathers, "
@@ -42,7 +57,11 @@ LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
           "squall_int4_params_inline": "squall.fsdp + int4:block=256 parameter gathers, "
                                        "each in FSDP's call (overlap=False)",
           "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers, overlapped",
-          "compute": "compute only (no communication)"}
+          "compute": "compute only (no communication)",
+          "hsdp_fp32": "HSDP: FSDP2 over the (hosts, ranks per host) mesh, fp32 all-reduce "
+                       "across hosts",
+          "hsdp_squall": "HSDP: FSDP2 within each host, squall int4:block=256 all-reduce "
+                         "across hosts"}
 SIZES = [1024, 4096, 2048, 1024, 10]
 
 
@@ -61,6 +80,12 @@ def _worker(args):
     rank = dist.get_rank()
 
     model, batch = linkrun.teacher_mlp(torch, SIZES, args.batch, rank)
+    mesh = None
+    if any(name.startswith("hsdp") for name in args.variants):
+        from torch.distributed.device_mesh import init_device_mesh
+        hosts = dist.get_world_size() // args.ranks_per_host
+        mesh = init_device_mesh("cpu", (hosts, args.ranks_per_host),
+                                mesh_dim_names=("replicate", "shard"))
 
     results = {}
     for name in args.variants:
@@ -70,11 +95,19 @@ def _worker(args):
             policy = {}
             if name == "bf16_reduce":
                 policy["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
+            elif name == "hsdp_fp32":
+                policy["mesh"] = mesh
+            elif name == "hsdp_squall":
+                policy["mesh"] = mesh["shard"]
             for layer in net:
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer, **policy)
             fully_shard(net, **policy)
-            if name.startswith("squall"):
+            if name == "hsdp_squall":
+                compressed = squall.fsdp.compress(
+                    net, codec=None, warmup=args.warmup, replicas=mesh["replicate"].get_group(),
+                    replicas_codec="int4:block=256")
+            elif name.startswith("squall"):
                 base = name.removesuffix("_inline")
                 params = {"squall_int8_params": "int8:block=256",
                           "squall_int4_params": "int4:block=256"}.get(base)
@@ -123,15 +156,20 @@ def _cell(r, warmup):
 
 
 def summary(args, runs):
+    # the ratio column's baseline: plain FSDP2, or native HSDP in an HSDP launch
+    baseline = "fp32" if "fp32" in args.variants or "hsdp_fp32" not in args.variants \
+        else "hsdp_fp32"
     table = {}
     for rate, _, res in runs:
         for name, r in res.items():
             table.setdefault((name, rate), []).append(_cell(r, args.warmup))
+    link = ("bytes this rank put on its link per step" if args.ranks_per_host == 1 else
+            f"bytes each host ({args.ranks_per_host} ranks) put on its link per step")
     lines = [f"{args.ranks} ranks; {args.steps} steps, squall's warmup {args.warmup}; step ms "
-             "median [range] over the repeats; bytes this rank put on its link per step; CPU: "
+             f"median [range] over the repeats; {link}; CPU: "
              "the rank process's CPU time per step (every thread), median over rates and repeats",
              "",
-             "| variant | " + " | ".join(f"{r} step | {r} vs fp32" for r in args.rates)
+             "| variant | " + " | ".join(f"{r} step | {r} vs {baseline}" for r in args.rates)
              + " | bytes/step | CPU ms/step | last loss |",
              "|---|" + "---|---|" * len(args.rates) + "---|---|---|"]
     for name in args.variants:
@@ -139,7 +177,7 @@ def summary(args, runs):
         cells_all = []
         for rate in args.rates:
             cells = table.get((name, rate), [])
-            base = table.get(("fp32", rate), [])
+            base = table.get((baseline, rate), [])
             cells_all += cells
             st = [c["step_ms"] for c in cells]
             if cells:
@@ -171,6 +209,9 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", default=sys.executable, help="a Python with torch >= 2.9")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks-per-host", type=int, default=1,
+                    help="ranks sharing each emulated host's link (the hsdp_* variants' shard "
+                         "group)")
     ap.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
@@ -186,6 +227,10 @@ def main():
         return _worker(args)
     if not args.out:
         ap.error("--out is required")
+    if any(v.startswith("hsdp") for v in args.variants) and not (
+            1 < args.ranks_per_host < args.ranks and args.ranks % args.ranks_per_host == 0):
+        ap.error("the hsdp_* variants need --ranks-per-host K, 1 < K < --ranks, dividing "
+                 "--ranks (K ranks per host share a shard group; the hosts are the replicas)")
     runs = linkrun.load(args.out) if args.from_dir else measure(args)
     summary(args, runs)
 
