@@ -23,10 +23,12 @@ that 2-D mesh (its cross-host all-reduce in fp32 over gloo); hsdp_squall
 shards over the "shard" dimension alone and squall.fsdp.compress(codec=None,
 replicas=..., replicas_codec="int4:block=256") averages each module's
 gradient shard across the hosts through Squall, the reduce-scatter inside
-the host left FSDP's. Only the inter-host bytes reach the counted link.
+the host left FSDP's; hsdp_squall_all compresses those too (int4:block=256
+reduce-scatter and parameter gathers). Only the inter-host bytes reach the
+counted link.
 
     perf/fsdp/step.py --python build/venv-torch/bin/python --ranks 4 \\
-        --ranks-per-host 2 --rates 1gbit --variants hsdp_fp32 hsdp_squall compute \\
+        --ranks-per-host 2 --rates 1gbit --variants hsdp_fp32 hsdp_squall hsdp_squall_all compute \\
         --out perf/results/fsdp-step/hsdp
 
 Per cell: the median step after the warmup (squall's variants average at
@@ -48,7 +50,7 @@ import linkrun  # noqa: E402
 
 VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params_inline",
             "squall_int8_params", "squall_int4_params_inline", "squall_int4_params", "compute",
-            "hsdp_fp32", "hsdp_squall"]
+            "hsdp_fp32", "hsdp_squall", "hsdp_squall_all"]
 LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
           "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
           "squall_int8_params_inline": "squall.fsdp + int8:block=256 parameter gathers, "
@@ -61,7 +63,9 @@ LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
           "hsdp_fp32": "HSDP: FSDP2 over the (hosts, ranks per host) mesh, fp32 all-reduce "
                        "across hosts",
           "hsdp_squall": "HSDP: FSDP2 within each host, squall int4:block=256 all-reduce "
-                         "across hosts"}
+                         "across hosts",
+          "hsdp_squall_all": "HSDP: as above, and the host's reduce-scatter and parameter "
+                             "gathers int4:block=256 too"}
 SIZES = [1024, 4096, 2048, 1024, 10]
 
 
@@ -97,16 +101,17 @@ def _worker(args):
                 policy["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
             elif name == "hsdp_fp32":
                 policy["mesh"] = mesh
-            elif name == "hsdp_squall":
+            elif name.startswith("hsdp_squall"):
                 policy["mesh"] = mesh["shard"]
             for layer in net:
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer, **policy)
             fully_shard(net, **policy)
-            if name == "hsdp_squall":
+            if name.startswith("hsdp_squall"):
+                inside = "int4:block=256" if name == "hsdp_squall_all" else None
                 compressed = squall.fsdp.compress(
-                    net, codec=None, warmup=args.warmup, replicas=mesh["replicate"].get_group(),
-                    replicas_codec="int4:block=256")
+                    net, codec=inside, params=inside, warmup=args.warmup,
+                    replicas=mesh["replicate"].get_group(), replicas_codec="int4:block=256")
             elif name.startswith("squall"):
                 base = name.removesuffix("_inline")
                 params = {"squall_int8_params": "int8:block=256",
