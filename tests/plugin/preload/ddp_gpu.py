@@ -77,8 +77,7 @@ def worker(out, fsdp=False, fused=False):
                 fully_shard(layer)
         ddp = fully_shard(model)
     elif fused:
-        ddp = model
-        dist.broadcast(torch.nn.utils.parameters_to_vector(model.parameters()), 0)
+        ddp = model  # the same seed gives every rank the same initial weights
     else:
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
