@@ -78,6 +78,8 @@ SLOWMO_FORMS = {
     "slowmo_int2": ({"codec": "int2"}, "SlowMo(AdamW, tau), int2 syncs"),
     "slowmo_int8": ({"codec": "int8"}, "SlowMo(AdamW, tau), int8 syncs"),
     "slowmo_full": ({"mode": "full"}, "SlowMo(AdamW, tau), full-precision syncs"),
+    "slowmo_beta0": ({"beta": 0.0}, "SlowMo(AdamW, tau, beta=0): plain averaging, int4 syncs"),
+    "slowmo_beta7": ({"beta": 0.7}, "SlowMo(AdamW, tau, beta=0.7), int4 syncs"),
     "diloco": ({"nesterov": True, "alpha": 0.7, "beta": 0.9},
                "SlowMo with DiLoCo's outer step (Nesterov, alpha 0.7, beta 0.9), int4 syncs"),
     "diloco_full": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "mode": "full"},

@@ -32,7 +32,8 @@ AT_50 = ["adam", "slowmo_default", "slowmo_int2", "diloco", "streamed", "streame
          "diloco@100"]
 AT_100 = ["slowmo_default@100", "streamed@100"]
 METHODS = [m for m in AT_50 + AT_100 + ["slowmo_default@250", "diloco@250", "slowmo_int8@250",
-                                       "slowmo_full@250"] if m != "adam"]
+                                       "slowmo_full@250", "slowmo_beta0@250", "slowmo_beta7@250"]
+           if m != "adam"]
 # name: (tasks, seeds, steps, methods): what fit in about an hour on 2 cores, 4 ranks
 PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000, AT_50),
          "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100),
@@ -51,6 +52,11 @@ PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000
          # 0 only: both ended further from AdamW than int4 on that seed, so
          # the code is not where the gap comes from
          "long250e": ("charlm", 1, 10000, ["slowmo_int8@250", "slowmo_full@250"]),
+         # the GRU LM at tau 250 with no outer momentum and with more (beta 0
+         # and 0.7 against the default 0.5), seed 0
+         "long250f": ("charlm", 1, 10000, ["slowmo_beta0@250", "slowmo_beta7@250"]),
+         # beta 0 on the GRU LM's other seeds
+         "long250g": ("charlm", (1, 4), 10000, ["slowmo_beta0@250"]),
          # the transformer over 40 syncs at tau 100
          "tflong100": ("transformer", 5, 4000, ["adam", "slowmo_default@100"]),
          # the conv LM's seeds 2-4 at tau 250
