@@ -72,22 +72,27 @@ SLOWMO_CODECS = {
     "slowmo_adam_int8": "int8",
 }
 # SlowMo over local AdamW as SlowMo(base, tau=TAU, **kwargs) ("fragments"/"delay"/"merge" given
-# as None come from --fragments/--delay/--merge): the defaults, DiLoCo's outer step, streaming
+# as None come from --fragments/--delay/--merge): the defaults, DiLoCo's outer step, streaming.
+# The forms that name beta 0.5 ran when 0.5 was the default at every period (now it is 0 from
+# tau 50 on): they keep it so that they rerun as recorded.
 SLOWMO_FORMS = {
-    "slowmo_default": ({}, "SlowMo(AdamW, tau) with the library's defaults (int4 syncs)"),
-    "slowmo_int2": ({"codec": "int2"}, "SlowMo(AdamW, tau), int2 syncs"),
-    "slowmo_int8": ({"codec": "int8"}, "SlowMo(AdamW, tau), int8 syncs"),
-    "slowmo_full": ({"mode": "full"}, "SlowMo(AdamW, tau), full-precision syncs"),
+    "slowmo_default": ({}, "SlowMo(AdamW, tau) with the library's defaults (int4 syncs; beta 0.5 "
+                       "below tau 50, 0 from it on)"),
+    "slowmo_beta5": ({"beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int4 syncs"),
+    "slowmo_int2": ({"codec": "int2", "beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int2 syncs"),
+    "slowmo_int8": ({"codec": "int8", "beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int8 syncs"),
+    "slowmo_full": ({"mode": "full", "beta": 0.5},
+                    "SlowMo(AdamW, tau, beta=0.5), full-precision syncs"),
     "slowmo_beta0": ({"beta": 0.0}, "SlowMo(AdamW, tau, beta=0): plain averaging, int4 syncs"),
     "slowmo_beta7": ({"beta": 0.7}, "SlowMo(AdamW, tau, beta=0.7), int4 syncs"),
     "diloco": ({"nesterov": True, "alpha": 0.7, "beta": 0.9},
                "SlowMo with DiLoCo's outer step (Nesterov, alpha 0.7, beta 0.9), int4 syncs"),
     "diloco_full": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "mode": "full"},
                     "SlowMo with DiLoCo's outer step, full-precision syncs"),
-    "streamed": ({"fragments": None, "delay": None, "merge": "replace"},
-                 "streamed SlowMo (defaults; merge replace)"),
-    "streamed_carry": ({"fragments": None, "delay": None, "merge": "carry"},
-                       "streamed SlowMo (defaults; merge carry)"),
+    "streamed": ({"fragments": None, "delay": None, "merge": "replace", "beta": 0.5},
+                 "streamed SlowMo (beta 0.5; merge replace)"),
+    "streamed_carry": ({"fragments": None, "delay": None, "merge": "carry", "beta": 0.5},
+                       "streamed SlowMo (beta 0.5; merge carry)"),
     "diloco_streamed": ({"nesterov": True, "alpha": 0.7, "beta": 0.9, "fragments": None,
                          "delay": None, "merge": "replace"},
                         "streamed SlowMo with DiLoCo's outer step (merge replace)"),

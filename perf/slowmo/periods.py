@@ -28,22 +28,25 @@ STUDY = os.path.join(HERE, "..", "convergence", "run_study.py")
 DOC = os.path.join(HERE, "..", "..", "docs", "convergence.md")
 BEGIN = "<!-- slowmo-periods:begin (perf/slowmo/periods.py table --doc writes this) -->"
 END = "<!-- slowmo-periods:end -->"
-AT_50 = ["adam", "slowmo_default", "slowmo_int2", "diloco", "streamed", "streamed_carry",
+AT_50 = ["adam", "slowmo_beta5", "slowmo_int2", "diloco", "streamed", "streamed_carry",
          "diloco@100"]
-AT_100 = ["slowmo_default@100", "streamed@100"]
-METHODS = [m for m in AT_50 + AT_100 + ["slowmo_default@250", "diloco@250", "slowmo_int8@250",
-                                       "slowmo_full@250", "slowmo_beta0@250", "slowmo_beta7@250"]
-           if m != "adam"]
+AT_100 = ["slowmo_beta5@100", "streamed@100"]
+# In table order: beta 0 (the default from tau 50 on) beside beta 0.5 (the
+# default at every period when those runs were made) at each period.
+METHODS = ["slowmo_beta0", "slowmo_beta5", "slowmo_int2", "diloco", "streamed", "streamed_carry",
+           "diloco@100", "slowmo_beta0@100", "slowmo_beta5@100", "streamed@100",
+           "slowmo_beta0@250", "slowmo_beta5@250", "diloco@250", "slowmo_int8@250",
+           "slowmo_full@250", "slowmo_beta7@250"]
 # name: (tasks, seeds, steps, methods): what fit in about an hour on 2 cores, 4 ranks
 PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000, AT_50),
          "lm100": ("charcnn,charlm", 2, 1200, AT_100), "tf100": ("transformer", 1, 1000, AT_100),
          # 40 syncs at tau 100 and at tau 250, against AdamW over the same
          # steps (seeds 0-2 and 3-4 of tau 100 in two plans).
-         "long100": ("charcnn,charlm", 3, 4000, ["adam", "slowmo_default@100"]),
-         "long100b": ("charcnn,charlm", (3, 2), 4000, ["adam", "slowmo_default@100"]),
-         "long250": ("charcnn,charlm", 2, 10000, ["adam", "slowmo_default@250"]),
+         "long100": ("charcnn,charlm", 3, 4000, ["adam", "slowmo_beta5@100"]),
+         "long100b": ("charcnn,charlm", (3, 2), 4000, ["adam", "slowmo_beta5@100"]),
+         "long250": ("charcnn,charlm", 2, 10000, ["adam", "slowmo_beta5@250"]),
          # the GRU LM's seeds 2-4 at tau 250 (the family that misses)
-         "long250b": ("charlm", (2, 3), 10000, ["adam", "slowmo_default@250"]),
+         "long250b": ("charlm", (2, 3), 10000, ["adam", "slowmo_beta5@250"]),
          # DiLoCo's outer step over 40 syncs on the GRU LM (paired with
          # long250's and long250b's AdamW runs)
          "long250d": ("charlm", 5, 10000, ["diloco@250"]),
@@ -58,13 +61,22 @@ PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000
          # beta 0 on the GRU LM's other seeds
          "long250g": ("charlm", (1, 4), 10000, ["slowmo_beta0@250"]),
          # the transformer over 40 syncs at tau 100
-         "tflong100": ("transformer", 5, 4000, ["adam", "slowmo_default@100"]),
+         "tflong100": ("transformer", 5, 4000, ["adam", "slowmo_beta5@100"]),
          # the conv LM's seeds 2-4 at tau 250
-         "long250c": ("charcnn", (2, 3), 10000, ["adam", "slowmo_default@250"]),
+         "long250c": ("charcnn", (2, 3), 10000, ["adam", "slowmo_beta5@250"]),
          # the larger transformer (on the code text) over 40 syncs at tau 50
-         "tflarge50": ("transformer_large", 3, 2000, ["adam", "slowmo_default"]),
+         "tflarge50": ("transformer_large", 3, 2000, ["adam", "slowmo_beta5"]),
          # the conv and GRU LMs over 40 syncs at tau 50
-         "long50": ("charcnn,charlm", 5, 2000, ["adam", "slowmo_default"])}
+         "long50": ("charcnn,charlm", 5, 2000, ["adam", "slowmo_beta5"]),
+         # no outer momentum (beta 0) on the other families and periods,
+         # each paired with the AdamW runs of the plans above
+         "long250h": ("charcnn", 5, 10000, ["slowmo_beta0@250"]),
+         "long100c": ("charcnn,charlm", 5, 4000, ["slowmo_beta0@100"]),
+         "long50b": ("charcnn,charlm", 5, 2000, ["slowmo_beta0"]),
+         "tflong100b": ("transformer", 5, 4000, ["slowmo_beta0@100"]),
+         # the GRU LM at tau 100 over as many steps as at tau 250 (100 syncs;
+         # paired with long250's and long250b's AdamW runs)
+         "long100d": ("charlm", 5, 10000, ["slowmo_beta0@100"])}
 # The plans whose runs are as long as the others (the table's first block).
 SHORT = ("lm", "tf", "lm100", "tf100")
 
@@ -123,8 +135,8 @@ def table(args):
              "method bytes |", "|---|---|---|---|---|---|"]
     lines += rows(blocks[True], False)
     if blocks[False]:
-        lines += ["", "Longer runs (40 syncs: at tau 100 and 250, and at tau 50 in the "
-                  "`slowmo_default` rows of 2000 steps), paired with AdamW over the same steps:",
+        lines += ["", "Longer runs (40 syncs: 2000 steps at tau 50, 4000 at tau 100, 10000 at "
+                  "tau 250), paired with AdamW over the same steps:",
                   "", "| family | method | steps | seeds | loss vs AdamW | accuracy vs AdamW | "
                   "AdamW bytes / method bytes |", "|---|---|---|---|---|---|---|"]
         lines += rows(blocks[False], True)

@@ -182,6 +182,21 @@ def test_slowmo_single_rank_with_lr_scheduler():
         assert sd["slowmo"]["steps"] == 4 and "base" in sd
 
 
+def test_slowmo_default_beta_follows_the_period():
+    import squall
+    from squall.optim import SlowMo
+
+    with squall.Communicator.from_unique_id(squall.get_unique_id(), 1, 0, transport="tcp") as c:
+        def make(**kw):
+            return SlowMo(torch.optim.SGD([torch.ones(4, requires_grad=True)], lr=0.5), comm=c,
+                          **kw)
+        assert make().beta == 0.5 and make().tau == 12 and make().mode == "compressed"
+        assert make(tau=SlowMo.LONG_PERIOD - 1).beta == 0.5
+        assert make(tau=SlowMo.LONG_PERIOD).beta == 0.0 and make(tau=250).beta == 0.0
+        assert make(tau=250, beta=0.5).beta == 0.5 and make(tau=12, beta=0.0).beta == 0.0
+        assert "beta=0.0" in repr(make(tau=100))
+
+
 # ------------------------------------------------------------ streaming ----
 
 def _units(fragments):
