@@ -74,10 +74,10 @@ SLOWMO_CODECS = {
 # SlowMo over local AdamW as SlowMo(base, tau=TAU, **kwargs) ("fragments"/"delay"/"merge" given
 # as None come from --fragments/--delay/--merge): the defaults, DiLoCo's outer step, streaming.
 # The forms that name beta 0.5 ran when 0.5 was the default at every period (now it is 0 from
-# tau 50 on): they keep it so that they rerun as recorded.
+# tau 100 on, squall.optim.SlowMo.LONG_PERIOD): they keep it so that they rerun as recorded.
 SLOWMO_FORMS = {
     "slowmo_default": ({}, "SlowMo(AdamW, tau) with the library's defaults (int4 syncs; beta 0.5 "
-                       "below tau 50, 0 from it on)"),
+                       "below tau 100, 0 from it on)"),
     "slowmo_beta5": ({"beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int4 syncs"),
     "slowmo_int2": ({"codec": "int2", "beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int2 syncs"),
     "slowmo_int8": ({"codec": "int8", "beta": 0.5}, "SlowMo(AdamW, tau, beta=0.5), int8 syncs"),

@@ -31,7 +31,7 @@ END = "<!-- slowmo-periods:end -->"
 AT_50 = ["adam", "slowmo_beta5", "slowmo_int2", "diloco", "streamed", "streamed_carry",
          "diloco@100"]
 AT_100 = ["slowmo_beta5@100", "streamed@100"]
-# In table order: beta 0 (the default from tau 50 on) beside beta 0.5 (the
+# In table order: beta 0 (the default from tau 100 on) beside beta 0.5 (the
 # default at every period when those runs were made) at each period.
 METHODS = ["slowmo_beta0", "slowmo_beta5", "slowmo_int2", "diloco", "streamed", "streamed_carry",
            "diloco@100", "slowmo_beta0@100", "slowmo_beta5@100", "streamed@100",

@@ -190,7 +190,8 @@ def test_slowmo_default_beta_follows_the_period():
         def make(**kw):
             return SlowMo(torch.optim.SGD([torch.ones(4, requires_grad=True)], lr=0.5), comm=c,
                           **kw)
-        assert make().beta == 0.5 and make().tau == 12 and make().mode == "compressed"
+        plain = make()
+        assert plain.beta == 0.5 and plain.tau == 12 and plain.mode == "compressed"
         assert make(tau=SlowMo.LONG_PERIOD - 1).beta == 0.5
         assert make(tau=SlowMo.LONG_PERIOD).beta == 0.0 and make(tau=250).beta == 0.0
         assert make(tau=250, beta=0.5).beta == 0.5 and make(tau=12, beta=0.0).beta == 0.0
