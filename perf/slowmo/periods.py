@@ -76,7 +76,10 @@ PLANS = {"lm": ("charcnn,charlm", 2, 1200, AT_50), "tf": ("transformer", 1, 1000
          "tflong100b": ("transformer", 5, 4000, ["slowmo_beta0@100"]),
          # the GRU LM at tau 100 over as many steps as at tau 250 (100 syncs;
          # paired with long250's and long250b's AdamW runs)
-         "long100d": ("charlm", 5, 10000, ["slowmo_beta0@100"])}
+         "long100d": ("charlm", 5, 10000, ["slowmo_beta0@100"]),
+         # the larger transformer over 40 syncs at tau 100 with the default
+         # there (beta 0), against AdamW over the same steps
+         "tflarge100": ("transformer_large", 3, 4000, ["adam", "slowmo_beta0@100"])}
 # The plans whose runs are as long as the others (the table's first block).
 SHORT = ("lm", "tf", "lm100", "tf100")
 
