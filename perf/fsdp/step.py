@@ -48,17 +48,28 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import linkrun  # noqa: E402
 
-VARIANTS = ["fp32", "bf16_reduce", "squall", "squall_int8_params_inline",
-            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params", "compute",
+VARIANTS = ["fp32", "fp32_keep", "bf16_reduce", "squall", "squall_int8_params_inline",
+            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params",
+            "squall_int4_params_reuse", "squall_int4_params_keep", "compute",
             "hsdp_fp32", "hsdp_squall", "hsdp_squall_all"]
-LABELS = {"fp32": "FSDP2 (gloo fp32)", "bf16_reduce": "FSDP2, bf16 reduce",
+LABELS = {"fp32": "FSDP2 (gloo fp32)",
+          "fp32_keep": "FSDP2 (gloo fp32), reshard_after_forward=False",
+          "bf16_reduce": "FSDP2, bf16 reduce",
           "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
           "squall_int8_params_inline": "squall.fsdp + int8:block=256 parameter gathers, "
-                                       "each in FSDP's call (overlap=False)",
-          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers, overlapped",
+                                       "each in FSDP's call (overlap=False), gathered again in "
+                                       "backward (reuse_gathers=False)",
+          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers, overlapped, "
+                                "gathered again in backward",
           "squall_int4_params_inline": "squall.fsdp + int4:block=256 parameter gathers, "
-                                       "each in FSDP's call (overlap=False)",
-          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers, overlapped",
+                                       "each in FSDP's call (overlap=False), gathered again in "
+                                       "backward (reuse_gathers=False)",
+          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers, overlapped, "
+                                "gathered again in backward",
+          "squall_int4_params_reuse": "squall.fsdp + int4:block=256 parameter gathers, each in "
+                                      "FSDP's call, backward reusing forward's (reuse_gathers)",
+          "squall_int4_params_keep": "squall.fsdp + int4:block=256 parameter gathers, "
+                                     "reshard_after_forward=False (no gathers in backward)",
           "compute": "compute only (no communication)",
           "hsdp_fp32": "HSDP: FSDP2 over the (hosts, ranks per host) mesh, fp32 all-reduce "
                        "across hosts",
@@ -103,6 +114,8 @@ def _worker(args):
                 policy["mesh"] = mesh
             elif name.startswith("hsdp_squall"):
                 policy["mesh"] = mesh["shard"]
+            elif name.endswith("_keep"):
+                policy["reshard_after_forward"] = False
             for layer in net:
                 if isinstance(layer, torch.nn.Linear):
                     fully_shard(layer, **policy)
@@ -113,11 +126,13 @@ def _worker(args):
                     net, codec=inside, params=inside, warmup=args.warmup,
                     replicas=mesh["replicate"].get_group(), replicas_codec="int4:block=256")
             elif name.startswith("squall"):
-                base = name.removesuffix("_inline")
+                base = name.removesuffix("_inline").removesuffix("_reuse").removesuffix("_keep")
                 params = {"squall_int8_params": "int8:block=256",
                           "squall_int4_params": "int4:block=256"}.get(base)
+                inline = name.endswith(("_inline", "_reuse", "_keep"))
                 compressed = squall.fsdp.compress(net, warmup=args.warmup, params=params,
-                                                  overlap=not name.endswith("_inline"))
+                                                  overlap=not inline,
+                                                  reuse_gathers=name.endswith("_reuse"))
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
         times, parts, sent, loss = [], [], [], None
         for step in range(1, args.steps + 1):
@@ -164,19 +179,27 @@ def summary(args, runs):
     # the ratio column's baseline: plain FSDP2, or native HSDP in an HSDP launch
     baseline = "fp32" if "fp32" in args.variants or "hsdp_fp32" not in args.variants \
         else "hsdp_fp32"
-    table = {}
+    table, to_compute = {}, {}
     for rate, _, res in runs:
         for name, r in res.items():
-            table.setdefault((name, rate), []).append(_cell(r, args.warmup))
+            cell = _cell(r, args.warmup)
+            table.setdefault((name, rate), []).append(cell)
+            if "compute" in res:  # the step over the same launch's compute-only step
+                floor = _cell(res["compute"], args.warmup)["step_ms"]
+                to_compute.setdefault((name, rate), []).append(cell["step_ms"] / floor)
+    vs = "compute" in args.variants
     link = ("bytes this rank put on its link per step" if args.ranks_per_host == 1 else
             f"bytes each host ({args.ranks_per_host} ranks) put on its link per step")
     lines = [f"{args.ranks} ranks; {args.steps} steps, squall's warmup {args.warmup}; step ms "
              f"median [range] over the repeats; {link}; CPU: "
-             "the rank process's CPU time per step (every thread), median over rates and repeats",
+             "the rank process's CPU time per step (every thread), median over rates and repeats"
+             + ("; vs compute: each launch's step over its own compute-only step, median [range]"
+                if vs else ""),
              "",
-             "| variant | " + " | ".join(f"{r} step | {r} vs {baseline}" for r in args.rates)
+             "| variant | " + " | ".join(f"{r} step | {r} vs {baseline}"
+                                       + (f" | {r} vs compute" if vs else "") for r in args.rates)
              + " | bytes/step | CPU ms/step | last loss |",
-             "|---|" + "---|---|" * len(args.rates) + "---|---|---|"]
+             "|---|" + ("---|---|---|" if vs else "---|---|") * len(args.rates) + "---|---|---|"]
     for name in args.variants:
         row = f"| {LABELS[name]} |"
         cells_all = []
@@ -191,6 +214,10 @@ def summary(args, runs):
                 row += f" {statistics.median(st):.0f} [{min(st):.0f}–{max(st):.0f}] | {ratio:.2f}x |"
             else:
                 row += " – | – |"
+            if vs:
+                q = to_compute.get((name, rate), [])
+                row += (f" {statistics.median(q):.2f}x [{min(q):.2f}–{max(q):.2f}] |" if q
+                        else " – |")
         sent = statistics.median([c["sent"] for c in cells_all]) if cells_all else 0
         loss = statistics.median([c["loss"] for c in cells_all]) if cells_all else float("nan")
         cpu = [c["cpu_ms"] for c in cells_all if "cpu_ms" in c]

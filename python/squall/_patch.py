@@ -93,7 +93,10 @@ def _compress_fsdp(config):
                 m, config.get("fsdp_codec") or squall.fsdp.DEFAULT_CODEC, config["warmup"],
                 comms))
             if config.get("fsdp_params"):
-                _fsdp_all_gathers.append(squall.fsdp.AllGather(config["fsdp_params"], comms))
+                groups = m._get_fsdp_state()._fsdp_param_groups  # none: no parameters
+                _fsdp_all_gathers.append(squall.fsdp.AllGather(
+                    config["fsdp_params"], comms, reuse=not config.get("fsdp_no_reuse"),
+                    group=groups[0] if groups else None))
                 m.set_custom_all_gather(_fsdp_all_gathers[-1])
             _fsdp_compressed_params.update(id(p) for p in m.parameters())
         return result
@@ -229,6 +232,7 @@ def _report(directory):
               "fsdp_compressed_calls": sum(r.compressed_calls for r in _fsdp_reduce_scatters),
               "fsdp_bytes_sent": sum(r.stats["bytes_sent"] for r in _fsdp_reduce_scatters),
               "fsdp_all_gather_calls": sum(g.compressed_calls for g in _fsdp_all_gathers),
+              "fsdp_all_gather_reused_calls": sum(g.reused_calls for g in _fsdp_all_gathers),
               "fsdp_all_gather_bytes_sent": sum(g.stats["bytes_sent"] for g in _fsdp_all_gathers),
               "compressed_buckets": sum(getattr(s, "compressed_buckets", 0) for s in _states),
               "bytes_sent": sum(s.stats["bytes_sent"] for s in _states

@@ -33,10 +33,13 @@ Gradient accumulation (``set_requires_gradient_sync(False)``) needs nothing:
 FSDP does not reduce-scatter on those micro-batches. Mixed precision: FSDP's
 ``reduce_dtype`` (fp32, bf16, fp16) is what the compressor reads and writes.
 Parameters: ``compress(model, params="int8:block=256")`` quantizes FSDP2's
-parameter all-gathers too (:class:`AllGather`; off unless given);
-``overlap=True`` runs the host ones on a thread of their own, each module
-prefetching the next one's gather in forward, so that the wire can overlap
-compute (off by default: no gain where each rank has one core).
+parameter all-gathers too (:class:`AllGather`; off unless given), and each
+module's gather in backward decodes again the bytes its gather in forward
+received (``reuse_gathers=True``, the default): the parameters cross the
+wire once per step. ``overlap=True`` runs the host gathers on a thread of
+their own, each module prefetching the next one's gather in forward, so
+that the wire can overlap compute (off by default: no gain where each rank
+has one core).
 
 HSDP (shards inside a host, replicas across the slow links): native HSDP
 (``fully_shard(mesh=2-D mesh)``) all-reduces across replicas inside FSDP,
@@ -392,19 +395,35 @@ class AllGather:
     so every rank computes with the same gathered values. Inputs that are
     not one floating-point dtype (FSDP then gathers raw bytes) go at full
     precision. Counters: `calls`, `full_calls`, `compressed_calls` (of
-    which `overlapped_calls` ran on the gatherer thread), `stats`.
+    which `overlapped_calls` ran on the gatherer thread and `reused_calls`
+    decoded forward's bytes again), `stats`.
 
     `overlap` (host communicators): the gather runs on the comms' gatherer
     thread over a communicator of its own and FSDP gets a Work to wait on,
     so a gather FSDP prefetches overlaps the compute before its wait;
-    False (the default) runs it in the call."""
+    False (the default) runs it in the call.
 
-    def __init__(self, codec, comms, name="", overlap=False):
+    `reuse` (host communicators, with `group`: the module's FSDP parameter
+    group): a gather in forward keeps what it received, the encodings of
+    every shard (about an eighth of the module's fp32 parameters at int4),
+    until the module's gather in backward, which decodes them again instead
+    of encoding and sending anything (counted in `reused_calls`). Backward
+    then computes with the very values forward did, as FSDP's own
+    ``reshard_after_forward=False`` would, at a fraction of its memory.
+    Whether a call reuses follows FSDP's schedule alone (the group's
+    training state, the same on every rank), so every rank skips the same
+    collectives."""
+
+    def __init__(self, codec, comms, name="", overlap=False, reuse=False, group=None):
         from .codec import parse_codec
 
         self.spec = parse_codec(codec)  # refused here, not at the first forward
         self.codec, self.name, self._comms, self.overlap = codec, name, comms, bool(overlap)
+        self.reuse, self._group = bool(reuse) and group is not None, group
+        # forward's gather: (group size, shard elements, received encodings, bytes of each)
+        self._kept = None
         self.calls = self.full_calls = self.compressed_calls = self.overlapped_calls = 0
+        self.reused_calls = 0
         self.traffic = None
         self._device = {}  # the GPU path's compressors, by input size
         self._count = None  # the encoded size below is for this input size
@@ -435,18 +454,31 @@ class AllGather:
                 and _lib.HAVE_ALL_GATHER):
             return self._on_device(output_tensor, input_tensor, group)
         self.compressed_calls += 1
+        keep = False
+        if self.reuse:
+            kept, self._kept = self._kept, None  # one backward per forward's gather
+            phase = self._group._training_state.name
+            if (phase == "PRE_BACKWARD" and kept is not None
+                    and kept[:2] == (group.size(), input_tensor.numel())):
+                self.reused_calls += 1
+                self._decode(output_tensor, *kept)
+                return None
+            # Kept only where FSDP frees the parameters after forward (not
+            # the root, nor reshard_after_forward=False: no gather follows).
+            keep = phase == "FORWARD" and self._group.post_forward_mesh_info is not None
         if self.overlap:
             # FSDP leaves both tensors alone until it waits on the Work.
             self.overlapped_calls += 1
             comm = self._comms.get(group, own="gather")
             return self._comms.gatherer.submit(
-                functools.partial(self._on_host, output_tensor, input_tensor, comm))
-        self._on_host(output_tensor, input_tensor, self._comms.get(group))
+                functools.partial(self._on_host, output_tensor, input_tensor, comm, keep))
+        self._on_host(output_tensor, input_tensor, self._comms.get(group), keep)
         return None
 
-    def _on_host(self, output_tensor, input_tensor, comm):
+    def _on_host(self, output_tensor, input_tensor, comm, keep=False):
         """The quantized all-gather over a host communicator (CPU tensors, or
-        CUDA ones staged through host memory)."""
+        CUDA ones staged through host memory); `keep`: what it received is
+        kept for the backward's gather."""
         n, count = comm.size, input_tensor.numel()
         src = input_tensor.detach()
         if src.device.type != "cpu" or not src.is_contiguous():
@@ -462,11 +494,17 @@ class AllGather:
             self.traffic = Traffic()
         with self.traffic.measure(comm):
             comm.allgather(send, gathered)
+        self._decode(output_tensor, n, count, gathered, self._bytes)
+        if keep:
+            self._kept = (n, count, gathered, self._bytes)
+
+    def _decode(self, output_tensor, n, count, gathered, size):
+        """Every rank's shard from the gathered encodings into the output."""
         out = output_tensor.view(n, count)
         direct = out.dtype == torch.float32 and out.device.type == "cpu" and out.is_contiguous()
         into = out if direct else torch.empty(n, count, dtype=torch.float32)
         for r in range(n):  # every shard, this rank's too: the same values everywhere
-            check(lib.squallDecode(gathered.data_ptr() + r * self._bytes, self._bytes,
+            check(lib.squallDecode(gathered.data_ptr() + r * size, size,
                                    ctypes.cast(into[r].data_ptr(), _PF), count), "squallDecode")
         if not direct:
             out.copy_(into)
@@ -519,7 +557,8 @@ class Compressed:
     def stats(self):
         out = _summed(self.reduce_scatters)
         if self.all_gathers:
-            out["all_gather"] = _summed(self.all_gathers, _CALLS + ("overlapped_calls",))
+            out["all_gather"] = _summed(self.all_gathers,
+                                        _CALLS + ("overlapped_calls", "reused_calls"))
         if self.all_reduces:
             out["all_reduce"] = _summed(self.all_reduces)
         return out
@@ -619,7 +658,8 @@ def attach(module, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, comms=None, name=
 
 
 def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, params=None,
-             transport="auto", overlap=False, replicas=None, replicas_codec=DEFAULT_CODEC):
+             transport="auto", overlap=False, replicas=None, replicas_codec=DEFAULT_CODEC,
+             reuse_gathers=True):
     """Puts a Squall compressed reduce-scatter on every FSDPModule of `model`
     (after ``fully_shard``; before the first backward; `codec` None leaves
     FSDP's own). `warmup`: the full-precision calls of each module first.
@@ -637,7 +677,15 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     module prefetching the next one's in forward from the second step on,
     so that their wire time can overlap compute (default False: each in
     FSDP's call, no prefetch set; on one core per rank it gained nothing,
-    docs/benchmarks.md).
+    docs/benchmarks.md). `reuse_gathers` (with `params`, host
+    communicators; default True): each module's gather in backward decodes
+    again what its gather in forward received instead of gathering anew,
+    so the parameters cross the wire once per step, not twice, and the
+    values are the same either way; the cost is those encodings held from
+    forward to backward, about 0.53 bytes per parameter at int4:block=256
+    and 1.03 at int8:block=256 (the reduce-scatter's residuals hold 8, 4 in
+    bf16). False gathers in backward again, as FSDP does (see
+    :class:`AllGather`).
     Returns a :class:`Compressed` with the per-module objects and their
     counters."""
     modules, units = _fsdp_modules(model)
@@ -671,7 +719,10 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
                 averages.append(AllReduce(replicas_codec, warmup, comms, replicas, name))
                 m.set_all_reduce_hook(averages[-1])
             if params is not None:
-                gathers.append(AllGather(params, comms, name, overlap=overlap))
+                groups = m._get_fsdp_state()._fsdp_param_groups  # none: no parameters
+                gathers.append(AllGather(params, comms, name, overlap=overlap,
+                                         reuse=reuse_gathers,
+                                         group=groups[0] if groups else None))
                 m.set_custom_all_gather(gathers[-1])
                 if prefetch is not None:
                     prefetch.add(m)

@@ -59,6 +59,10 @@ def _parser():
     p.add_argument("--fsdp-params", metavar="CODE",
                    help="with --hook onebit, also compress FSDP2's parameter all-gathers with "
                         "CODE (e.g. int8:block=256; default: full precision)")
+    p.add_argument("--fsdp-no-reuse", action="store_true",
+                   help="with --fsdp-params, gather the parameters again in backward instead of "
+                        "decoding forward's gather once more (about 0.5 bytes per parameter "
+                        "less held from forward to backward at int4, twice the gather bytes)")
     p.add_argument("--preload", action="store_true",
                    help="set LD_PRELOAD to the NCCL interposer (libsquall-preload-nccl.so)")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -107,6 +111,9 @@ def plan(args):
     if args.fsdp_params and not args.hook:
         raise SystemExit("squallrun: --fsdp-params compresses FSDP2's parameter all-gathers "
                          "beside its reduce-scatters, which --hook onebit compresses: give both")
+    if args.fsdp_no_reuse and not args.fsdp_params:
+        raise SystemExit("squallrun: --fsdp-no-reuse is about compressed parameter all-gathers; "
+                         "give --fsdp-params CODE too")
     if args.fsdp_params:
         spec = _lib.CodecSpec()
         if _lib.lib.squallCodecSpecParse(args.fsdp_params.encode(), ctypes.byref(spec)) != 0:
@@ -117,13 +124,16 @@ def plan(args):
     config = {"optimizer": args.optimizer, "hook": args.hook, "slowmo": args.slowmo,
               "slowmo_stream": stream,
               "warmup": args.warmup, "codec": codec, "fsdp_codec": fsdp_codec,
-              "fsdp_params": args.fsdp_params}
+              "fsdp_params": args.fsdp_params, "fsdp_no_reuse": args.fsdp_no_reuse}
     said = []
     if args.hook:
         said.append(f"DDP comm hook squall.ddp.onebit_hook ({codec}, warmup "
                     f"{args.warmup} steps); FSDP's reduce-scatters compressed "
                     f"({fsdp_codec})" + (f" and FSDP2's parameter all-gathers "
-                                         f"({args.fsdp_params})" if args.fsdp_params else ""))
+                                         f"({args.fsdp_params}"
+                                         + (", gathered again in backward"
+                                            if args.fsdp_no_reuse else "")
+                                         + ")" if args.fsdp_params else ""))
     if args.optimizer:
         said.append(f"torch.optim.Adam/AdamW -> squall.optim.APMSqueeze ({codec}, warmup "
                     f"{args.warmup} steps) with squall.ddp.apmsqueeze_hook on DDP models")

@@ -134,3 +134,22 @@ def test_squallrun_slowmo_stream_option():
                          (["--slowmo", "4", "--slowmo-stream", "2"], "FRAGMENTS:DELAY")):
         with pytest.raises(SystemExit, match=why):
             run.plan(run._parser().parse_args(options + ["--", "true"]))
+
+
+def test_squallrun_fsdp_gather_options():
+    from squall import run
+
+    ok = run._parser().parse_args(["--hook", "onebit", "--fsdp-params", "int4:block=256",
+                                   "--", "true"])
+    config, said = run.plan(ok)
+    assert config["fsdp_params"] == "int4:block=256" and not config["fsdp_no_reuse"]
+    assert "parameter all-gathers (int4:block=256)" in said
+    again = run._parser().parse_args(["--hook", "onebit", "--fsdp-params", "int8",
+                                      "--fsdp-no-reuse", "--", "true"])
+    config, said = run.plan(again)
+    assert config["fsdp_no_reuse"] and "(int8, gathered again in backward)" in said
+    for options, why in ((["--fsdp-params", "int8"], "give both"),
+                         (["--hook", "onebit", "--fsdp-no-reuse"], "give --fsdp-params"),
+                         (["--hook", "onebit", "--fsdp-params", "int9"], "--fsdp-params int9")):
+        with pytest.raises(SystemExit, match=why):
+            run.plan(run._parser().parse_args(options + ["--", "true"]))

@@ -155,11 +155,13 @@ def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
     if "+" in codec:  # three Linear modules, gathered in forward and again in backward
         gathers = stats["all_gather"]
         assert gathers["compressed_calls"] == 2 * 3 * STEPS, gathers
-        # Each rank sends its shards once per gather: the model's parameters
-        # over 2 ranks, in the code's bytes (header, scales, padding: < 5%).
+        assert gathers["reused_calls"] == 3 * STEPS, gathers  # backward's: forward's bytes
+        # Each rank sends its shards once per step (forward's gather): the
+        # model's parameters over 2 ranks, in the code's bytes (header,
+        # scales, padding: < 5%).
         numel = (IN * HIDDEN + HIDDEN) + (HIDDEN * HIDDEN + HIDDEN) + (HIDDEN * CLASSES + CLASSES)
         per_element = 4.0 if codec.endswith("none") else 1.0
-        expected = 2 * STEPS * per_element * numel / 2
+        expected = STEPS * per_element * numel / 2
         assert expected <= gathers["bytes_sent"] <= 1.05 * expected, (gathers, expected)
     if codec.startswith("none"):
         assert ranks[0]["losses"] == plain[0]["losses"]
@@ -182,15 +184,39 @@ def test_fsdp_overlapped_gathers(tmp_path):
     for a, b in zip(ranks, inline):
         assert a["losses"] == b["losses"] and a["params"] == b["params"]
         gathers, alone = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
-        assert gathers["overlapped_calls"] == gathers["compressed_calls"] == 2 * 3 * STEPS, a
+        # forward's gathers (backward's reuse them, in the call)
+        assert gathers["overlapped_calls"] == 3 * STEPS, a
+        assert gathers["compressed_calls"] == 2 * 3 * STEPS, a
         assert alone["overlapped_calls"] == 0 and alone["compressed_calls"] == 2 * 3 * STEPS, b
         assert a["forward_prefetch"] == 4 and b["forward_prefetch"] == 0, (a, b)
+
+
+@pytest.mark.parametrize("flags", ["", "+overlap"])
+def test_fsdp_reused_gathers(flags, tmp_path):
+    """compress(params=...) reuses gathers (reuse_gathers=True, the
+    default): each Linear module's gather in backward decodes what its
+    forward gather received, so the parameter bytes on the wire halve (one
+    gather per module and step, not two), and the job is the one with
+    reuse_gathers=False, which gathers again, bit for bit (the encoding of a
+    shard that did not change is the same), in FSDP's call or on the
+    gatherer thread. The root is never resharded, so it keeps nothing."""
+    codec = "int4:block=256+int8:block=256"
+    twice, _, _ = _run(f"spawn-fsdp2-squall-{codec}+twice{flags.replace('+', ',')}", "adamw",
+                       None, tmp_path, "twice")
+    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}{flags}", "adamw", None, tmp_path, "reuse")
+    for a, b in zip(ranks, twice):
+        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+        gathers, both = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
+        assert gathers["compressed_calls"] == both["compressed_calls"] == 2 * 3 * STEPS, a
+        assert gathers["reused_calls"] == 3 * STEPS and both["reused_calls"] == 0, (a, b)
+        assert 2 * gathers["bytes_sent"] == both["bytes_sent"], (gathers, both)
 
 
 def test_squallrun_fsdp_params(tmp_path):
     """squallrun --hook onebit --fsdp-params int8:block=256 on the unmodified
     FSDP2 job: its parameter all-gathers are compressed too (every one: 3
-    modules, forward and backward), the replicas agree, the loss holds."""
+    modules, forward and backward, backward's decoding forward's bytes
+    again), the replicas agree, the loss holds."""
     options = ["--hook", "onebit", "--warmup", "20", "--fsdp-params", "int8:block=256"]
     plain = _baseline("spawn-fsdp2", "sgd", tmp_path)
     ranks, reports, _ = _run("spawn-fsdp2", "sgd", options, tmp_path, "params")
@@ -198,6 +224,7 @@ def test_squallrun_fsdp_params(tmp_path):
     for rep in reports:
         assert not rep["uncompressed"], rep
         assert rep["fsdp_all_gather_calls"] == 2 * 3 * STEPS, rep
+        assert rep["fsdp_all_gather_reused_calls"] == 3 * STEPS, rep  # backward's
         assert rep["fsdp_compressed_calls"] == 3 * (STEPS - 20), rep
     rel = 100.0 * (_loss(ranks) / _loss(plain) - 1.0)
     assert abs(rel) <= FSDP_BOUND, f"loss {rel:+.2f}% from plain (bound {FSDP_BOUND}%)"

@@ -18,7 +18,8 @@ LAUNCH is how the ranks come to be:
   spawn-fsdp2-squall-CODEC, spawn-fsdp1-squall-CODEC
                        and squall.fsdp.compress(model, codec=CODEC, warmup=20); CODEC+PCODEC
                        (FSDP2) also compresses the parameter all-gathers with PCODEC,
-                       CODEC+PCODEC+overlap with overlap=True
+                       CODEC+PCODEC+overlap with overlap=True, CODEC+PCODEC+twice with
+                       reuse_gathers=False (both: +overlap,twice)
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
   spawn-hsdp, spawn-hsdp-squall-CODEC    FSDP2's HSDP on 4 ranks (2 replicas of 2
@@ -286,9 +287,11 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
         import squall.fsdp
 
         codec, _, params = squall_codec.partition("+")
-        params, _, overlap = params.partition("+")
+        params, _, flags = params.partition("+")
+        flags = flags.split(",")
         compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None,
-                                          overlap=overlap == "overlap")
+                                          overlap="overlap" in flags,
+                                          reuse_gathers="twice" not in flags)
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
     if version == "fsdp2":
