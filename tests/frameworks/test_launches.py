@@ -199,7 +199,7 @@ def test_fsdp_reused_gathers(flags, tmp_path):
     gather per module and step, not two), and the job is the one with
     reuse_gathers=False, which gathers again, bit for bit (the encoding of a
     shard that did not change is the same), in FSDP's call or on the
-    gatherer thread. The root is never resharded, so it keeps nothing."""
+    gatherer thread."""
     codec = "int4:block=256+int8:block=256"
     twice, _, _ = _run(f"spawn-fsdp2-squall-{codec}+twice{flags.replace('+', ',')}", "adamw",
                        None, tmp_path, "twice")
@@ -210,6 +210,22 @@ def test_fsdp_reused_gathers(flags, tmp_path):
         assert gathers["compressed_calls"] == both["compressed_calls"] == 2 * 3 * STEPS, a
         assert gathers["reused_calls"] == 3 * STEPS and both["reused_calls"] == 0, (a, b)
         assert 2 * gathers["bytes_sent"] == both["bytes_sent"], (gathers, both)
+
+
+def test_fsdp_gathers_without_resharding(tmp_path):
+    """fully_shard(reshard_after_forward=False) with compressed gathers: FSDP
+    gathers each module once per step, in forward, so nothing is kept or
+    reused, and backward computes with forward's values as the reused
+    gathers do: the job is the default one (resharded, reusing) bit for
+    bit, with the same gather bytes."""
+    codec = "int4:block=256+int8:block=256"
+    reused, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "reuse")
+    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}+keep", "adamw", None, tmp_path, "keep")
+    for a, b in zip(ranks, reused):
+        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+        gathers, other = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
+        assert gathers["compressed_calls"] == 3 * STEPS and gathers["reused_calls"] == 0, a
+        assert gathers["bytes_sent"] == other["bytes_sent"], (gathers, other)
 
 
 def test_squallrun_fsdp_params(tmp_path):

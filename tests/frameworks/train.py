@@ -19,7 +19,8 @@ LAUNCH is how the ranks come to be:
                        and squall.fsdp.compress(model, codec=CODEC, warmup=20); CODEC+PCODEC
                        (FSDP2) also compresses the parameter all-gathers with PCODEC,
                        CODEC+PCODEC+overlap with overlap=True, CODEC+PCODEC+twice with
-                       reuse_gathers=False (both: +overlap,twice)
+                       reuse_gathers=False (both: +overlap,twice), CODEC+PCODEC+keep
+                       with fully_shard(reshard_after_forward=False)
   spawn-fsdp2-resume-CODEC    the FSDP2 one checkpointed 10 steps before the end and
                        resumed from it, with and without squall's state
   spawn-hsdp, spawn-hsdp-squall-CODEC    FSDP2's HSDP on 4 ranks (2 replicas of 2
@@ -253,14 +254,14 @@ def spawned(rank, kind, steps, out, port):
     finish()
 
 
-def shard_fsdp2(net):
+def shard_fsdp2(net, **options):
     """FSDP2 the way these jobs use it: fully_shard per Linear and at the root."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in net:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(net)
+            fully_shard(layer, **options)
+    fully_shard(net, **options)
     return net
 
 
@@ -273,9 +274,12 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    codec, _, params = (squall_codec or "").partition("+")
+    params, _, flags = params.partition("+")
+    flags = flags.split(",")
     net = model()
     if version == "fsdp2":
-        shard_fsdp2(net)
+        shard_fsdp2(net, **({"reshard_after_forward": False} if "keep" in flags else {}))
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -286,9 +290,6 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
     if squall_codec:
         import squall.fsdp
 
-        codec, _, params = squall_codec.partition("+")
-        params, _, flags = params.partition("+")
-        flags = flags.split(",")
         compressed = squall.fsdp.compress(net, codec=codec, warmup=20, params=params or None,
                                           overlap="overlap" in flags,
                                           reuse_gathers="twice" not in flags)
