@@ -1,7 +1,9 @@
 """FSDP2 convergence study: plain FSDP2 AdamW against squall.fsdp's compressed
 reduce-scatter (library defaults: int4:block=256 after 100 full-precision
 calls per module) and with quantized parameter all-gathers too
-(params="int8:block=256"), on the convergence study's model families
+(params="int8:block=256"), and APMSqueeze's form for sharded models
+(apms_sharded.py: momentum compressed instead of gradients, methods
+apms_onebit and apms_int4), on the convergence study's model families
 (perf/convergence/run_study.py: the same data, models, seeds, batches, lr and
 cosine schedule), 2 or 4 CPU ranks over gloo.
 
@@ -35,12 +37,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "convergence"))
 import run_study  # noqa: E402  (the tasks)
 
+import apms_sharded  # noqa: E402  (APMSqueeze's sharded form, methods apms_*)
+
 METHODS = {
     "plain": None,
     "squall": {},  # squall.fsdp.compress's defaults
     "squall_params": {"params": "int8:block=256"},
     "squall_bf16res": {},  # the defaults with residuals kept at bf16 precision (ENV)
+    # APMSqueeze's form for sharded models (apms_sharded.py): momentum of the
+    # local gradient compressed after the same 100 full-precision calls, under
+    # the frozen-variance update; in APMSqueeze's code and in squall's.
+    "apms_onebit": {"codec": "onebit:block=64:scale=rms"},
+    "apms_int4": {"codec": "int4:block=256"},
 }
+APMS_WARMUP = 100  # squall.fsdp's default warmup, so only the compressed stage differs
 # Variables a method runs under (read when its compressors are made).
 ENV = {"squall_bf16res": {"SQUALL_RESIDUAL_PRECISION": "bf16"}}
 TASKS = "transformer,charcnn,digits_cnn,digits"
@@ -92,10 +102,14 @@ def _train(rank, world, task, method, seed, steps):
     torch.manual_seed(seed)
     model = shard(task.model())
     compressed = None
-    if METHODS[method] is not None:
-        compressed = squall.fsdp.compress(model, **METHODS[method])
     lr = task.lr["adam"]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-8, weight_decay=0.0)
+    if method.startswith("apms_"):
+        compressed = apms_sharded.attach(model, METHODS[method]["codec"], APMS_WARMUP, 0.9)
+        opt = apms_sharded.FrozenVarianceAdam(model.parameters(), lr, APMS_WARMUP, eps=1e-8)
+    else:
+        if METHODS[method] is not None:
+            compressed = squall.fsdp.compress(model, **METHODS[method])
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=1e-8, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=lr / 10)
     losses = []
     t0 = time.time()
