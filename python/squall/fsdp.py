@@ -682,8 +682,8 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
     again what its gather in forward received instead of gathering anew,
     so the parameters cross the wire once per step, not twice, and the
     values are the same either way; the cost is those encodings held from
-    forward to backward, about 0.53 bytes per parameter at int4:block=256
-    and 1.03 at int8:block=256 (the reduce-scatter's residuals hold 8, 4 in
+    forward to backward, about 0.52 bytes per parameter at int4:block=256
+    and 1.02 at int8:block=256 (the reduce-scatter's residuals hold 8, 4 in
     bf16). False gathers in backward again, as FSDP does (see
     :class:`AllGather`).
     Returns a :class:`Compressed` with the per-module objects and their
