@@ -171,6 +171,19 @@ def test_fsdp_compressed_reduce_scatter(version, codec, tmp_path):
     assert ranks[0]["losses"] != plain[0]["losses"]
 
 
+def _same_job(tmp_path, first, second):
+    """The FSDP2 job with int4 reduce-scatters and int8 parameter gathers,
+    launched with two sets of flags (train.py's +FLAGS after the codes): the
+    two give the same losses and parameters, bit for bit. Returns each
+    rank's pair of records."""
+    codec = "int4:block=256+int8:block=256"
+    one, _, _ = _run(f"spawn-fsdp2-squall-{codec}{first}", "adamw", None, tmp_path, "first")
+    two, _, _ = _run(f"spawn-fsdp2-squall-{codec}{second}", "adamw", None, tmp_path, "second")
+    for a, b in zip(one, two):
+        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+    return list(zip(one, two))
+
+
 def test_fsdp_overlapped_gathers(tmp_path):
     """compress(params=..., overlap=True) runs the host all-gathers on a
     thread of their own, every module prefetching the next one's in forward
@@ -178,11 +191,7 @@ def test_fsdp_overlapped_gathers(tmp_path):
     every gather went there, and the job's losses and parameters are the
     ones of the same job with each gather in FSDP's call (the default,
     overlap=False), bit for bit."""
-    codec = "int4:block=256+int8:block=256"
-    inline, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "inline")
-    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}+overlap", "adamw", None, tmp_path, "overlap")
-    for a, b in zip(ranks, inline):
-        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+    for a, b in _same_job(tmp_path, "+overlap", ""):
         gathers, alone = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
         # forward's gathers (backward's reuse them, in the call)
         assert gathers["overlapped_calls"] == 3 * STEPS, a
@@ -200,12 +209,7 @@ def test_fsdp_reused_gathers(flags, tmp_path):
     reuse_gathers=False, which gathers again, bit for bit (the encoding of a
     shard that did not change is the same), in FSDP's call or on the
     gatherer thread."""
-    codec = "int4:block=256+int8:block=256"
-    twice, _, _ = _run(f"spawn-fsdp2-squall-{codec}+twice{flags.replace('+', ',')}", "adamw",
-                       None, tmp_path, "twice")
-    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}{flags}", "adamw", None, tmp_path, "reuse")
-    for a, b in zip(ranks, twice):
-        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+    for a, b in _same_job(tmp_path, flags, f"+twice{flags.replace('+', ',')}"):
         gathers, both = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
         assert gathers["compressed_calls"] == both["compressed_calls"] == 2 * 3 * STEPS, a
         assert gathers["reused_calls"] == 3 * STEPS and both["reused_calls"] == 0, (a, b)
@@ -218,11 +222,7 @@ def test_fsdp_gathers_without_resharding(tmp_path):
     reused, and backward computes with forward's values as the reused
     gathers do: the job is the default one (resharded, reusing) bit for
     bit, with the same gather bytes."""
-    codec = "int4:block=256+int8:block=256"
-    reused, _, _ = _run(f"spawn-fsdp2-squall-{codec}", "adamw", None, tmp_path, "reuse")
-    ranks, _, _ = _run(f"spawn-fsdp2-squall-{codec}+keep", "adamw", None, tmp_path, "keep")
-    for a, b in zip(ranks, reused):
-        assert a["losses"] == b["losses"] and a["params"] == b["params"]
+    for a, b in _same_job(tmp_path, "+keep", ""):
         gathers, other = a["fsdp"]["all_gather"], b["fsdp"]["all_gather"]
         assert gathers["compressed_calls"] == 3 * STEPS and gathers["reused_calls"] == 0, a
         assert gathers["bytes_sent"] == other["bytes_sent"], (gathers, other)
