@@ -181,11 +181,12 @@ def summary(args, runs):
         else "hsdp_fp32"
     table, to_compute = {}, {}
     for rate, _, res in runs:
+        # the step over the same launch's compute-only step
+        floor = _cell(res["compute"], args.warmup)["step_ms"] if "compute" in res else None
         for name, r in res.items():
             cell = _cell(r, args.warmup)
             table.setdefault((name, rate), []).append(cell)
-            if "compute" in res:  # the step over the same launch's compute-only step
-                floor = _cell(res["compute"], args.warmup)["step_ms"]
+            if floor is not None:
                 to_compute.setdefault((name, rate), []).append(cell["step_ms"] / floor)
     vs = "compute" in args.variants
     link = ("bytes this rank put on its link per step" if args.ranks_per_host == 1 else

@@ -93,10 +93,9 @@ def _compress_fsdp(config):
                 m, config.get("fsdp_codec") or squall.fsdp.DEFAULT_CODEC, config["warmup"],
                 comms))
             if config.get("fsdp_params"):
-                groups = m._get_fsdp_state()._fsdp_param_groups  # none: no parameters
                 _fsdp_all_gathers.append(squall.fsdp.AllGather(
                     config["fsdp_params"], comms, reuse=not config.get("fsdp_no_reuse"),
-                    group=groups[0] if groups else None))
+                    module=m))
                 m.set_custom_all_gather(_fsdp_all_gathers[-1])
             _fsdp_compressed_params.update(id(p) for p in m.parameters())
         return result

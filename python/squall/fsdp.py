@@ -403,8 +403,9 @@ class AllGather:
     so a gather FSDP prefetches overlaps the compute before its wait;
     False (the default) runs it in the call.
 
-    `reuse` (host communicators, with `group`: the module's FSDP parameter
-    group): a gather in forward keeps what it received, the encodings of
+    `reuse` (host communicators, with `module`: the FSDPModule gathered,
+    whose parameter group's state says forward or backward): a gather in
+    forward keeps what it received, the encodings of
     every shard (about an eighth of the module's fp32 parameters at int4),
     until the module's gather in backward, which decodes them again instead
     of encoding and sending anything (counted in `reused_calls`). Backward
@@ -414,12 +415,15 @@ class AllGather:
     training state, the same on every rank), so every rank skips the same
     collectives."""
 
-    def __init__(self, codec, comms, name="", overlap=False, reuse=False, group=None):
+    def __init__(self, codec, comms, name="", overlap=False, reuse=False, module=None):
         from .codec import parse_codec
 
         self.spec = parse_codec(codec)  # refused here, not at the first forward
         self.codec, self.name, self._comms, self.overlap = codec, name, comms, bool(overlap)
-        self.reuse, self._group = bool(reuse) and group is not None, group
+        # A module without parameters has no group (and FSDP never gathers for it).
+        groups = module._get_fsdp_state()._fsdp_param_groups if module is not None else []
+        self._group = groups[0] if groups else None
+        self.reuse = bool(reuse) and self._group is not None
         # forward's gather: (group size, shard elements, received encodings, bytes of each)
         self._kept = None
         self.calls = self.full_calls = self.compressed_calls = self.overlapped_calls = 0
@@ -719,10 +723,8 @@ def compress(model, codec=DEFAULT_CODEC, warmup=DEFAULT_WARMUP, timeout=None, pa
                 averages.append(AllReduce(replicas_codec, warmup, comms, replicas, name))
                 m.set_all_reduce_hook(averages[-1])
             if params is not None:
-                groups = m._get_fsdp_state()._fsdp_param_groups  # none: no parameters
                 gathers.append(AllGather(params, comms, name, overlap=overlap,
-                                         reuse=reuse_gathers,
-                                         group=groups[0] if groups else None))
+                                         reuse=reuse_gathers, module=m))
                 m.set_custom_all_gather(gathers[-1])
                 if prefetch is not None:
                     prefetch.add(m)
