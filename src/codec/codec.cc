@@ -36,6 +36,24 @@ void zeroPadding(const Layout& l, uint8_t* payload) {
   std::memset(payload + l.dataOffset + l.dataBytes, 0, l.payloadBytes - l.dataOffset - l.dataBytes);
 }
 
+// What every encoding entry asks of its caller: somewhere to put the result,
+// and a residual given whole (read and write sides) or not at all.
+Status checkEncodeResult(ResidualSpan residual, const EncodeResult* result) {
+  SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
+                 "the result pointer is NULL");
+  SQUALL_REQUIRE((residual.in == nullptr) == (residual.out == nullptr), Status::kInvalidUsage,
+                 Subsys::kCodec, "residual input and output must be both set or both NULL");
+  return Status::kOk;
+}
+
+// Writes an encoding's header and zero padding; returns where its payload starts.
+uint8_t* beginEncoding(const Spec& spec, size_t count, const Layout& layout, void* output) {
+  auto* out = static_cast<uint8_t*>(output);
+  writeHeader(spec, count, out);
+  zeroPadding(layout, out + kHeaderBytes);
+  return out + kHeaderBytes;
+}
+
 Status decodeInto(const void* input, size_t bytes, float* output, size_t count, bool accumulate,
                   Stores stores = Stores::kCached) {
   SQUALL_REQUIRE(input != nullptr || bytes == 0, Status::kInvalidArgument, Subsys::kCodec,
@@ -304,24 +322,18 @@ Stores residualStoresFor(size_t bytes) {
 Status encodeRaw(const Spec& spec, const void* input, DType dtype, size_t count,
                  ResidualSpan residual, void* output, size_t capacity, EncodeResult* result,
                  Stores stores) {
-  SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
-                 "the result pointer is NULL");
-  SQUALL_REQUIRE((residual.in == nullptr) == (residual.out == nullptr), Status::kInvalidUsage,
-                 Subsys::kCodec, "residual input and output must be both set or both NULL");
+  SQUALL_TRY(checkEncodeResult(residual, result));
   Layout layout;
   SQUALL_TRY(checkEncodeArgs(spec, input, dtype, count, output, capacity, Subsys::kCodec, &layout));
-  auto* out = static_cast<uint8_t*>(output);
-  writeHeader(spec, count, out);
-  zeroPadding(layout, out + kHeaderBytes);
+  uint8_t* payload = beginEncoding(spec, count, layout, output);
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const CodecKernels& k = activeKernels().codecs[static_cast<int>(spec.codec)];
     const Bf16Residual bf16 = bf16Of(residual);
-    r.finite =
-        parallelEncode(k.encode,
-                       EncodeJob{input, dtype, count, spec, layout, f32In(residual),
-                                 f32Out(residual), out + kHeaderBytes, stores == Stores::kStream},
-                       codecThreads(), bf16.in != nullptr ? &bf16 : nullptr);
+    r.finite = parallelEncode(k.encode,
+                              EncodeJob{input, dtype, count, spec, layout, f32In(residual),
+                                        f32Out(residual), payload, stores == Stores::kStream},
+                              codecThreads(), bf16.in != nullptr ? &bf16 : nullptr);
   }
   *result = r;
   return Status::kOk;
@@ -373,10 +385,7 @@ Status decodeSum(const uint8_t* const* encodings, size_t n, size_t bytes, float*
 Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, size_t bytes,
                  size_t count, int divisor, ResidualSpan residual, void* output, size_t capacity,
                  EncodeResult* result, Stores stores) {
-  SQUALL_REQUIRE(result != nullptr, Status::kInvalidArgument, Subsys::kCodec,
-                 "the result pointer is NULL");
-  SQUALL_REQUIRE((residual.in == nullptr) == (residual.out == nullptr), Status::kInvalidUsage,
-                 Subsys::kCodec, "residual input and output must be both set or both NULL");
+  SQUALL_TRY(checkEncodeResult(residual, result));
   Payloads payloads(n);
   Spec inSpec;
   Layout inLayout;
@@ -400,9 +409,7 @@ Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, si
                    "buffer",
                    j);
   }
-  auto* out = static_cast<uint8_t*>(output);
-  writeHeader(spec, count, out);
-  zeroPadding(layout, out + kHeaderBytes);
+  uint8_t* payload = beginEncoding(spec, count, layout, output);
   EncodeResult r{layout.totalBytes, true};
   if (count != 0) {
     const KernelTable& table = activeKernels();
@@ -413,7 +420,7 @@ Status encodeSum(const Spec& spec, const uint8_t* const* encodings, size_t n, si
                         layout,
                         f32In(residual),
                         f32Out(residual),
-                        out + kHeaderBytes,
+                        payload,
                         stores == Stores::kStream};
     const CodecKernels& k = table.codecs[static_cast<int>(spec.codec)];
     const Bf16Residual bf16 = bf16Of(residual);
