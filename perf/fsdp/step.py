@@ -48,35 +48,49 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import linkrun  # noqa: E402
 
-VARIANTS = ["fp32", "fp32_keep", "bf16_reduce", "squall", "squall_int8_params_inline",
-            "squall_int8_params", "squall_int4_params_inline", "squall_int4_params",
-            "squall_int4_params_reuse", "squall_int4_params_keep", "compute",
-            "hsdp_fp32", "hsdp_squall", "hsdp_squall_all"]
-LABELS = {"fp32": "FSDP2 (gloo fp32)",
-          "fp32_keep": "FSDP2 (gloo fp32), reshard_after_forward=False",
-          "bf16_reduce": "FSDP2, bf16 reduce",
-          "squall": "squall.fsdp (int4:block=256 reduce-scatter)",
-          "squall_int8_params_inline": "squall.fsdp + int8:block=256 parameter gathers, "
-                                       "each in FSDP's call (overlap=False), gathered again in "
-                                       "backward (reuse_gathers=False)",
-          "squall_int8_params": "squall.fsdp + int8:block=256 parameter gathers, overlapped, "
-                                "gathered again in backward",
-          "squall_int4_params_inline": "squall.fsdp + int4:block=256 parameter gathers, "
-                                       "each in FSDP's call (overlap=False), gathered again in "
-                                       "backward (reuse_gathers=False)",
-          "squall_int4_params": "squall.fsdp + int4:block=256 parameter gathers, overlapped, "
-                                "gathered again in backward",
-          "squall_int4_params_reuse": "squall.fsdp + int4:block=256 parameter gathers, each in "
-                                      "FSDP's call, backward reusing forward's (reuse_gathers)",
-          "squall_int4_params_keep": "squall.fsdp + int4:block=256 parameter gathers, "
-                                     "reshard_after_forward=False (no gathers in backward)",
-          "compute": "compute only (no communication)",
-          "hsdp_fp32": "HSDP: FSDP2 over the (hosts, ranks per host) mesh, fp32 all-reduce "
-                       "across hosts",
-          "hsdp_squall": "HSDP: FSDP2 within each host, squall int4:block=256 all-reduce "
-                         "across hosts",
-          "hsdp_squall_all": "HSDP: as above, and the host's reduce-scatter and parameter "
-                             "gathers int4:block=256 too"}
+INT4, INT8 = "int4:block=256", "int8:block=256"
+ALONE = {"overlap": False, "reuse_gathers": False}  # each gather in FSDP's call, again in backward
+HSDP_ACROSS = {"replicas": True, "replicas_codec": INT4}  # the "replicate" group, at run time
+
+# name: (label, layout, squall.fsdp.compress's options or None for FSDP's own
+# collectives). layout: None (no FSDP: the compute-only step), "world" (every
+# rank one shard group), "keep" (reshard_after_forward=False), "bf16" (a bf16
+# reduce), "hsdp" (the (hosts, ranks per host) mesh), "host" (its "shard"
+# dimension alone).
+VARIANTS = {
+    "fp32": ("FSDP2 (gloo fp32)", "world", None),
+    "fp32_keep": ("FSDP2 (gloo fp32), reshard_after_forward=False", "keep", None),
+    "bf16_reduce": ("FSDP2, bf16 reduce", "bf16", None),
+    "squall": ("squall.fsdp (int4:block=256 reduce-scatter)", "world",
+               {"params": None, "overlap": True, "reuse_gathers": False}),
+    "squall_int8_params_inline": (
+        "squall.fsdp + int8:block=256 parameter gathers, each in FSDP's call (overlap=False), "
+        "gathered again in backward (reuse_gathers=False)", "world", {"params": INT8, **ALONE}),
+    "squall_int8_params": (
+        "squall.fsdp + int8:block=256 parameter gathers, overlapped, gathered again in backward",
+        "world", {"params": INT8, "overlap": True, "reuse_gathers": False}),
+    "squall_int4_params_inline": (
+        "squall.fsdp + int4:block=256 parameter gathers, each in FSDP's call (overlap=False), "
+        "gathered again in backward (reuse_gathers=False)", "world", {"params": INT4, **ALONE}),
+    "squall_int4_params": (
+        "squall.fsdp + int4:block=256 parameter gathers, overlapped, gathered again in backward",
+        "world", {"params": INT4, "overlap": True, "reuse_gathers": False}),
+    "squall_int4_params_reuse": (
+        "squall.fsdp + int4:block=256 parameter gathers, each in FSDP's call, backward reusing "
+        "forward's (reuse_gathers)", "world",
+        {"params": INT4, "overlap": False, "reuse_gathers": True}),
+    "squall_int4_params_keep": (
+        "squall.fsdp + int4:block=256 parameter gathers, reshard_after_forward=False (no "
+        "gathers in backward)", "keep", {"params": INT4, **ALONE}),
+    "compute": ("compute only (no communication)", None, None),
+    "hsdp_fp32": ("HSDP: FSDP2 over the (hosts, ranks per host) mesh, fp32 all-reduce across "
+                  "hosts", "hsdp", None),
+    "hsdp_squall": ("HSDP: FSDP2 within each host, squall int4:block=256 all-reduce across "
+                    "hosts", "host", {"codec": None, "params": None, **HSDP_ACROSS}),
+    "hsdp_squall_all": ("HSDP: as above, and the host's reduce-scatter and parameter gathers "
+                        "int4:block=256 too", "host",
+                        {"codec": INT4, "params": INT4, **HSDP_ACROSS}),
+}
 SIZES = [1024, 4096, 2048, 1024, 10]
 
 
@@ -96,43 +110,30 @@ def _worker(args):
 
     model, batch = linkrun.teacher_mlp(torch, SIZES, args.batch, rank)
     mesh = None
-    if any(name.startswith("hsdp") for name in args.variants):
+    if any(VARIANTS[name][1] in ("hsdp", "host") for name in args.variants):
         from torch.distributed.device_mesh import init_device_mesh
         hosts = dist.get_world_size() // args.ranks_per_host
         mesh = init_device_mesh("cpu", (hosts, args.ranks_per_host),
                                 mesh_dim_names=("replicate", "shard"))
+    layouts = {"world": {}, "keep": {"reshard_after_forward": False},
+               "bf16": {"mp_policy": MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)},
+               "hsdp": {"mesh": mesh}, "host": {"mesh": mesh["shard"] if mesh else None}}
 
     results = {}
     for name in args.variants:
+        _, layout, options = VARIANTS[name]
         net = model()
         compressed = None
-        if name != "compute":
-            policy = {}
-            if name == "bf16_reduce":
-                policy["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)
-            elif name == "hsdp_fp32":
-                policy["mesh"] = mesh
-            elif name.startswith("hsdp_squall"):
-                policy["mesh"] = mesh["shard"]
-            elif name.endswith("_keep"):
-                policy["reshard_after_forward"] = False
+        if layout is not None:
             for layer in net:
                 if isinstance(layer, torch.nn.Linear):
-                    fully_shard(layer, **policy)
-            fully_shard(net, **policy)
-            if name.startswith("hsdp_squall"):
-                inside = "int4:block=256" if name == "hsdp_squall_all" else None
-                compressed = squall.fsdp.compress(
-                    net, codec=inside, params=inside, warmup=args.warmup,
-                    replicas=mesh["replicate"].get_group(), replicas_codec="int4:block=256")
-            elif name.startswith("squall"):
-                base = name.removesuffix("_inline").removesuffix("_reuse").removesuffix("_keep")
-                params = {"squall_int8_params": "int8:block=256",
-                          "squall_int4_params": "int4:block=256"}.get(base)
-                inline = name.endswith(("_inline", "_reuse", "_keep"))
-                compressed = squall.fsdp.compress(net, warmup=args.warmup, params=params,
-                                                  overlap=not inline,
-                                                  reuse_gathers=name.endswith("_reuse"))
+                    fully_shard(layer, **layouts[layout])
+            fully_shard(net, **layouts[layout])
+        if options is not None:
+            options = dict(options)
+            if options.get("replicas"):
+                options["replicas"] = mesh["replicate"].get_group()
+            compressed = squall.fsdp.compress(net, warmup=args.warmup, **options)
         opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
         times, parts, sent, loss = [], [], [], None
         for step in range(1, args.steps + 1):
@@ -202,7 +203,7 @@ def summary(args, runs):
              + " | bytes/step | CPU ms/step | last loss |",
              "|---|" + ("---|---|---|" if vs else "---|---|") * len(args.rates) + "---|---|---|"]
     for name in args.variants:
-        row = f"| {LABELS[name]} |"
+        row = f"| {VARIANTS[name][0]} |"
         cells_all = []
         for rate in args.rates:
             cells = table.get((name, rate), [])
@@ -247,7 +248,7 @@ def main():
                          "group)")
     ap.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"])
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
@@ -260,7 +261,7 @@ def main():
         return _worker(args)
     if not args.out:
         ap.error("--out is required")
-    if any(v.startswith("hsdp") for v in args.variants) and not (
+    if any(VARIANTS[v][1] in ("hsdp", "host") for v in args.variants) and not (
             1 < args.ranks_per_host < args.ranks and args.ranks % args.ranks_per_host == 0):
         ap.error("the hsdp_* variants need --ranks-per-host K, 1 < K < --ranks, dividing "
                  "--ranks (K ranks per host share a shard group; the hosts are the replicas)")

@@ -67,16 +67,19 @@ def optimizer(kind, params):
     return torch.optim.AdamW(params, lr=2e-3)
 
 
-def digest(module):
+def digest(state):
+    """sha256 of a module's state (or a {name: full tensor} dict) in fp32."""
+    if isinstance(state, torch.nn.Module):
+        state = state.state_dict()
     h = hashlib.sha256()
-    for p in module.state_dict().values():
+    for p in state.values():
         h.update(p.detach().float().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
-def write(out, rank, losses, module, extra=None):
+def write(out, rank, losses, state, extra=None):
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(dict(rank=rank, losses=losses, params=digest(module), **(extra or {})), f)
+        json.dump(dict(rank=rank, losses=losses, params=digest(state), **(extra or {})), f)
 
 
 def finish():
@@ -303,14 +306,9 @@ def spawned_fsdp(rank, kind, steps, out, port, version, squall_codec=None):
         cfg = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
         with FSDP.state_dict_type(net, StateDictType.FULL_STATE_DICT, cfg):
             full = net.state_dict()
-    h = hashlib.sha256()
-    for v in full.values():
-        h.update(v.detach().float().contiguous().numpy().tobytes())
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest(),
-                       fsdp=compressed.stats if compressed else None,
-                       forward_prefetch=len(compressed.forward_prefetch) if compressed else None),
-                  f)
+    write(out, rank, losses, full, extra=dict(
+        fsdp=compressed.stats if compressed else None,
+        forward_prefetch=len(compressed.forward_prefetch) if compressed else None))
     finish()
 
 
@@ -351,12 +349,9 @@ def spawned_hsdp(rank, kind, steps, out, port, squall_codec=None):
         steps = 0 if refused else steps
     opt = optimizer(kind, net.parameters())
     losses = plain_loop(rank, kind, steps, net, opt)
-    h = hashlib.sha256()
-    for v in net.state_dict().values():
-        h.update(v.full_tensor().detach().float().contiguous().numpy().tobytes())
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(dict(rank=rank, losses=losses, params=h.hexdigest(),
-                       fsdp=compressed.stats if compressed else None, refused=refused), f)
+    full = {k: v.full_tensor() for k, v in net.state_dict().items()}
+    write(out, rank, losses, full, extra=dict(fsdp=compressed.stats if compressed else None,
+                                              refused=refused))
     finish()
 
 
