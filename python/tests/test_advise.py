@@ -63,19 +63,26 @@ def test_cli_without_a_launcher():
                         "1000", "--latency-us", "50", "--params", "25e6", "--compute-ms", "100"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
-    # The codecs' rates are measured on this machine: where 1 and 2 bits per
-    # gradient both leave the step codec-bound, either may win. The winner is the
-    # fastest row of the table the report printed, and at 1 Gbit/s it compresses.
+    # The codecs' rates are measured on this machine (and slow down when it is
+    # busy), so which code wins a codec-bound step is the machine's: onebit or
+    # int2 on an idle one. Whatever wins is the fastest row of the table the
+    # report printed, and at 1 Gbit/s it compresses.
     rows = {line.split()[0]: float(line.split()[1]) for line in r.stdout.splitlines()
             if line.split() and line.split()[0] in advise.METHODS}
     assert set(rows) == set(advise.METHODS), r.stdout
     winner = r.stdout.split("winner: ")[1].split()[0]
-    assert rows[winner] == min(rows.values()) and winner not in ("fp32", "fp16", "bf16"), r.stdout
+    assert rows[winner] == min(rows.values()) and winner != "fp32", r.stdout
     assert "SQUALL_NET_MBPS=1000" in r.stdout, r.stdout
-    # every code's row says what it keeps; raw gradients get the interposer's code
+    # every code's row says what it keeps; raw gradients get the fastest code
+    # that keeps them, in the interposer's spelling
     for m in advise.METHODS:
         assert advise.QUALITY[m] in r.stdout, m
-    assert "SQUALL_PRELOAD_CODEC=int4:block=256" in r.stdout, r.stdout
+    fastest = min(rows[m] for m in advise.GRADIENT_CODES)
+    raw = [m for m in advise.GRADIENT_CODES if rows[m] == fastest]  # ties as printed
+    if winner not in raw:
+        said = [m for m in raw if f"interposer sends raw gradients: {m} (" in r.stdout and
+                f"SQUALL_PRELOAD_CODEC={advise.INTERPOSER_SPEC.get(m, m)})" in r.stdout]
+        assert said or ("fp32" in raw and "do not preload" in r.stdout), r.stdout
     # a script's parameter count: file.py:function returning the model
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "net.py")
