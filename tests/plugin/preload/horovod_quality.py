@@ -15,17 +15,23 @@ With --check (the test) it fails unless the interposed runs of each job,
 rank count and codec are within --bound percent of their uncompressed loss
 on average and each within --run-bound percent (Horovod's fusion cuts the
 gradients differently from run to run, so the codec's blocks and the loss
-differ too: 9 runs of the LM at 4 ranks under the default code spread from
-+0.4% to +4.3%), every run compressed every step once its step was learnt,
+differ too: 19 runs of the LM at 4 ranks under the default code spread from
++0.1% to +5.3% around a mean of +2.2%, so three runs put their mean above 3%
+about one time in ten), every run compressed every step once its step was learnt,
 sent at least
 --min-ratio times fewer bytes than full precision over its compressed calls,
 used only the expected code (--expect-code) and left the ranks' parameters
-bit-identical.
+bit-identical. With --more-repeats M, a job whose mean over its first
+--repeats runs is over the bound runs until it has M runs and is judged on
+the mean of all of them (a second stage of fixed size: a job whose true mean
+is within the bound almost never fails both, one over it almost never passes
+the second).
 
   horovod_quality.py LIB [--jobs mlp,cnn,charlm,adam] [--np 2,4]
                      [--codecs default,int2,int4,onebit] [--repeats 3] [--env K=V ...]
                      [--steps 400] [--out results.json] [--check]
-                     [--bound 3] [--run-bound 6] [--min-ratio 4] [--expect-code int2]
+                     [--bound 3] [--run-bound 6] [--more-repeats 12] [--min-ratio 4]
+                     [--expect-code int2]
 --out keeps every run and is read back first: runs already in it are skipped
 (a study can be resumed, or extended with more codecs or repeats).
 """
@@ -105,6 +111,8 @@ def main():
     p.add_argument("--check", action="store_true")
     p.add_argument("--bound", type=float, default=3.0, help="on the mean over the repeats")
     p.add_argument("--run-bound", type=float, default=6.0, help="on each run")
+    p.add_argument("--more-repeats", type=int, default=0,
+                   help="runs in all for a job whose first --repeats runs' mean is over --bound")
     p.add_argument("--min-ratio", type=float, default=4.0)
     p.add_argument("--expect-code")
     p.add_argument("--env", action="append", default=[],
@@ -139,10 +147,19 @@ def main():
                          f"({base['wall_s']:.1f} s)")
             for codec in a.codecs.split(","):
                 rows = []
-                for rep in range(a.repeats):
-                    result, reports = get(f"{job}/{np}/{codec}/{rep}{tag}", job, np, a.lib,
-                                          codec, a.steps, extra)
-                    rows.append(summary(result, reports, base["loss_last50"]))
+
+                def more(n):
+                    for rep in range(len(rows), n):
+                        result, reports = get(f"{job}/{np}/{codec}/{rep}{tag}", job, np, a.lib,
+                                              codec, a.steps, extra)
+                        rows.append(summary(result, reports, base["loss_last50"]))
+                    return sum(r["rel"] for r in rows) / len(rows)
+
+                mean = more(a.repeats)
+                if abs(mean) > a.bound and a.more_repeats > len(rows):
+                    print(f"{job} np={np} {codec}: {mean:+.2f}% over {len(rows)} runs; "
+                          f"{a.more_repeats} runs in all decide", flush=True)
+                    mean = more(a.more_repeats)
                 rels = " ".join(f"{r['rel']:+.2f}%" for r in rows)
                 codes = sorted({c for r in rows for c in r["codes"]})
                 lines.append(f"{job} np={np} {codec}: {rels}; {min(r['ratio'] for r in rows):.1f}x "
@@ -152,10 +169,10 @@ def main():
                 table.setdefault((job, np, base["loss_last50"]), {})[codec] = rows
                 print(lines[-1], flush=True)
                 where = f"{job} np={np} {codec}"
-                mean = sum(r["rel"] for r in rows) / len(rows)
                 if abs(mean) > a.bound:
-                    failed.append(f"{where}: the repeats' loss is {mean:+.2f}% from uncompressed "
-                                  f"{base['loss_last50']:.5f} on average (bound {a.bound}%)")
+                    failed.append(f"{where}: the {len(rows)} runs' loss is {mean:+.2f}% from "
+                                  f"uncompressed {base['loss_last50']:.5f} on average (bound "
+                                  f"{a.bound}%)")
                 for r in rows:
                     if abs(r["rel"]) > a.run_bound:
                         failed.append(f"{where}: loss {r['loss']:.5f} is {r['rel']:+.2f}% from "
