@@ -17,15 +17,14 @@ on average and each within --run-bound percent (Horovod's fusion cuts the
 gradients differently from run to run, so the codec's blocks and the loss
 differ too: 19 runs of the LM at 4 ranks under the default code spread from
 +0.1% to +5.3% around a mean of +2.2%, so three runs put their mean above 3%
-about one time in ten), every run compressed every step once its step was learnt,
-sent at least
---min-ratio times fewer bytes than full precision over its compressed calls,
-used only the expected code (--expect-code) and left the ranks' parameters
-bit-identical. With --more-repeats M, a job whose mean over its first
---repeats runs is over the bound runs until it has M runs and is judged on
-the mean of all of them (a second stage of fixed size: a job whose true mean
-is within the bound almost never fails both, one over it almost never passes
-the second).
+about one time in ten), every run compressed every step once its step was
+learnt, sent at least --min-ratio times fewer bytes than full precision over
+its compressed calls, used only the expected code (--expect-code) and left
+the ranks' parameters bit-identical. With --more-repeats M, a job whose mean
+over its first --repeats runs is over the bound runs until it has M runs and
+is judged on the mean of all M (a second stage of fixed size: a job whose true
+mean is within the bound rarely lands over it twice, and one over it rarely
+passes the second stage).
 
   horovod_quality.py LIB [--jobs mlp,cnn,charlm,adam] [--np 2,4]
                      [--codecs default,int2,int4,onebit] [--repeats 3] [--env K=V ...]
